@@ -1,0 +1,23 @@
+"""Root test configuration: device mode, IEEE float32, pinned autotuners, Hypothesis profile.
+
+Runs before any test module imports a kernel: on CUDA it asks for IEEE float32
+dots (tight float32 tolerances) and pins every Triton autotuner to one config;
+without CUDA ``optimized`` switches Triton to its interpreter.
+"""
+import os
+
+os.environ.setdefault("NGDN_PIN_AUTOTUNE", "1")
+os.environ.setdefault("NGDN_IEEE_F32", "1")
+
+from optimized import triton_mode  # noqa: E402
+
+MODE = triton_mode.configure()
+
+from ngdn import strategies  # noqa: E402
+
+strategies.register_profiles()
+PROFILE = strategies.load_profile(cuda=MODE == triton_mode.CUDA)
+
+
+def pytest_report_header(config):
+    return [f"ngdn: device mode {MODE}, hypothesis profile {PROFILE}"]

@@ -1,0 +1,1 @@
+"""Testbed plumbing: tolerances, seeded inputs, Hypothesis strategies, the ``ngdn`` CLI."""

@@ -1,0 +1,158 @@
+"""How Triton kernels run in this process: compiled on CUDA, or interpreted on CPU.
+
+Two device modes:
+
+- ``cuda``: a CUDA device is present; Triton compiles kernels for it.
+- ``cpu-interpret``: no CUDA device (or ``TRITON_INTERPRET=1`` set by the user);
+  Triton's interpreter runs every kernel, ours and fla's, on CPU tensors.
+
+``configure()`` must run before any Triton kernel module (ours or fla's) is
+imported, because ``triton.jit`` decides at decoration time whether a kernel is
+interpreted. ``import optimized`` calls it first thing.
+
+Under the interpreter three harness fixes are installed:
+
+1. Autotuners are pinned to their first surviving config (the interpreter cannot
+   time kernels). In ``cuda`` mode the same pin is applied when
+   ``NGDN_PIN_AUTOTUNE=1`` (the test suite sets it), so tests never pay fla's
+   multi-minute autotuning; benchmarks leave it unset and autotune.
+2. Loop variables of ``for i in range(...)`` inside kernels are turned into
+   interpreter tensors: the interpreter hands them over as Python ints, and fla
+   calls ``.to()`` on them.
+3. ``tl.load``/``tl.store`` masks are cast to bool (some fla kernels build masks
+   with integer arithmetic, which the interpreter rejects).
+
+``NGDN_IEEE_F32=1`` (set by the test suite on CUDA) sets
+``TRITON_F32_DEFAULT=ieee`` so float32 dots are IEEE, not TF32.
+"""
+from __future__ import annotations
+
+import ast
+import os
+import sys
+import warnings
+
+CUDA = "cuda"
+CPU_INTERPRET = "cpu-interpret"
+
+MODE: str | None = None
+
+# Triton's interpreter in 3.6 cannot run fla's GDN-2 kernels; 3.9.0 is tested.
+MIN_INTERPRETER_TRITON = (3, 9)
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def _truthy(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in {"1", "true", "yes", "on"}
+
+
+def configure() -> str:
+    """Choose the device mode and install the harness. Idempotent; returns the mode."""
+    global MODE
+    if MODE is not None:
+        return MODE
+
+    interpret = _truthy("TRITON_INTERPRET") or not _cuda_available()
+    kernel_modules = [m for m in ("fla.ops", "optimized.nested_kernels") if m in sys.modules]
+    if interpret and not _truthy("TRITON_INTERPRET") and kernel_modules:
+        raise RuntimeError(
+            f"optimized.triton_mode.configure() ran after {kernel_modules} were imported; "
+            "without CUDA the Triton interpreter must be chosen first. "
+            "Import `optimized` (or set TRITON_INTERPRET=1) before importing fla."
+        )
+    if interpret:
+        os.environ["TRITON_INTERPRET"] = "1"
+    elif _truthy("NGDN_IEEE_F32"):
+        os.environ["TRITON_F32_DEFAULT"] = "ieee"
+
+    import triton
+
+    if interpret:
+        version = tuple(int(p) for p in triton.__version__.split(".")[:2])
+        if version < MIN_INTERPRETER_TRITON:
+            raise RuntimeError(
+                f"CPU mode runs Triton's interpreter, which needs triton>="
+                f"{'.'.join(map(str, MIN_INTERPRETER_TRITON))} for fla's kernels; "
+                f"found triton {triton.__version__}. Install triton==3.9.0."
+            )
+        _pin_autotuners()
+        _install_interpreter_fixes()
+        # fla warns once that it "rolls back to CPU"; in this mode that is the point.
+        warnings.filterwarnings("ignore", message="Triton is not supported on current platform")
+        MODE = CPU_INTERPRET
+    else:
+        if _truthy("NGDN_PIN_AUTOTUNE"):
+            _pin_autotuners()
+        MODE = CUDA
+    return MODE
+
+
+def device() -> str:
+    """The torch device optimized ops run on in this mode."""
+    return "cuda" if configure() == CUDA else "cpu"
+
+
+def _pin_autotuners() -> None:
+    from triton.runtime import autotuner
+
+    if getattr(autotuner.Autotuner, "_ngdn_pinned", False):
+        return
+    prune_all = autotuner.Autotuner.prune_configs
+
+    def prune_to_first(self, kwargs):
+        return prune_all(self, kwargs)[:1]
+
+    autotuner.Autotuner.prune_configs = prune_to_first
+    autotuner.Autotuner._ngdn_pinned = True
+
+
+def _install_interpreter_fixes() -> None:
+    from triton.runtime import interpreter
+
+    if getattr(interpreter, "_ngdn_fixed", False):
+        return
+
+    class LoopVariablesAsTensors(interpreter.ASTTransformer):
+        """Rewrite ``for i in range(...): body`` to start the body with ``i = to_tensor(i)``."""
+
+        def visit_For(self, node):
+            node = self.generic_visit(node)
+            func = node.iter.func if isinstance(node.iter, ast.Call) else None
+            name = getattr(func, "id", None) or getattr(func, "attr", None)
+            if name == "range" and isinstance(node.target, ast.Name):
+                as_tensor = ast.Call(
+                    func=ast.Attribute(value=ast.Name(id="interpreter_semantic", ctx=ast.Load()),
+                                       attr="to_tensor", ctx=ast.Load()),
+                    args=[ast.Name(id=node.target.id, ctx=ast.Load()), ast.Constant(value=False)],
+                    keywords=[],
+                )
+                node.body.insert(0, ast.Assign(targets=[ast.Name(id=node.target.id, ctx=ast.Store())],
+                                               value=as_tensor))
+            return node
+
+    interpreter.FunctionRewriter.ast_transformer = LoopVariablesAsTensors()
+
+    import triton.language as tl
+
+    builder = interpreter.interpreter_builder
+    create_masked_load = builder.create_masked_load
+    create_masked_store = builder.create_masked_store
+
+    def masked_load(ptrs, mask, other, *args, **kwargs):
+        if mask is not None and mask.data.dtype != bool:
+            mask = interpreter.TensorHandle(mask.data.astype(bool), tl.int1)
+        return create_masked_load(ptrs, mask, other, *args, **kwargs)
+
+    def masked_store(ptrs, value, mask, *args, **kwargs):
+        if mask is not None and mask.data.dtype != bool:
+            mask = interpreter.TensorHandle(mask.data.astype(bool), tl.int1)
+        return create_masked_store(ptrs, value, mask, *args, **kwargs)
+
+    builder.create_masked_load = masked_load
+    builder.create_masked_store = masked_store
+    interpreter._ngdn_fixed = True

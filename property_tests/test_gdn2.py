@@ -1,0 +1,80 @@
+"""GDN-2 level 0 (SPEC section 1): references agree with each other and with fla's
+oracles; the optimized entry point matches the reference in value and gradient.
+Each property has a mutation test showing it fails on a broken implementation."""
+import pytest
+import torch
+from hypothesis import given
+
+import gdn2_checks as checks
+import mutants
+from ngdn.inputs import GDN2Shape
+from ngdn.strategies import CPU_SEQ_LENS, SEQ_LENS, examples, gdn2_shapes, seeds
+from ngdn.testing import kernel_dtypes, on_cuda
+from ngdn.tolerances import failures
+
+REFERENCE_SHAPES = gdn2_shapes(max_batch=2, max_heads=2, seq_lens=(1, 5, 17, 40), head_dims=(4, 8, 16))
+KERNEL_SHAPES = gdn2_shapes(max_batch=2, max_heads=2, seq_lens=SEQ_LENS if on_cuda() else CPU_SEQ_LENS)
+MUTANT_SHAPE = GDN2Shape(B=1, T=20, H=2, K=8, V=8)
+KERNEL_MUTANT_SHAPE = GDN2Shape(B=1, T=20, H=1, K=16, V=16)
+
+
+def assert_passes(errors):
+    assert not failures(errors), failures(errors)
+
+
+@examples(scale=2)
+@given(shape=REFERENCE_SHAPES, seed=seeds())
+def test_torch_reference_equals_numpy_reference(shape, seed):
+    assert_passes(checks.torch_vs_numpy(shape, seed))
+
+
+@examples(scale=2)
+@given(shape=REFERENCE_SHAPES, seed=seeds())
+def test_reference_equals_fla_naive_recurrent(shape, seed):
+    assert_passes(checks.reference_vs_fla_naive(shape, seed))
+
+
+@examples(scale=2)
+@given(shape=REFERENCE_SHAPES, seed=seeds())
+def test_scalar_erase_and_write_gates_reduce_to_kda(shape, seed):
+    assert_passes(checks.kda_reduction(shape, seed))
+
+
+@pytest.mark.parametrize("dtype", kernel_dtypes())
+@examples(ci=4)
+@given(shape=KERNEL_SHAPES, seed=seeds())
+def test_optimized_equals_reference(dtype, shape, seed):
+    assert_passes(checks.optimized_vs_reference(shape, seed, dtype))
+
+
+# --- teeth: each property fails on a broken implementation -------------------------
+
+@pytest.mark.mutation
+@pytest.mark.parametrize("mutant", [mutants.naive_gdn2_erase_before_decay,
+                                    mutants.naive_gdn2_write_gate_on_erase])
+def test_torch_vs_numpy_catches(mutant):
+    assert failures(checks.torch_vs_numpy(MUTANT_SHAPE, 0, reference=mutant, log=False))
+
+
+@pytest.mark.mutation
+@pytest.mark.parametrize("mutant", [mutants.naive_gdn2_erase_before_decay,
+                                    mutants.naive_gdn2_write_gate_on_erase])
+def test_fla_oracle_catches(mutant):
+    assert failures(checks.reference_vs_fla_naive(MUTANT_SHAPE, 0, reference=mutant, log=False))
+
+
+@pytest.mark.mutation
+def test_kda_reduction_catches_erase_before_decay():
+    assert failures(checks.kda_reduction(MUTANT_SHAPE, 0, reference=mutants.naive_gdn2_erase_before_decay,
+                                         log=False))
+
+
+@pytest.mark.mutation
+@pytest.mark.parametrize("mutant, broken", [
+    (mutants.chunk_gdn2_dropped_gate_gradient, {"dg"}),
+    (mutants.chunk_gdn2_dropped_state_gradient, {"dinitial_state"}),
+])
+def test_optimized_vs_reference_catches(mutant, broken):
+    bad = failures(checks.optimized_vs_reference(KERNEL_MUTANT_SHAPE, 0, torch.float32, optimized=mutant,
+                                                 log=False))
+    assert set(bad) == broken

@@ -1,0 +1,49 @@
+"""GDN-2 (level 0), one token at a time: SPEC.md section 1, in PyTorch.
+
+    S_t = (I - k_t (b_t ⊙ k_t)^T) diag(exp(g_t)) S_{t-1} + k_t (w_t ⊙ v_t)^T
+    o_t = scale · S_t^T q_t
+
+computed as the spec's three steps: decay ``S' = diag(e^g) S``, read the erase
+vector ``e = (b ⊙ k)^T S'``, write ``S = S' + k ⊗ (w ⊙ v - e)``. A token sees its
+own write. Differentiable in every input (autograd through the loop gives the
+reference gradients). Computes in the inputs' dtype; pass float64 for a reference.
+"""
+from __future__ import annotations
+
+import torch
+
+from reference.validation import check_gdn2_inputs
+
+
+def gdn2_step(S, k, v, g, b, w):
+    """One GDN-2 token step on states ``S [..., K, V]`` with ``k, g, b [..., K]``, ``v, w [..., V]``."""
+    S_decayed = torch.exp(g)[..., :, None] * S                     # S' = diag(e^g) S
+    e = torch.einsum("...k,...kv->...v", b * k, S_decayed)          # e = (b ⊙ k)^T S'
+    return S_decayed + k[..., :, None] * (w * v - e)[..., None, :]  # S' + k ⊗ (w ⊙ v - e)
+
+
+def gdn2_read(S, q, scale):
+    """``o = scale · S^T q`` for ``S [..., K, V]``, ``q [..., K]``."""
+    return scale * torch.einsum("...k,...kv->...v", q, S)
+
+
+def naive_gdn2(q, k, v, g, b, w, scale=None, initial_state=None, output_final_state=False):
+    """Per-token GDN-2.
+
+    Args:
+        q, k, g, b: ``[B, T, H, K]``; v, w: ``[B, T, H, V]``.
+        scale: multiplies every read; default ``K ** -0.5``.
+        initial_state: ``[B, H, K, V]`` (float32, or float64 with float64 inputs); default zeros.
+        output_final_state: also return the state after the last token.
+
+    Returns:
+        ``(o [B, T, H, V], S_T [B, H, K, V] or None)`` in the inputs' dtype.
+    """
+    B, T, H, K, V = check_gdn2_inputs(q, k, v, g, b, w, scale, initial_state)
+    scale = K ** -0.5 if scale is None else scale
+    S = q.new_zeros(B, H, K, V) if initial_state is None else initial_state.to(q.dtype)
+    o = []
+    for t in range(T):
+        S = gdn2_step(S, k[:, t], v[:, t], g[:, t], b[:, t], w[:, t])
+        o.append(gdn2_read(S, q[:, t], scale))
+    return torch.stack(o, dim=1), (S if output_final_state else None)

@@ -1,0 +1,34 @@
+"""GDN-2 (level 0) in NumPy float64: the twin of ``reference.gdn2`` (SPEC.md section 1).
+
+Written independently of the PyTorch reference (explicit loops over batch and
+head, matrix products instead of einsum) so the two can check each other.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+
+def gdn2_step_numpy(S, k, v, g, b, w):
+    """One token on one head: ``S [K, V]``, ``k, g, b [K]``, ``v, w [V]``."""
+    S_decayed = np.exp(g)[:, None] * S        # S' = diag(e^g) S
+    e = (b * k) @ S_decayed                   # e = (b ⊙ k)^T S'
+    return S_decayed + np.outer(k, w * v - e)  # S' + k ⊗ (w ⊙ v - e)
+
+
+def naive_gdn2_numpy(q, k, v, g, b, w, scale=None, initial_state=None):
+    """Per-token GDN-2 on arrays shaped as in ``reference.gdn2.naive_gdn2``.
+
+    Returns ``(o [B, T, H, V], S_T [B, H, K, V])`` as float64 arrays.
+    """
+    q, k, v, g, b, w = (np.asarray(x, dtype=np.float64) for x in (q, k, v, g, b, w))
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    scale = K ** -0.5 if scale is None else scale
+    S = np.zeros((B, H, K, V)) if initial_state is None else np.array(initial_state, dtype=np.float64)
+    o = np.zeros((B, T, H, V))
+    for i in range(B):
+        for h in range(H):
+            for t in range(T):
+                S[i, h] = gdn2_step_numpy(S[i, h], k[i, t, h], v[i, t, h], g[i, t, h], b[i, t, h], w[i, t, h])
+                o[i, t, h] = scale * (q[i, t, h] @ S[i, h])
+    return o, S

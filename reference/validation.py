@@ -1,0 +1,98 @@
+"""Input checks shared by every public function (SPEC.md, "Errors").
+
+Every check raises ``ValueError`` (``TypeError`` for a wrong type) naming the
+argument, what was expected and what was given, so nothing fails later inside a
+kernel or an index expression.
+"""
+from __future__ import annotations
+
+from typing import Iterable, Sequence
+
+import torch
+
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def check_tensor(name: str, x, ndim: int | None = None, dtypes: Sequence[torch.dtype] = FLOAT_DTYPES):
+    """``x`` is a torch tensor with ``ndim`` dimensions and one of ``dtypes``."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if ndim is not None and x.dim() != ndim:
+        raise ValueError(f"{name} must have {ndim} dimensions, got shape {tuple(x.shape)}")
+    if x.dtype not in dtypes:
+        raise ValueError(f"{name} must have dtype in {[str(d) for d in dtypes]}, got {x.dtype}")
+
+
+def check_shape(name: str, x: torch.Tensor, expected: Sequence[int], layout: str):
+    """``x.shape == expected``; ``layout`` names the axes, e.g. ``"[B, T, H, K]"``."""
+    if tuple(x.shape) != tuple(expected):
+        raise ValueError(f"{name} must have shape {layout} = {tuple(expected)}, got {tuple(x.shape)}")
+
+
+def check_same_device(named: Iterable[tuple[str, torch.Tensor | None]]):
+    """All given tensors (``None`` skipped) live on one device."""
+    named = [(n, t) for n, t in named if t is not None]
+    if not named:
+        return
+    first_name, first = named[0]
+    for name, t in named[1:]:
+        if t.device != first.device:
+            raise ValueError(f"{name} is on {t.device} but {first_name} is on {first.device}; "
+                             "all tensors must be on one device")
+
+
+def check_same_dtype(named: Iterable[tuple[str, torch.Tensor | None]]):
+    """All given tensors (``None`` skipped) share one dtype."""
+    named = [(n, t) for n, t in named if t is not None]
+    first_name, first = named[0]
+    for name, t in named[1:]:
+        if t.dtype != first.dtype:
+            raise ValueError(f"{name} has dtype {t.dtype} but {first_name} has {first.dtype}; "
+                             "inputs must share one dtype")
+
+
+def check_state_dtype(name: str, state: torch.Tensor, compute_dtype: torch.dtype):
+    """States are float32 (SPEC conventions); float64 is accepted where inputs are float64."""
+    allowed = {torch.float32, compute_dtype} if compute_dtype == torch.float64 else {torch.float32}
+    if state.dtype not in allowed:
+        raise ValueError(f"{name} must have dtype {' or '.join(sorted(str(d) for d in allowed))}, "
+                         f"got {state.dtype}")
+
+
+def check_finite(name: str, x: torch.Tensor):
+    """Cheap finiteness check, used for parameters (small tensors)."""
+    if not bool(torch.isfinite(x).all()):
+        raise ValueError(f"{name} contains non-finite values (nan or inf)")
+
+
+def check_scale(scale):
+    if scale is None:
+        return
+    if not isinstance(scale, (int, float)) or isinstance(scale, bool):
+        raise TypeError(f"scale must be a float or None, got {type(scale).__name__}")
+    if not (scale == scale) or scale in (float("inf"), float("-inf")):
+        raise ValueError(f"scale must be finite, got {scale}")
+
+
+def check_gdn2_inputs(q, k, v, g, b, w, scale=None, initial_state=None, dtypes=FLOAT_DTYPES):
+    """SPEC section 1 shapes: q, k, g, b ``[B, T, H, K]``; v, w ``[B, T, H, V]``;
+    ``initial_state`` ``[B, H, K, V]``. Returns ``(B, T, H, K, V)``."""
+    for name, x in (("q", q), ("k", k), ("v", v), ("g", g), ("b", b), ("w", w)):
+        check_tensor(name, x, ndim=4, dtypes=dtypes)
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    if T == 0:
+        raise ValueError("q must hold at least one token, got T = 0")
+    for name, x in (("k", k), ("g", g), ("b", b)):
+        check_shape(name, x, (B, T, H, K), "[B, T, H, K]")
+    check_shape("v", v, (B, T, H, V), "[B, T, H, V]")
+    check_shape("w", w, (B, T, H, V), "[B, T, H, V]")
+    check_same_dtype((("q", q), ("k", k), ("v", v), ("g", g), ("b", b), ("w", w)))
+    check_same_device((("q", q), ("k", k), ("v", v), ("g", g), ("b", b), ("w", w),
+                       ("initial_state", initial_state)))
+    check_scale(scale)
+    if initial_state is not None:
+        check_tensor("initial_state", initial_state, ndim=4)
+        check_shape("initial_state", initial_state, (B, H, K, V), "[B, H, K, V]")
+        check_state_dtype("initial_state", initial_state, q.dtype)
+    return B, T, H, K, V
