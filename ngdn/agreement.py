@@ -1,0 +1,41 @@
+"""``ngdn check``: each component's optimized path against its reference on one default draw.
+
+The checks themselves are the property tests' check functions (``property_tests/*_checks.py``
+of the repo checkout the package is installed from), so the report and the suite
+measure the same thing against the same ``tolerances.yaml``.
+"""
+from __future__ import annotations
+
+import importlib
+import sys
+from pathlib import Path
+
+from ngdn.inputs import GDN2Shape
+
+CHECKS_DIR = Path(__file__).resolve().parents[1] / "property_tests"
+
+
+def _checks(module: str):
+    if str(CHECKS_DIR) not in sys.path:
+        sys.path.insert(0, str(CHECKS_DIR))
+    return importlib.import_module(module)
+
+
+def gdn2(dtype, seed, cuda):
+    shape = GDN2Shape(B=2, T=1000, H=4, K=64, V=64) if cuda else GDN2Shape(B=1, T=100, H=2, K=32, V=32)
+    return shape, _checks("gdn2_checks").optimized_vs_reference(shape, seed, dtype, log=False)
+
+
+# name -> callable(dtype, seed, cuda) -> (description of the draw, {quantity: (error, bound)})
+COMPONENTS = {"gdn2": gdn2}
+
+
+def run_all(dtype, seed, only=None):
+    from optimized import triton_mode
+
+    cuda = triton_mode.configure() == triton_mode.CUDA
+    names = only or list(COMPONENTS)
+    unknown = set(names) - set(COMPONENTS)
+    if unknown:
+        raise SystemExit(f"unknown component(s) {sorted(unknown)}; have {sorted(COMPONENTS)}")
+    return {name: COMPONENTS[name](dtype, seed, cuda) for name in names}
