@@ -20,4 +20,5 @@ PROFILE = strategies.load_profile(cuda=MODE == triton_mode.CUDA)
 
 
 def pytest_report_header(config):
-    return [f"ngdn: device mode {MODE}, hypothesis profile {PROFILE}"]
+    f32 = os.environ.get("TRITON_F32_DEFAULT", "unset (tf32 dots)") if MODE == triton_mode.CUDA else "exact"
+    return [f"ngdn: device mode {MODE}, hypothesis profile {PROFILE}, float32 dots: {f32}"]

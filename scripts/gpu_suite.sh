@@ -18,4 +18,6 @@ python3 -m pytest -n auto -p no:cacheprovider "$@" 2>&1 | tee "$OUT/pytest.log" 
 rc=${PIPESTATUS[0]}
 echo "pytest wall time: $(( $(date +%s) - start )) s, exit $rc" | tee -a "$OUT/env.txt"
 python3 -m ngdn.cli errors "$OUT/errors.jsonl" | tee "$OUT/worst_errors.md"
+{ python3 scripts/f32_dot_precision.py; TRITON_F32_DEFAULT=ieee python3 scripts/f32_dot_precision.py; } 2>&1 | tee -a "$OUT/env.txt"
+for dtype in float32 bfloat16; do python3 -m ngdn.cli check --dtype $dtype; done 2>&1 | tee "$OUT/check.txt" | tail -60
 exit $rc
