@@ -23,7 +23,11 @@ Under the interpreter three harness fixes are installed:
    with integer arithmetic, which the interpreter rejects).
 
 ``NGDN_IEEE_F32=1`` (set by the test suite on CUDA) sets
-``TRITON_F32_DEFAULT=ieee`` so float32 dots are IEEE, not TF32.
+``TRITON_F32_DEFAULT=ieee`` so float32 dots are IEEE, not TF32. fla 0.6.0 pins
+its triangular solves to TF32 on Ampere and newer (module constants
+``SOLVE_TRIL_DOT_PRECISION``, which override that default); in this mode they
+are set to ``ieee`` before any kernel compiles. Measured on the H200 before
+this: float32 GDN-2 agreed with the float64 reference to only ~1e-4.
 """
 from __future__ import annotations
 
@@ -88,6 +92,8 @@ def configure() -> str:
     else:
         if _truthy("NGDN_PIN_AUTOTUNE"):
             _pin_autotuners()
+        if _truthy("NGDN_IEEE_F32"):
+            _fla_solves_in_ieee()
         MODE = CUDA
     return MODE
 
@@ -95,6 +101,21 @@ def configure() -> str:
 def device() -> str:
     """The torch device optimized ops run on in this mode."""
     return "cuda" if configure() == CUDA else "cpu"
+
+
+# fla modules whose triangular solve hard-codes TF32 on GPUs that support it.
+FLA_TF32_SOLVES = ("fla.ops.gdn2.chunk_intra", "fla.ops.kda.chunk_intra", "fla.ops.gated_delta_rule.chunk_fwd")
+
+
+def _fla_solves_in_ieee() -> None:
+    import importlib
+
+    import triton.language as tl
+
+    for name in FLA_TF32_SOLVES:
+        module = importlib.import_module(name)
+        if hasattr(module, "SOLVE_TRIL_DOT_PRECISION"):
+            module.SOLVE_TRIL_DOT_PRECISION = tl.constexpr("ieee")
 
 
 def _pin_autotuners() -> None:
