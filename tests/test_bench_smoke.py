@@ -1,0 +1,244 @@
+"""CPU smoke test of the nested-vs-flat benchmark (bench/): the whole code path on a tiny
+plan with stand-in ops, a stand-in timer (no do_bench on CPU) and a fake device with
+fixed peak memory; plus the floor formulas on a hand-computed case."""
+from __future__ import annotations
+
+import csv
+import math
+import os
+import sys
+
+import pytest
+import torch
+
+from bench import floors
+from bench import nested_vs_flat as nvf
+
+GIB = 2 ** 30
+LAST = {"op": None}   # which stand-in ran last: the timer and device report per side
+
+
+def nested_stub(q, k, v, g, b, w, r, levels, scale=None, initial_states=None, output_final_state=False):
+    """Cheap differentiable stand-in with the signature of optimized.nested.chunk_nested_gdn2."""
+    LAST["op"] = "nested"
+    assert q.dim() == 5 and r.shape[-1] == q.shape[3] == len(levels) + 1
+    read = (torch.softmax(r, -1) * (q * k.unsqueeze(3)).sum(-1)).sum(-1, keepdim=True)
+    p = sum(x.float().mean() for lv in levels for x in lv.params.values())
+    return v * w * torch.sigmoid(read + g.mean(-1, keepdim=True) + b.mean(-1, keepdim=True)) + p, None
+
+
+def flat_stub(q, k, v, g, b, w, scale=None, initial_state=None, output_final_state=False):
+    """Stand-in with the signature of optimized.gdn2.chunk_gdn2."""
+    LAST["op"] = "flat"
+    return v * w * torch.sigmoid((q * k * b).sum(-1, keepdim=True) + g.mean(-1, keepdim=True)), None
+
+
+def stub_timer(fn):
+    fn()
+    return {"nested": 3.0, "flat": 2.0, None: 1.0}[LAST["op"]]
+
+
+class FakeDevice(nvf.CpuDevice):
+    name = "Fake GPU 9000"
+
+    def memory_begin(self):
+        return 1.0 * GIB
+
+    def memory_peak(self):
+        return {"nested": 3.0, "flat": 10.0}[LAST["op"]] * GIB
+
+
+TINY = ["-B", "1", "-T", "128", "-H", "2", "--levels", "2,4", "--head-dims", "32",
+        "--batch-sizes", "1,2", "--tokens-per-batch", "256", "--batch-levels", "2", "--batch-head-dim", "32",
+        "--dtype", "float32", "--matmul-n", "64", "--copy-mib", "1"]
+
+
+def hooks(**kw):
+    LAST["op"] = None
+    base = dict(nested_op=nested_stub, flat_op=flat_stub, timer=stub_timer, device=FakeDevice(),
+                log=lambda m: None)
+    return nvf.Hooks(**(base | kw))
+
+
+def read_rows(path):
+    with open(path) as f:
+        lines = f.readlines()
+    header = [line for line in lines if line.startswith("#")]
+    rows = list(csv.DictReader(line for line in lines if not line.startswith("#")))
+    return header, rows
+
+
+def test_smoke_run_writes_csv_markdown_plots(tmp_path, monkeypatch):
+    out = tmp_path / "res"
+    assert nvf.run(nvf.parse_args(TINY + ["--out", str(out)]), hooks()) == 0
+    header, rows = read_rows(out / "results.csv")
+    text = "".join(header)
+    for field in ("date:", "gpu: Fake GPU 9000", "torch ", "triton ", "fla-core "):
+        assert field in text
+    with open(out / "results.csv") as f:
+        columns = next(csv.reader(line for line in f if not line.startswith("#")))
+    assert columns == nvf.COLUMNS
+    # depth: L 2,4 x (nested, flat); batch: B 1,2 x 2; ladder: L 4 x (ladder, uniform16) (L 2 has
+    # nothing to compare: both are 16 queries)
+    assert len(rows) == 10
+    assert {r["sweep"] for r in rows} == {"depth", "batch", "ladder"}
+    assert all(r["error"] == "" for r in rows)
+
+    rates_matmul = 2 * 64 ** 3 / 1e-3          # stub timer: 1 ms for the rate measurements
+    rates_copy = 2 * 2 ** 20 / 1e-3
+    nested4 = next(r for r in rows if r["config"] == "depth-K32-L4" and r["impl"] == "nested")
+    assert nested4["query_counts"] == "16-32-32" and nested4["intervals"] == "1-2-4"
+    assert float(nested4["fwd_vs_flat"]) == pytest.approx(1.5)
+    assert float(nested4["peak_vs_flat"]) == pytest.approx(0.3)
+    assert float(nested4["peak_extra_vs_flat"]) == pytest.approx(2 / 9)
+    cost = floors.nested_cost(1, 128, 2, 32, 32, [16, 32, 32], [1, 2, 4], 4, 4,
+                              param_elements=int(nested4["param_elements"]))
+    fl = floors.floors(cost, rates_matmul, rates_copy)
+    assert float(nested4["fwd_floor_ms"]) == pytest.approx(fl.fwd_ms, rel=1e-5)
+    assert float(nested4["fwdbwd_x_floor"]) == pytest.approx(3.0 / fl.fwdbwd_ms, rel=1e-5)
+    flat4 = next(r for r in rows if r["config"] == "depth-K32-L4" and r["impl"] == "flat")
+    assert int(flat4["heads"]) == 8
+    assert float(flat4["fwd_floor_ms"]) == pytest.approx(
+        floors.floors(floors.flat_cost(1, 128, 8, 32, 32, 4), rates_matmul, rates_copy).fwd_ms, rel=1e-5)
+    uniform = next(r for r in rows if r["config"] == "ladder-K32-L4" and r["queries"] == "uniform16")
+    assert uniform["query_counts"] == "16-16-16"
+
+    md = (out / "results.md").read_text()
+    for heading in ("## Targets", "## 1. Training cost vs depth", "## 2. Training cost vs batch",
+                    "## 3. Peak memory", "## 4. Query ladder", "## Floors", "## Autotune / warm-up",
+                    "Fake GPU 9000", nvf.TARGETS[2], "| met |"):
+        assert heading in md
+    assert (out / "meta.json").exists()
+
+    # --replot rebuilds the Markdown (and PNGs: here skipped, matplotlib hidden) from the CSV alone.
+    (out / "results.md").unlink()
+    with monkeypatch.context() as mp:
+        mp.setitem(sys.modules, "matplotlib", None)
+        with pytest.warns(UserWarning, match="matplotlib is not installed"):
+            assert nvf.main(["--replot", "--out", str(out)]) == 0
+    replotted = (out / "results.md").read_text()
+    assert "Fake GPU 9000" in replotted and "## 3. Peak memory" in replotted
+    assert "| met |" in replotted
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return
+    for png in ("fig1_depth.png", "fig2_batch.png", "fig3_memory.png", "fig4_ladder.png"):
+        assert (out / png).stat().st_size > 0
+
+
+def test_errors_and_oom_are_recorded_and_the_run_goes_on(tmp_path):
+    def nested(q, *args, **kw):
+        if q.shape[3] == 4:
+            raise NotImplementedError("nested L=4 not written yet")
+        return nested_stub(q, *args, **kw)
+
+    def flat(q, *args, **kw):
+        if q.shape[0] == 2:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 1 GiB")
+        return flat_stub(q, *args, **kw)
+
+    out = tmp_path / "res"
+    assert nvf.run(nvf.parse_args(TINY + ["--out", str(out), "--no-plots"]), hooks(nested_op=nested, flat_op=flat)) == 0
+    _, rows = read_rows(out / "results.csv")
+    bad = next(r for r in rows if r["config"] == "depth-K32-L4" and r["impl"] == "nested")
+    assert bad["error"].startswith("forward: NotImplementedError: nested L=4") and bad["fwd_ms"] == ""
+    oom = next(r for r in rows if r["config"] == "batch-K32-L2-B2" and r["impl"] == "flat")
+    assert oom["error"].startswith("forward: OOM")
+    ok = next(r for r in rows if r["config"] == "depth-K32-L2" and r["impl"] == "nested")
+    assert ok["error"] == "" and float(ok["fwd_vs_flat"]) == pytest.approx(1.5)
+    assert "nested L=4 not written yet" in (out / "results.md").read_text()
+
+
+def test_resume_and_time_budget(tmp_path):
+    out = tmp_path / "res"
+    args = TINY + ["--out", str(out), "--no-plots", "--sweeps", "depth"]
+    assert nvf.run(nvf.parse_args(args + ["--time-budget", "0"]), hooks()) == 0
+    _, rows = read_rows(out / "results.csv")
+    assert len(rows) == 4 and all(r["error"].startswith("skipped") for r in rows)
+    assert nvf.run(nvf.parse_args(args + ["--resume"]), hooks()) == 0
+    _, first = read_rows(out / "results.csv")
+    assert all(r["error"] == "" and r["fwd_ms"] for r in first)
+
+    def never(*a, **k):
+        raise AssertionError("a resumed run re-measured a kept row")
+
+    assert nvf.run(nvf.parse_args(args + ["--resume"]), hooks(nested_op=never, flat_op=never)) == 0
+    _, again = read_rows(out / "results.csv")
+    assert [r["fwdbwd_ms"] for r in again] == [r["fwdbwd_ms"] for r in first]
+    # Another sweep into the same folder adds its rows and keeps the earlier ones.
+    more = TINY + ["--out", str(out), "--no-plots", "--sweeps", "batch", "--resume"]
+    assert nvf.run(nvf.parse_args(more), hooks()) == 0
+    _, both = read_rows(out / "results.csv")
+    assert [r["sweep"] for r in both] == ["depth"] * 4 + ["batch"] * 4
+    assert [r["fwdbwd_ms"] for r in both[:4]] == [r["fwdbwd_ms"] for r in first]
+
+
+def test_plots_skipped_with_a_warning_without_matplotlib(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    with pytest.warns(UserWarning, match="matplotlib is not installed"):
+        assert nvf.write_plots(tmp_path, [], ["h", "a", "b", "c"], lambda m: None) == []
+
+
+def test_plan_quick_filter_and_list(capsys):
+    from reference.nested import default_query_counts
+
+    quick = nvf.make_plan(nvf.parse_args(["--quick"]), default_query_counts)
+    assert [c.id for c in quick] == ["depth-K128-L2", "depth-K128-L4", "batch-K128-L4-B2", "ladder-K128-L4"]
+    assert quick[1].workloads[0].query_counts == (16, 32, 64) and quick[1].workloads[1].heads == 64
+    full = nvf.make_plan(nvf.parse_args([]), default_query_counts)
+    assert len(full) == 10 + 5 + 8
+    depth6 = next(c for c in full if c.id == "depth-K64-L6")
+    assert depth6.workloads[0].query_counts == (16, 32, 64, 64, 64)     # ladder holds at K past the cap
+    batch = [c for c in full if c.sweep == "batch"]
+    assert [(c.B, c.T) for c in batch] == [(1, 32768), (2, 16384), (4, 8192), (8, 4096), (16, 2048)]
+    picked = nvf.make_plan(nvf.parse_args(["--configs", "depth-K128-*,batch-*-B16"]), default_query_counts)
+    assert [c.id for c in picked] == [f"depth-K128-L{L}" for L in range(2, 7)] + ["batch-K128-L4-B16"]
+    assert nvf.main(["--list", "--quick"]) == 0
+    assert "ladder-K128-L4" in capsys.readouterr().out
+
+
+def test_prepare_environment_unsets_pins(monkeypatch):
+    monkeypatch.setenv("NGDN_PIN_AUTOTUNE", "1")
+    monkeypatch.setenv("NGDN_IEEE_F32", "1")
+    monkeypatch.delenv("TRITON_CACHE_AUTOTUNING", raising=False)
+    notes = nvf.prepare_environment()
+    assert "NGDN_PIN_AUTOTUNE" not in os.environ and "NGDN_IEEE_F32" not in os.environ
+    assert os.environ["TRITON_CACHE_AUTOTUNING"] == "1"
+    assert any("NGDN_PIN_AUTOTUNE" in n for n in notes)
+
+
+def test_floors_hand_computed():
+    # One full chunk of GDN-2, C = 64, K = V = 16: 3·64²·16 + 2·64²·16 + 64³/3 + 6·64·16·16
+    assert floors.gdn2_chunk_flops(64, 16, 16) == pytest.approx(196608 + 131072 + 262144 / 3 + 98304)
+    # T = 100: one full chunk and a partial one of 36 tokens
+    assert floors.gdn2_sequence_flops(100, 16, 16) == pytest.approx(
+        (196608 + 131072 + 262144 / 3 + 98304) + (3 * 1296 * 16 + 2 * 1296 * 16 + 46656 / 3 + 6 * 36 * 256))
+
+    # Flat: B=1, T=128 (2 chunks), 1 head, K=V=16, bf16.
+    chunk = 196608 + 131072 + 262144 / 3 + 98304
+    flat = floors.flat_cost(1, 128, 1, 16, 16, 2)
+    assert flat.fwd_flops == pytest.approx(2 * chunk)
+    assert flat.bwd_flops == pytest.approx(4 * chunk)
+    assert flat.fwd_bytes == 128 * (4 * 16 + 2 * 16) * 2 + 128 * 16 * 2            # 24576 + 4096
+    assert flat.bwd_bytes == 24576 + 4096 + 24576                                   # inputs, do; grads
+
+    # Nested, same shape, L = 2: one learned level, n = 16, fires every chunk (2 firings).
+    reads = 2 * 128 * 16 * 16                                   # 65536
+    promote = 2 * 16 * (6 * 256 + 256)                          # 57344 per firing
+    params = 16 * 16 + 3 * 16 * 16 + 16 * 16                    # Q, W_K, W_beta, W_gamma, W_omega = 1280
+    nested = floors.nested_cost(1, 128, 1, 16, 16, [16], [1], itemsize=2, param_itemsize=4)
+    assert nested.fwd_flops == pytest.approx(2 * chunk + reads + 2 * promote)
+    inputs = 128 * (2 * 16 + 3 * 16 + 2 * 16 + 2) * 2 + params * 4                  # 29184 + 5120
+    assert nested.fwd_bytes == inputs + 128 * 16 * 2
+    assert nested.bwd_bytes == 2 * inputs + 128 * 16 * 2
+    assert floors.firings(128 + 63, 1) == 2 and floors.firings(4096, 4) == 16
+
+    # Floors: max(FLOPs / rate, bytes / bandwidth) per pass; forward+backward is the sum.
+    fl = floors.floors(flat, 1e12, 1e9)
+    assert fl.fwd_ms == pytest.approx(1e3 * 28672 / 1e9)             # bytes bound
+    assert fl.bwd_ms == pytest.approx(1e3 * 53248 / 1e9)
+    assert fl.fwdbwd_ms == pytest.approx(fl.fwd_ms + fl.bwd_ms)
+    slow_matmul = floors.floors(flat, 1e6, 1e12)
+    assert slow_matmul.fwd_ms == pytest.approx(1e3 * 2 * chunk / 1e6)  # FLOP bound
+    assert math.isclose(floors.promote_flops(16, 16, 16, "merge"), 2 * 16 * (2 * 256 + 256))
