@@ -1,0 +1,67 @@
+"""3D tensor state in NumPy float64: the twin of ``reference.tensor3d`` (SPEC.md section 4).
+
+Written independently of the PyTorch reference: explicit loops over batch, head
+and token; the gate is expanded to one factor per ``(i, j)`` with explicit loops;
+the delta rule runs on the state flattened row-major to ``[K·E, V]``
+(``np.ravel``'s C order is the spec's index ``i·E + j``), the PyTorch reference on
+the unflattened ``[K, E, V]`` state. The two therefore check each other's
+gate broadcasting and flattening.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+
+def decay_grid_numpy(g_t, K: int, E: int) -> np.ndarray:
+    """The per-``(i, j)`` log-decay ``[K, E]`` of one token on one head, by meaning."""
+    grid = np.zeros((K, E))
+    if g_t is None:
+        return grid
+    g_t = np.asarray(g_t, dtype=np.float64)
+    for i in range(K):
+        for j in range(E):
+            if g_t.ndim == 0:          # one gate for the whole state
+                grid[i, j] = g_t
+            elif g_t.ndim == 1:        # one gate per tile T[:, j, :]
+                grid[i, j] = g_t[j]
+            else:                      # one gate per channel T[i, j, :]
+                grid[i, j] = g_t[i, j]
+    return grid
+
+
+def tensor3d_step_numpy(S, k1, k2, v, decay, beta=None, mode="gla"):
+    """One token on one head: ``S [K, E, V]``, ``k1 [K]``, ``k2 [E]``, ``v [V]``,
+    ``decay [K, E]`` (log), ``beta`` a float (mode ``delta``)."""
+    K, E, V = S.shape
+    S_decayed = np.exp(decay)[:, :, None] * S
+    if mode == "gla":
+        return S_decayed + np.multiply.outer(np.outer(k1, k2), v)
+    kappa = np.outer(k1, k2).ravel()                  # vec(k1 ⊗ k2), index i·E + j
+    flat = S_decayed.reshape(K * E, V)
+    e = kappa @ flat                                  # T'^T κ
+    flat = flat + np.outer(kappa, beta * (v - e))
+    return flat.reshape(K, E, V)
+
+
+def naive_tensor3d_numpy(q1, k1, q2, k2, v, g=None, beta=None, mode="gla", scale=None, initial_state=None):
+    """Per-token 3D tensor state on arrays shaped as in ``reference.tensor3d.naive_tensor3d``.
+
+    Returns ``(y [B, T, H, V], T_final [B, H, K, E, V])`` as float64 arrays.
+    """
+    q1, k1, q2, k2, v = (np.asarray(x, dtype=np.float64) for x in (q1, k1, q2, k2, v))
+    g = None if g is None else np.asarray(g, dtype=np.float64)
+    beta = None if beta is None else np.asarray(beta, dtype=np.float64)
+    B, T, H, K = q1.shape
+    E, V = q2.shape[-1], v.shape[-1]
+    scale = K ** -0.5 if scale is None else scale
+    S = np.zeros((B, H, K, E, V)) if initial_state is None else np.array(initial_state, dtype=np.float64)
+    y = np.zeros((B, T, H, V))
+    for b in range(B):
+        for h in range(H):
+            for t in range(T):
+                decay = decay_grid_numpy(None if g is None else g[b, t, h], K, E)
+                S[b, h] = tensor3d_step_numpy(S[b, h], k1[b, t, h], k2[b, t, h], v[b, t, h], decay,
+                                              None if beta is None else beta[b, t, h], mode)
+                query = np.outer(q1[b, t, h], q2[b, t, h]).ravel()
+                y[b, t, h] = scale * (query @ S[b, h].reshape(K * E, V))
+    return y, S
