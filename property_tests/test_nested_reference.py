@@ -1,0 +1,195 @@
+"""Nested GDN-2 reference (SPEC section 3): PyTorch == NumPy, L = 1 is GDN-2, the router
+is a softmax per token, timing and causality of firings, a partial chunk never fires,
+state passing, pair-order invariance, and gradients (gradcheck). Each property has a
+mutation test showing it fails on a broken implementation (``nested_mutants``)."""
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+import nested_checks as checks
+import nested_mutants as mutants
+from ngdn.nested_inputs import NestedShape
+from ngdn.strategies import examples, seeds
+from ngdn.tolerances import failures
+from reference import naive_nested_gdn2
+
+Case = checks.NestedCase
+SEQ_LENS = (1, 17, 64, 100, 130, 200)          # T < 64, = 64, not a multiple of 64, > 3 chunks
+CHUNK_SIZES = (64, 64, 16, 8)                  # 64 per SPEC; smaller ones fire deep levels cheaply
+
+
+@st.composite
+def nested_cases(draw, min_L=1, max_L=6, seq_lens=SEQ_LENS, chunk_sizes=CHUNK_SIZES, min_H=1,
+                 schemes=("learned", "merge")):
+    L = draw(st.integers(min_L, max_L))
+    K = draw(st.sampled_from((4, 8, 16)))
+    V = draw(st.sampled_from((4, 8, 16)))
+    shape = NestedShape(B=draw(st.integers(1, 2)), T=draw(st.sampled_from(seq_lens)),
+                        H=draw(st.integers(min_H, 2)), L=L, K=K, V=V)
+    per_level = lambda s: st.lists(s, min_size=L - 1, max_size=L - 1).map(tuple)
+    cap = max(1, min(K // 2, V))
+    return Case(shape=shape, seed=draw(seeds()),
+                scheme=draw(st.sampled_from(schemes) | per_level(st.sampled_from(schemes))),
+                intervals=draw(st.none() | per_level(st.integers(1, 3))),
+                query_counts=draw(st.none() | per_level(st.integers(1, cap))),
+                reduction=draw(st.sampled_from(("mean", "sum")) | per_level(st.sampled_from(("mean", "sum")))),
+                chunk_size=draw(st.sampled_from(chunk_sizes)))
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_torch_thread():
+    """The references run thousands of tiny ops: with several intra-op threads on a loaded
+    2-core runner (pytest -n 2) they spin against each other (measured 60× slower)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def assert_passes(errors):
+    assert not failures(errors), failures(errors)
+
+
+# Fires everything at small cost: T = 4.5 chunks (partial last chunk), f = (1, 2, 1) so levels 1..3
+# fire together at chunks 2 and 4, n = 4 pairs, H = 2 heads, the mean reduction.
+MUTANT_CASE = Case(shape=NestedShape(B=1, T=36, H=2, L=4, K=8, V=8), seed=0, scheme="learned",
+                   intervals=(1, 2, 1), query_counts=(4, 4, 4), reduction="mean", chunk_size=8)
+GRAD_CASE = Case(shape=NestedShape(B=1, T=7, H=1, L=3, K=2, V=2), seed=0, scheme=("learned", "merge"),
+                 intervals=(1, 2), query_counts=(1, 1), chunk_size=2)
+
+
+@examples(scale=2)
+@given(case=nested_cases())
+def test_torch_reference_equals_numpy_reference(case):
+    assert_passes(checks.nested_torch_vs_numpy(case))
+
+
+@examples(scale=2)
+@given(case=nested_cases(max_L=1))
+def test_one_level_is_gdn2(case):
+    assert_passes(checks.gdn2_reduction(case))
+
+
+@examples(scale=2)
+@given(case=nested_cases(min_L=2))
+def test_router_weights_sum_to_one_per_token(case):
+    assert_passes(checks.router_weights_sum_to_one(case))
+
+
+@examples(scale=2)
+@given(case=nested_cases(min_L=2, seq_lens=(17, 100, 130)), where=st.floats(0.05, 0.95))
+def test_changing_later_tokens_changes_no_earlier_output(case, where):
+    t0 = max(1, int(where * case.shape.T))
+    assert_passes(checks.causal_prefix(case, t0))
+
+
+@examples(scale=2)
+@given(case=nested_cases(min_L=2, seq_lens=(64, 100, 130), chunk_sizes=(64, 16, 8)), data=st.data())
+def test_a_level_reads_its_state_from_the_chunk_start_and_a_firing_shows_from_the_next_chunk(case, data):
+    N = -(-case.shape.T // case.chunk_size)
+    c = data.draw(st.integers(1, N), label="chunk")
+    ℓ = data.draw(st.integers(1, case.shape.L - 1), label="level")
+    assert_passes(checks.firing_timing(case, c, ℓ))
+
+
+def test_a_firing_is_visible_exactly_from_the_next_chunk():
+    """Pins the 'visible' half of the timing property to cases that exercise it."""
+    for c, ℓ in ((1, 1), (2, 3), (3, 1)):
+        errors = checks.firing_timing(MUTANT_CASE, c, ℓ)
+        assert "visible_next_chunk" in errors
+        assert_passes(errors)
+
+
+@examples(scale=2)
+@given(case=nested_cases(min_L=2, seq_lens=(17, 64, 100)))
+def test_a_partial_last_chunk_never_fires(case):
+    assert_passes(checks.partial_chunk_never_fires(case))
+
+
+@examples(scale=2)
+@given(case=nested_cases(seq_lens=(100, 130, 200)))
+def test_splitting_at_a_period_and_passing_states_equals_one_call(case):
+    assert_passes(checks.state_passing(case))
+
+
+@examples(scale=2)
+@given(case=nested_cases(min_L=2, schemes=("learned",)))
+def test_permuting_every_query_bank_leaves_the_result_unchanged(case):
+    assert_passes(checks.nested_pair_permutation(case))
+
+
+@examples(ci=2)
+@given(seed=seeds(), scheme=st.sampled_from([("learned", "merge"), ("merge", "learned"), "learned"]))
+def test_gradcheck_in_every_input_parameter_and_initial_state(seed, scheme):
+    assert_passes(checks.nested_gradcheck(GRAD_CASE._replace(seed=seed, scheme=scheme)))
+
+
+def test_mutation_harness_without_a_mutation_is_the_reference():
+    """Each nested mutant differs from the reference in exactly its knob (bitwise equal here)."""
+    x = checks.case_inputs(MUTANT_CASE)
+    o, states = checks.run(naive_nested_gdn2, x, MUTANT_CASE)
+    o_h, states_h = checks.run(mutants.unmutated_nested, x, MUTANT_CASE)
+    assert torch.equal(o_h, o)
+    assert all(torch.equal(a, b) for a, b in zip(states_h, states))
+
+
+# --- teeth: each property fails on a broken implementation -------------------------
+
+@pytest.mark.mutation
+@pytest.mark.parametrize("name", sorted(mutants.NESTED_MUTANTS))
+def test_torch_vs_numpy_catches(name):
+    assert failures(checks.nested_torch_vs_numpy(MUTANT_CASE, reference=mutants.NESTED_MUTANTS[name], log=False))
+
+
+@pytest.mark.mutation
+def test_gdn2_reduction_catches_router_softmax_over_heads():
+    assert failures(checks.gdn2_reduction(MUTANT_CASE, reference=mutants.nested_softmax_over_heads, log=False))
+
+
+@pytest.mark.mutation
+def test_router_sum_catches_router_softmax_over_heads():
+    assert failures(checks.router_weights_sum_to_one(MUTANT_CASE, reference=mutants.nested_softmax_over_heads,
+                                                     log=False))
+
+
+@pytest.mark.mutation
+def test_causality_catches_read_after_firing():
+    assert failures(checks.causal_prefix(MUTANT_CASE, t0=12, reference=mutants.nested_read_after_firing))
+
+
+@pytest.mark.mutation
+def test_chunk_start_read_catches_read_after_firing():
+    assert "unchanged_through_chunk" in failures(
+        checks.firing_timing(MUTANT_CASE, 2, 1, reference=mutants.nested_read_after_firing))
+
+
+@pytest.mark.mutation
+def test_next_chunk_visibility_catches_a_firing_visible_one_chunk_late():
+    assert "visible_next_chunk" in failures(
+        checks.firing_timing(MUTANT_CASE, 2, 1, reference=mutants.nested_visible_one_chunk_late))
+
+
+@pytest.mark.mutation
+def test_partial_chunk_catches_a_partial_chunk_that_fires():
+    assert failures(checks.partial_chunk_never_fires(MUTANT_CASE, reference=mutants.nested_partial_chunk_fires))
+
+
+@pytest.mark.mutation
+def test_state_passing_catches_a_firing_visible_one_chunk_late():
+    case = MUTANT_CASE._replace(shape=MUTANT_CASE.shape._replace(T=40))
+    assert failures(checks.state_passing(case, reference=mutants.nested_visible_one_chunk_late, log=False))
+
+
+@pytest.mark.mutation
+def test_permutation_catches_pairs_applied_sequentially():
+    assert failures(checks.nested_pair_permutation(MUTANT_CASE, reference=mutants.nested_pairs_sequential,
+                                                   log=False))
+
+
+@pytest.mark.mutation
+@pytest.mark.parametrize("mutant", [mutants.nested_params_detached, mutants.nested_router_detached,
+                                    mutants.nested_initial_states_detached],
+                         ids=["params", "router", "initial_states"])
+def test_gradcheck_catches_a_dropped_gradient(mutant):
+    assert failures(checks.nested_gradcheck(GRAD_CASE, reference=mutant))

@@ -1,0 +1,221 @@
+"""Promote, one firing (SPEC section 2): schemes and the simultaneous update agree with
+their NumPy twins, are invariant to the order of the pairs, reduce to one GDN-2 step
+with one pair, match the sequential variant's total decay under the ``sum`` reduction,
+are non-expansive in the safe regime, and show the documented hazard. Each property
+has a mutation test showing it fails on a broken implementation."""
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given
+from hypothesis import strategies as st
+
+import nested_checks as checks
+import nested_mutants as mutants
+from ngdn.strategies import examples, seeds
+from ngdn.tolerances import failures
+from reference import naive_nested_gdn2
+from reference.promote import promote
+from reference.schemes import SCHEMES, gates, get_scheme, l2norm, reduce_log_decay, register_scheme
+from reference.nested import make_levels
+
+D = checks.PromoteDraw
+
+
+@st.composite
+def promote_draws(draw, schemes=("learned", "merge"), min_n=1, scheme_n=True):
+    """Leading dims [B, H], K, V ∈ {4, 8, 16}; learned n ∈ [min_n, K] (merge: n = K)."""
+    K = draw(st.sampled_from((4, 8, 16)))
+    scheme = draw(st.sampled_from(schemes))
+    n = K if scheme == "merge" and scheme_n else draw(st.integers(min(min_n, K), K))
+    return D(B=draw(st.integers(1, 2)), H=draw(st.integers(1, 2)), K=K, V=draw(st.sampled_from((4, 8, 16))),
+             n=n, scheme=scheme, reduction=draw(st.sampled_from(("mean", "sum"))), seed=draw(seeds()))
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_torch_thread():
+    """The references run thousands of tiny ops: with several intra-op threads on a loaded
+    2-core runner (pytest -n 2) they spin against each other (measured 60× slower)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def assert_passes(errors):
+    assert not failures(errors), failures(errors)
+
+
+MUTANT_DRAW = D(B=2, H=2, K=8, V=8, n=4, scheme="learned", reduction="mean", seed=0)
+MERGE_MUTANT_DRAW = MUTANT_DRAW._replace(n=8, scheme="merge")
+
+
+@examples(scale=3)
+@given(d=promote_draws())
+def test_probe_and_promote_torch_equal_numpy(d):
+    assert_passes(checks.promote_torch_vs_numpy(d))
+
+
+@examples(scale=3)
+@given(d=promote_draws(min_n=2))
+def test_permuting_the_pairs_leaves_the_firing_unchanged(d):
+    assert_passes(checks.pair_permutation(d))
+
+
+@examples(scale=3)
+@given(d=promote_draws(min_n=2))
+def test_sequential_variant_depends_on_the_order_of_the_pairs(d):
+    """The rejected design is a different operation: reversing its pairs changes the result."""
+    assert_passes(checks.sequential_order_dependence(d))
+
+
+def test_sequential_variant_differs_from_simultaneous_on_a_draw():
+    d = MUTANT_DRAW
+    M_below, M, params = checks.promote_inputs(d)
+    κ, ν, β, ω, γ = get_scheme("learned").probe(M_below, params)
+    _, _, γ_i = gates(ν, params)
+    from reference.promote import promote_sequential
+    simultaneous = promote(M, κ, ν, β, ω, γ_i.sum(-2))
+    sequential = promote_sequential(M, κ, ν, β, ω, γ_i)
+    assert (simultaneous - sequential).norm() > 1e-3 * simultaneous.norm()
+
+
+@examples(scale=3)
+@given(d=promote_draws(schemes=("learned",)))
+def test_one_pair_is_one_gdn2_step(d):
+    assert_passes(checks.one_pair_is_gdn2_step(d))
+
+
+@examples(scale=3)
+@given(d=promote_draws())
+def test_sum_reduction_matches_the_sequential_total_decay(d):
+    assert_passes(checks.sum_decay_matches_sequential(d))
+
+
+@examples(scale=3)
+@given(d=promote_draws(schemes=("learned",)))
+def test_firing_with_orthonormal_keys_is_non_expansive(d):
+    """‖M_new − κ^T(ω⊙ν)‖ ≤ ‖M‖ and ‖M_new‖ ≤ ‖M‖ + ‖ω⊙ν‖ for orthonormal κ, channel-uniform
+    β_i ∈ [0, 1], ω ∈ [0, 1], γ ≤ 0 (see ``nested_checks.stability``)."""
+    assert_passes(checks.stability(d))
+
+
+@examples(scale=3)
+@given(d=promote_draws(schemes=("learned",), min_n=2))
+def test_equal_keys_scale_their_component_by_one_minus_sum_beta(d):
+    assert_passes(checks.hazard_identity(d))
+
+
+def test_hazard_reproduces_the_spec_numbers():
+    """SPEC: n = 16 equal keys, β ≈ ½, γ = -softplus(0) (near-zero weights) give a factor
+    (1 - 8)·½ = -3.5 on that key's component: the firing is expansive."""
+    K, V, n = 16, 4, 16
+    gen = torch.Generator().manual_seed(0)
+    M = torch.randn(K, V, generator=gen, dtype=torch.float64)
+    u = F.normalize(torch.randn(K, generator=gen, dtype=torch.float64), dim=0)
+    κ = u.expand(n, K)
+    ν = torch.randn(n, V, generator=gen, dtype=torch.float64)
+    β, ω = torch.full((n, K), 0.5, dtype=torch.float64), torch.zeros(n, V, dtype=torch.float64)
+    γ = torch.full((K,), -F.softplus(torch.tensor(0.0, dtype=torch.float64)).item(), dtype=torch.float64)
+    M_new = promote(M, κ, ν, β, ω, γ)
+    torch.testing.assert_close(u @ M_new, -3.5 * (u @ M), rtol=1e-12, atol=0)
+    assert (u @ M_new).norm() > 3 * (u @ M).norm()
+
+
+def test_registering_a_scheme_is_one_function_and_one_call():
+    """The README example: a scheme whose keys are its (normalized) queries."""
+    def fixed_address_shapes(H, K, V, n):
+        return {"Q": (H, n, K), "W_beta": (H, V, K), "W_omega": (H, V, V), "W_gamma": (H, V, K)}
+
+    def fixed_address(M_below, params, reduction="mean"):
+        ν = params["Q"] @ M_below                             # read at the query addresses
+        κ = l2norm(params["Q"]).expand(*ν.shape[:-1], -1)     # write back at the same addresses
+        β, ω, γ_i = gates(ν, params)
+        return κ, ν, β, ω, reduce_log_decay(γ_i, reduction)
+
+    register_scheme("fixed_address", fixed_address, fixed_address_shapes)
+    try:
+        B, T, H, L, K, V = 1, 20, 2, 3, 8, 8
+        gen = torch.Generator().manual_seed(0)
+        levels = make_levels(L, H, K, V, scheme="fixed_address", query_counts=[2, 4], generator=gen)
+        x = {n: torch.randn(B, T, H, *s, generator=gen, dtype=torch.float64)
+             for n, s in (("q", (L, K)), ("k", (K,)), ("v", (V,)), ("r", (L,)))}
+        g = -torch.rand(B, T, H, K, generator=gen, dtype=torch.float64)
+        b, w = torch.rand(B, T, H, K, dtype=torch.float64), torch.rand(B, T, H, V, dtype=torch.float64)
+        o, states = naive_nested_gdn2(x["q"], F.normalize(x["k"], dim=-1), x["v"], g, b, w, x["r"], levels,
+                                      output_final_state=True, chunk_size=4)
+        assert torch.isfinite(o).all() and all(s.abs().sum() > 0 for s in states)
+        κ, *_ = get_scheme("fixed_address").probe(states[1], levels[1].params)
+        assert κ.shape == (B, H, 4, K)
+        with pytest.raises(ValueError, match="n ≤ K"):
+            get_scheme("fixed_address").probe(states[1], {**levels[1].params, "Q": torch.zeros(H, K + 1, K,
+                                                                                           dtype=torch.float64)})
+    finally:
+        SCHEMES.pop("fixed_address", None)
+
+
+def test_probe_accepts_leading_batch_dims():
+    """[B, F, H, K, V] snapshots give the per-firing results stacked (the batched optimized path)."""
+    H, K, V = 2, 8, 4
+    gen = torch.Generator().manual_seed(1)
+    for scheme in ("learned", "merge"):
+        params = make_levels(2, H, K, V, scheme=scheme, query_counts=[3], generator=gen)[0].params
+        M_below = torch.randn(2, 3, H, K, V, generator=gen, dtype=torch.float64)
+        batched = get_scheme(scheme).probe(M_below, params)
+        for i in range(2):
+            for f in range(3):
+                single = get_scheme(scheme).probe(M_below[i, f], params)
+                for a, b in zip(batched, single):
+                    torch.testing.assert_close(a[i, f], b, rtol=0, atol=0)
+
+
+# --- teeth: each property fails on a broken implementation -------------------------
+
+@pytest.mark.mutation
+@pytest.mark.parametrize("kwargs", [dict(probe=mutants.probe_gamma_sum),
+                                    dict(promote_fn=mutants.promote_erase_without_decay),
+                                    dict(promote_fn=mutants.promote_pairs_sequential)],
+                         ids=["gamma_sum_not_mean", "erase_without_decay", "pairs_sequential"])
+def test_torch_vs_numpy_catches(kwargs):
+    assert failures(checks.promote_torch_vs_numpy(MUTANT_DRAW, log=False, **kwargs))
+
+
+@pytest.mark.mutation
+def test_permutation_catches_pairs_applied_sequentially():
+    """(learned: with merge's identity keys the pairs touch disjoint rows and commute, so
+    applying them one after another after one decay is the same operation.)"""
+    bad = failures(checks.pair_permutation(MUTANT_DRAW, promote_fn=mutants.promote_pairs_sequential, log=False))
+    assert "permutation_torch" in bad
+    bad = failures(checks.pair_permutation(MUTANT_DRAW, promote_numpy_fn=mutants.promote_numpy_pairs_sequential,
+                                           log=False))
+    assert "permutation_numpy" in bad
+
+
+@pytest.mark.mutation
+def test_order_dependence_catches_a_sequential_variant_that_is_simultaneous():
+    assert failures(checks.sequential_order_dependence(
+        MUTANT_DRAW, promote_sequential_fn=mutants.promote_sequential_made_simultaneous))
+
+
+@pytest.mark.mutation
+@pytest.mark.parametrize("mutant", [mutants.promote_erase_without_decay, mutants.promote_write_gate_dropped])
+def test_one_pair_catches(mutant):
+    assert "one_pair_torch" in failures(checks.one_pair_is_gdn2_step(MUTANT_DRAW, promote_fn=mutant, log=False))
+
+
+@pytest.mark.mutation
+@pytest.mark.parametrize("d", [MUTANT_DRAW, MERGE_MUTANT_DRAW], ids=["learned", "merge"])
+def test_sum_decay_catches_reduction_ignored(d):
+    bad = failures(checks.sum_decay_matches_sequential(d, probe=mutants.probe_gamma_mean, log=False))
+    assert "sum_decay_torch" in bad
+
+
+@pytest.mark.mutation
+@pytest.mark.parametrize("mutant", [mutants.promote_erase_added, mutants.promote_decay_sign_flipped])
+def test_stability_catches(mutant):
+    assert failures(checks.stability(MUTANT_DRAW, promote_fn=mutant, log=False))
+
+
+@pytest.mark.mutation
+def test_hazard_identity_catches_pairs_applied_sequentially():
+    assert "hazard_component" in failures(checks.hazard_identity(
+        MUTANT_DRAW, promote_fn=mutants.promote_pairs_sequential, log=False))

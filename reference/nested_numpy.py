@@ -1,0 +1,65 @@
+"""Nested GDN-2 in NumPy float64: the twin of ``reference.nested`` (SPEC.md section 3).
+
+Written independently of the PyTorch reference: explicit loops over batch, head,
+chunk and token; the level states are read through a copy taken when the chunk
+begins; NumPy schemes and promote from ``reference.promote_numpy``.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from reference.gdn2_numpy import gdn2_step_numpy
+from reference.promote_numpy import SCHEMES_NUMPY, promote_numpy
+
+
+def as_array(x):
+    """float64 array from an array or a (possibly grad-tracking, any-device) torch tensor."""
+    if hasattr(x, "detach"):
+        x = x.detach().cpu().double().numpy()
+    return np.array(x, dtype=np.float64)
+
+
+def softmax(x):
+    e = np.exp(x - np.max(x))
+    return e / e.sum()
+
+
+def naive_nested_gdn2_numpy(q, k, v, g, b, w, r, levels, scale=None, initial_states=None, chunk_size=64):
+    """Per-token Nested GDN-2 on arrays shaped as in ``reference.nested.naive_nested_gdn2``.
+
+    ``levels``: ``L - 1`` objects with ``scheme``, ``interval``, ``params`` (per-head
+    arrays or tensors, leading dim H) and ``reduction``.
+    Returns ``(o [B, T, H, V], [M_0, ..., M_{L-1}] each [B, H, K, V])`` as float64 arrays.
+    """
+    q, k, v, g, b, w, r = (as_array(x) for x in (q, k, v, g, b, w, r))
+    B, T, H, L, K = q.shape
+    V = v.shape[-1]
+    scale = K ** -0.5 if scale is None else scale
+    C = chunk_size
+    N = (T + C - 1) // C
+    M = np.zeros((L, B, H, K, V))
+    for ℓ, M0 in enumerate(initial_states if initial_states is not None else [None] * L):
+        if M0 is not None:
+            M[ℓ] = as_array(M0)
+    params = [{name: as_array(p) for name, p in level.params.items()} for level in levels]
+    o = np.zeros((B, T, H, V))
+    for i in range(B):
+        for h in range(H):
+            for c in range(1, N + 1):
+                at_chunk_start = M[:, i, h].copy()          # M_ℓ as it stood when chunk c began
+                for t in range((c - 1) * C, min(c * C, T)):
+                    M[0, i, h] = gdn2_step_numpy(M[0, i, h], k[i, t, h], v[i, t, h], g[i, t, h], b[i, t, h],
+                                                 w[i, t, h])
+                    λ = softmax(r[i, t, h])
+                    o[i, t, h] = λ[0] * scale * (q[i, t, h, 0] @ M[0, i, h])
+                    for ℓ in range(1, L):
+                        o[i, t, h] += λ[ℓ] * scale * (q[i, t, h, ℓ] @ at_chunk_start[ℓ])
+                if c * C > T:
+                    continue                                 # a partial last chunk never fires
+                for ℓ in range(1, L):
+                    level = levels[ℓ - 1]
+                    if c % level.interval == 0:
+                        head_params = {name: p[h] for name, p in params[ℓ - 1].items()}
+                        κ, ν, β, ω, γ = SCHEMES_NUMPY[level.scheme](M[ℓ - 1, i, h], head_params, level.reduction)
+                        M[ℓ, i, h] = promote_numpy(M[ℓ, i, h], κ, ν, β, ω, γ)
+    return o, [M[ℓ] for ℓ in range(L)]
