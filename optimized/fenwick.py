@@ -1,0 +1,68 @@
+"""Fenwick level router (scalar decay) on fla-core 0.6.0's ``chunk_log_linear_attn``.
+
+Same contract as ``reference.fenwick.naive_fenwick`` (SPEC.md section 5), output
+only. Validates its inputs, then adapts them to fla's kernel:
+
+- ``scale``: fla's defaults to 1.0; ours (``K ** -0.5`` unless given) is always passed.
+- Head dims: fla's chunk kernel needs ``K % 64 == 0`` and ``V`` a power of two
+  (at least 16 here, for its block dots). ``q, k`` are zero-padded to the next
+  multiple of 64 and ``v`` to the next power of two; padding changes no dot
+  product, the output is sliced back to ``V``, and the padding's gradients are
+  sliced away by autograd (``F.pad``'s backward).
+- Levels: fla reads ``level_scales[..., ℓ]`` for every level ``ℓ`` that occurs and
+  masks reads at ``ℓ ≥ L`` to zero. We require ``L ≥ 1 + ceil(log2 T)`` (every
+  level that occurs is given, as SPEC says); levels beyond that never occur and
+  fla never reads them (their gradient is zero, as in the reference).
+- fla's kernel takes no plain initial state (its ``LogLinearAttentionState`` is a
+  chunk-level cache, and its backward refuses it); neither does the reference.
+- fla raises for sequences of ``2**17`` tokens or more: checked here first.
+
+The GDN-2 variant (``reference.fenwick.naive_fenwick_gdn2``) has no fla kernel;
+its optimized path is left to a later issue.
+"""
+from __future__ import annotations
+
+import warnings
+
+import torch
+import torch.nn.functional as F
+
+from optimized.gdn2 import KERNEL_DTYPES, check_kernel_device
+from reference.fenwick import check_fenwick_inputs
+
+BLOCK_K = 64           # fla's log-linear chunk kernel works on K in blocks of 64
+MIN_V = 16             # smallest value width we hand to the kernel's block dots
+MAX_T = 2 ** 17 - 1    # fla: "Sequence length must be less than 2**17"
+
+
+def padded_dims(K: int, V: int) -> tuple[int, int]:
+    """The ``(K, V)`` fla's chunk kernel runs on: ``K`` up to a multiple of 64, ``V`` up to a power of two."""
+    K_pad = -(-K // BLOCK_K) * BLOCK_K
+    V_pad = max(MIN_V, 1 << (V - 1).bit_length())
+    return K_pad, V_pad
+
+
+def chunk_fenwick(q, k, v, g, level_scales, scale=None):
+    """Chunked Fenwick log-linear attention (fla). Shapes as in ``reference.fenwick.naive_fenwick``.
+
+    Inputs are float32, bfloat16 or float16 (one dtype) on the mode's device.
+    Returns ``o [B, T, H, V]`` in ``v``'s dtype. Differentiable in ``q, k, v, g, level_scales``.
+    """
+    B, T, H, K, V, L = check_fenwick_inputs(q, k, v, g, level_scales, scale, dtypes=KERNEL_DTYPES)
+    if T > MAX_T:
+        raise ValueError(f"q: fla's log-linear kernel needs T < 2**17, got T = {T}")
+    check_kernel_device("q", q)
+    scale = K ** -0.5 if scale is None else float(scale)
+    K_pad, V_pad = padded_dims(K, V)
+    if K_pad != K:
+        q = F.pad(q, (0, K_pad - K))
+        k = F.pad(k, (0, K_pad - K))
+    if V_pad != V:
+        v = F.pad(v, (0, V_pad - V))
+    from fla.ops.log_linear_attn import chunk_log_linear_attn
+
+    with warnings.catch_warnings():
+        # fla warns on every call that Triton > 3.2 is slower for this kernel.
+        warnings.filterwarnings("ignore", message="Triton>3.2.0 detected")
+        o, _ = chunk_log_linear_attn(q, k, v, g, level_scales, scale=scale)
+    return o[..., :V]

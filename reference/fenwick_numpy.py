@@ -1,0 +1,106 @@
+"""Fenwick level router in NumPy float64: the twin of ``reference.fenwick`` (SPEC.md section 5).
+
+Written independently of the PyTorch reference so the two can check each other:
+explicit loops over batch and head; the level is SPEC's ``1 + floor(log2(t XOR s))``
+evaluated literally; the recurrent form adds a token by a binary-counter carry
+(level 0 absorbs each occupied level above it until the first empty one, where
+the sum lands) instead of counting trailing one-bits; the GDN-2 transition is
+the SPEC's matrix ``(I - k (b ⊙ k)^T) diag(exp(g))`` applied by a matrix product.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+
+def fenwick_level_numpy(t: int, s: int) -> int:
+    """``level(t, s) = 0 if s = t else 1 + floor(log2(t XOR s))``."""
+    return 0 if s == t else 1 + int(np.floor(np.log2(t ^ s)))
+
+
+def _arrays(*xs):
+    return [np.asarray(x, dtype=np.float64) for x in xs]
+
+
+def _carry(buckets: list) -> None:
+    """Binary-counter increment before a new token: the occupied level 0 carries upward
+    through every occupied level above it; the carried sum lands in the first empty
+    level, and level 0 is left empty for the new token."""
+    if buckets[0] is None:                     # the first token: nothing to carry
+        return
+    carry, buckets[0] = buckets[0], None
+    level = 1
+    while buckets[level] is not None:
+        carry, buckets[level] = carry + buckets[level], None
+        level += 1
+    buckets[level] = carry
+
+
+def _states(buckets: list, K: int, V: int) -> np.ndarray:
+    return np.stack([np.zeros((K, V)) if S is None else S for S in buckets])
+
+
+def naive_fenwick_numpy(q, k, v, g, level_scales, scale=None):
+    """Per-token Fenwick attention on arrays shaped as in ``reference.fenwick.naive_fenwick``.
+
+    Returns ``(o [B, T, H, V], states [B, H, L, K, V])`` as float64 arrays.
+    """
+    q, k, v, g, lam = _arrays(q, k, v, g, level_scales)
+    B, T, H, K = q.shape
+    V, L = v.shape[-1], lam.shape[-1]
+    scale = K ** -0.5 if scale is None else scale
+    o = np.zeros((B, T, H, V))
+    states = np.zeros((B, H, L, K, V))
+    for i in range(B):
+        for h in range(H):
+            buckets = [None] * L
+            for t in range(T):
+                _carry(buckets)                                                   # merge
+                buckets = [None if S is None else np.exp(g[i, t, h]) * S for S in buckets]  # decay
+                buckets[0] = np.outer(k[i, t, h], v[i, t, h])                      # write
+                o[i, t, h] = scale * sum(lam[i, t, h, level] * (q[i, t, h] @ S)
+                                         for level, S in enumerate(buckets) if S is not None)
+            states[i, h] = _states(buckets, K, V)
+    return o, states
+
+
+def naive_fenwick_gdn2_numpy(q, k, v, g, b, w, level_scales, scale=None):
+    """The GDN-2 variant on arrays shaped as in ``reference.fenwick.naive_fenwick_gdn2``.
+
+    Returns ``(o [B, T, H, V], states [B, H, L, K, V])`` as float64 arrays.
+    """
+    q, k, v, g, b, w, lam = _arrays(q, k, v, g, b, w, level_scales)
+    B, T, H, K = q.shape
+    V, L = v.shape[-1], lam.shape[-1]
+    scale = K ** -0.5 if scale is None else scale
+    o = np.zeros((B, T, H, V))
+    states = np.zeros((B, H, L, K, V))
+    for i in range(B):
+        for h in range(H):
+            buckets = [None] * L
+            for t in range(T):
+                kt = k[i, t, h]
+                A = (np.eye(K) - np.outer(kt, b[i, t, h] * kt)) @ np.diag(np.exp(g[i, t, h]))
+                _carry(buckets)
+                buckets = [None if S is None else A @ S for S in buckets]
+                buckets[0] = np.outer(kt, w[i, t, h] * v[i, t, h])
+                o[i, t, h] = scale * sum(lam[i, t, h, level] * (q[i, t, h] @ S)
+                                         for level, S in enumerate(buckets) if S is not None)
+            states[i, h] = _states(buckets, K, V)
+    return o, states
+
+
+def quadratic_fenwick_numpy(q, k, v, g, level_scales, scale=None):
+    """The masked ``T × T`` form, one pair ``(t, s)`` at a time. Returns ``o [B, T, H, V]``."""
+    q, k, v, g, lam = _arrays(q, k, v, g, level_scales)
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    scale = K ** -0.5 if scale is None else scale
+    G = np.cumsum(g, axis=1)
+    o = np.zeros((B, T, H, V))
+    for i in range(B):
+        for h in range(H):
+            for t in range(T):
+                for s in range(t + 1):
+                    weight = lam[i, t, h, fenwick_level_numpy(t, s)] * np.exp(G[i, t, h] - G[i, s, h])
+                    o[i, t, h] += scale * weight * (q[i, t, h] @ k[i, s, h]) * v[i, s, h]
+    return o
