@@ -26,8 +26,28 @@ def gdn2(dtype, seed, cuda):
     return shape, _checks("gdn2_checks").optimized_vs_reference(shape, seed, dtype, log=False)
 
 
+def fenwick(dtype, seed, cuda):
+    from ngdn.fenwick_inputs import FenwickShape
+
+    shape = FenwickShape(B=2, T=1000, H=4, K=64, V=64) if cuda else FenwickShape(B=1, T=100, H=2, K=32, V=32)
+    return shape, _checks("fenwick_checks").optimized_vs_reference(shape, seed, dtype, log=False)
+
+
+def tensor3d(mode):
+    def run(dtype, seed, cuda):
+        from ngdn.tensor3d_inputs import Tensor3DShape
+
+        shape = (Tensor3DShape(B=2, T=1000, H=4, K=32, E=4, V=64) if cuda
+                 else Tensor3DShape(B=1, T=100, H=1, K=16, E=4, V=32))
+        config = dict(mode=mode, gate="channel", key_mode="sigmoid")
+        errors = _checks("tensor3d_checks").optimized_vs_reference(shape, seed, dtype, log=False, **config)
+        return f"{shape} {config}", errors
+    return run
+
+
 # name -> callable(dtype, seed, cuda) -> (description of the draw, {quantity: (error, bound)})
-COMPONENTS = {"gdn2": gdn2}
+COMPONENTS = {"gdn2": gdn2, "fenwick": fenwick, "tensor3d-gla": tensor3d("gla"),
+              "tensor3d-delta": tensor3d("delta")}
 
 
 def run_all(dtype, seed, only=None):
