@@ -1,0 +1,139 @@
+"""Nested GDN-2 level 0: fla-core 0.6.0's chunked GDN-2 with per-chunk states in and out.
+
+Forward: fla's ``chunk_gdn2_fwd`` (SPEC section 1, chunk size 64). Besides the output
+and final state it keeps ``h`` (the state at the start of every chunk), from which
+``chunk_end_states`` gives the state at the end of every chunk: the snapshots the
+level above probes.
+
+Backward: fla's own functions for every piece (intra-chunk ``dAv``, the fused WY
+``dq, dk, dv, db, dw, dg`` kernel, the intra-chunk backward, the reverse cumsum of
+``dg``) except the state-gradient recurrence, which is ``optimized.state_grad``: it
+also accepts a gradient on each end-of-chunk state and folds it into the recurrence.
+
+Plain launch functions, no autograd: ``optimized.nested`` wraps them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+
+from optimized import triton_mode  # noqa: F401  (device mode before fla)
+from optimized.state_grad import CHUNK, state_grad_bwd
+
+
+@dataclass
+class Level0Saved:
+    """What the backward needs from the forward (fla's intermediates, kept: no recompute)."""
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    b: torch.Tensor
+    w: torch.Tensor
+    g_cumsum: torch.Tensor
+    Aqk: torch.Tensor
+    Akk: torch.Tensor
+    w_wy: torch.Tensor
+    u_wy: torch.Tensor
+    qg: torch.Tensor
+    kg: torch.Tensor
+    v_new: torch.Tensor
+    h: torch.Tensor
+    scale: float
+    has_initial_state: bool
+
+    def tensors(self):
+        return [self.q, self.k, self.v, self.b, self.w, self.g_cumsum, self.Aqk, self.Akk, self.w_wy,
+                self.u_wy, self.qg, self.kg, self.v_new, self.h]
+
+    @classmethod
+    def from_tensors(cls, tensors, scale, has_initial_state):
+        return cls(*tensors, scale=scale, has_initial_state=has_initial_state)
+
+
+def level0_fwd(q, k, v, g, b, w, scale: float, initial_state=None):
+    """GDN-2 over the whole sequence with fla's chunk kernels.
+
+    Args: ``q, k, g, b [B, T, H, K]``, ``v, w [B, T, H, V]`` (one dtype, contiguous),
+    ``initial_state [B, H, K, V]`` float32 or None.
+
+    Returns ``(o [B, T, H, V] in v's dtype, final_state [B, H, K, V] float32, h, saved)``:
+    ``h [B, N, H, K, V]`` the state at the start of each chunk (fla keeps it in the
+    inputs' dtype) and ``saved`` for ``level0_bwd``.
+    """
+    from fla.ops.gdn2.chunk_fwd import chunk_gdn2_fwd
+
+    (o, final_state, g_cumsum, Aqk, Akk, w_wy, u_wy, qg, kg, v_new, h, _) = chunk_gdn2_fwd(
+        q=q, k=k, v=v, g=g, b=b, w_gate=w, scale=scale, initial_state=initial_state,
+        output_final_state=True, chunk_size=CHUNK, disable_recompute=True)
+    saved = Level0Saved(q, k, v, b, w, g_cumsum, Aqk, Akk, w_wy, u_wy, qg, kg, v_new, h, scale,
+                        initial_state is not None)
+    return o, final_state, h, saved
+
+
+def chunk_end_states(h: torch.Tensor, final_state: torch.Tensor, chunks) -> torch.Tensor:
+    """The float32 states at the end of the given 0-based chunks (increasing),
+    ``[B, len(chunks), H, K, V]``.
+
+    The end of chunk ``c`` is the start of chunk ``c + 1`` (``h[:, c + 1]``, in fla's
+    dtype, upcast); the end of the last chunk is the final state (float32).
+    """
+    N = h.shape[1]
+    chunks = list(chunks)
+    if chunks != sorted(set(chunks)) or (chunks and not 0 <= chunks[0] <= chunks[-1] < N):
+        raise ValueError(f"chunks must be distinct increasing chunk indices in [0, {N}), got {chunks}")
+    inner = [c + 1 for c in chunks if c + 1 < N]
+    index = torch.tensor(inner, device=h.device, dtype=torch.long)
+    ends = h.index_select(1, index).float()
+    if chunks and chunks[-1] == N - 1:
+        ends = torch.cat([ends, final_state[:, None].float()], dim=1)
+    return ends
+
+
+def injection_slots(num_chunks: int, chunks, device) -> torch.Tensor:
+    """int32 ``[N]``: ``slots[c] = i`` where ``chunks[i] == c``, else -1 (chunks distinct)."""
+    slots = [-1] * num_chunks
+    for i, c in enumerate(chunks):
+        if slots[c] != -1:
+            raise ValueError(f"chunk {c} is injected twice")
+        slots[c] = i
+    return torch.tensor(slots, dtype=torch.int32, device=device)
+
+
+def level0_bwd(saved: Level0Saved, do, dht=None, d_ends=None, end_chunks=None, state_grad=state_grad_bwd):
+    """Gradients of level 0 given ``do [B, T, H, V]``, the final-state gradient ``dht``
+    (float32 or None) and ``d_ends [B, S, H, K, V]`` (float32), the gradients of the
+    states at the end of chunks ``end_chunks`` (S distinct 0-based chunk indices).
+
+    Returns ``dq, dk, dv, dg, db, dw`` (float32, shaped like the inputs) and ``dh0``
+    (float32, or None without an initial state).
+    """
+    from fla.ops.gdn2.chunk_bwd import chunk_gdn2_bwd_wy_dqkg_fused
+    from fla.ops.gdn2.chunk_intra import chunk_gdn2_bwd_intra
+    from fla.ops.kda.chunk_bwd import chunk_kda_bwd_dAv
+    from fla.ops.utils import chunk_local_cumsum
+
+    s = saved
+    do = do.to(s.v.dtype).contiguous()
+    N = s.h.shape[1]
+    slots = None
+    if d_ends is not None and d_ends.shape[1] > 0:
+        slots = injection_slots(N, end_chunks, do.device)
+    else:
+        d_ends = None
+
+    dAqk, dv = chunk_kda_bwd_dAv(q=s.q, k=s.k, v=s.v_new, do=do, A=s.Aqk, scale=s.scale, chunk_size=CHUNK)
+    dh, dh0, dv = state_grad(s.qg, s.kg, s.w_wy, s.g_cumsum, do, dv, s.scale, dht=dht, ds=d_ends,
+                             slots=slots, want_dh0=s.has_initial_state)
+    dq, dk, dv, db, dw, dg, dAkk = chunk_gdn2_bwd_wy_dqkg_fused(
+        q=s.q, k=s.k, v=s.v, v_new=s.v_new, g=s.g_cumsum, b=s.b, w_gate=s.w, A=s.Akk, h=s.h, do=do,
+        dh=dh, dv=dv, scale=s.scale, chunk_size=CHUNK)
+    dq, dk, db, dg = chunk_gdn2_bwd_intra(q=s.q, k=s.k, g=s.g_cumsum, b=s.b, dAqk=dAqk, dAkk=dAkk,
+                                          dq=dq, dk=dk, db=db, dg=dg, chunk_size=CHUNK)
+    dg = chunk_local_cumsum(dg, chunk_size=CHUNK, reverse=True)
+    return dq, dk, dv, dg, db, dw, dh0
+
+
+def num_chunks(T: int) -> int:
+    return triton.cdiv(T, CHUNK)

@@ -1,0 +1,250 @@
+"""The update stage of Nested GDN-2 levels ℓ ≥ 1: a Triton scan over firings (SPEC section 2).
+
+One firing ``m`` of a level takes the state ``M_m`` to
+
+    M'      = diag(exp(γ_m)) M_m                      # decay once per firing
+    M_{m+1} = M' + κ_m^T (ω_m ⊙ ν_m - (β_m ⊙ κ_m) M')   # erase and write all n pairs at once
+
+with the pairs (``κ, β [n, K]``, ``ν, ω [n, V]``) and the decay ``γ [K]`` already
+probed from the level below. Each program owns one (batch, head, block of V
+columns) and carries ``M[:, block]`` through all firings in registers; the update
+never mixes V columns, and K is not split (the erase contracts over it). The
+forward stores one state per firing (not per chunk): ``states[:, m]`` is the
+state after ``m`` firings, ``states[:, 0]`` the initial state.
+
+The backward is a hand-written reverse scan. Quantities reduced over V (the
+gradients of ``κ``, ``β``, ``γ``) are written per V block into partial buffers and
+summed afterwards (no atomics: bitwise reproducible). It accepts a gradient on
+every stored state (reads, the final state, the probes of the level above).
+
+Layouts (fla style, firing axis where fla has the chunk axis):
+``M0 [B, H, K, V]``; ``κ, β [B, F, H, n, K]``; ``ν, ω [B, F, H, n, V]``;
+``γ [B, F, H, K]``; ``states [B, F+1, H, K, V]``. Everything float32, every dot IEEE
+(``input_precision="ieee"``: no TF32 whatever ``TRITON_F32_DEFAULT`` says).
+
+Kernels address their blocks with explicit pointer arithmetic and masks for ragged
+edges (Triton 3.9 removed ``tl.make_block_ptr``; the same code runs compiled on CUDA
+and under Triton's interpreter on CPU).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def promote_scan_fwd_kernel(
+    m0, kappa, nu, beta, omega, gamma, states,
+    F,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, N: tl.constexpr,
+    BK: tl.constexpr, BN: tl.constexpr, BV: tl.constexpr,
+    HAS_M0: tl.constexpr,
+):
+    """For one (batch, head, V block), with ``M`` ([K, BV], float32) from ``m0`` (or 0):
+
+        states[0] = M
+        for m in 0 .. F-1:
+            M' = exp(γ[m])[:, None] ⊙ M
+            M  = M' + Σ_blocks κ[m]^T @ (ω[m] ⊙ ν[m] - (β[m] ⊙ κ[m]) @ M')
+            states[m + 1] = M
+
+    The pairs are visited in blocks of ``BN``; every block reads the same ``M'`` (the
+    state before the firing) and the writes are summed: all pairs act at once.
+    Rows ≥ n of a pair block, rows ≥ K and columns ≥ V of the state are masked
+    (loaded as 0, never stored): padded pairs have κ = 0 and change nothing.
+    """
+    i_v, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = i_bh // H, i_bh % H
+
+    o_k = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_k, m_v = o_k < K, o_v < V
+    o_kv = o_k[:, None] * V + o_v[None, :]
+    m_kv = m_k[:, None] & m_v[None, :]
+
+    b_m = tl.zeros([BK, BV], dtype=tl.float32)
+    if HAS_M0:
+        b_m += tl.load(m0 + i_bh.to(tl.int64) * K * V + o_kv, mask=m_kv, other=0.0)
+    tl.store(states + (i_b.to(tl.int64) * (F + 1) * H + i_h) * K * V + o_kv, b_m, mask=m_kv)
+
+    for m in range(0, F):
+        i_f = (i_b.to(tl.int64) * F + m) * H + i_h          # firing m of this (batch, head)
+        b_gamma = tl.load(gamma + i_f * K + o_k, mask=m_k, other=0.0)
+        b_md = b_m * tl.exp(b_gamma)[:, None]               # M'
+        b_m = b_md
+        for i_n in range(0, tl.cdiv(N, BN)):
+            o_n = i_n * BN + tl.arange(0, BN)
+            m_n = o_n < N
+            o_nk = o_n[:, None] * K + o_k[None, :]
+            m_nk = m_n[:, None] & m_k[None, :]
+            o_nv = o_n[:, None] * V + o_v[None, :]
+            m_nv = m_n[:, None] & m_v[None, :]
+            b_kappa = tl.load(kappa + i_f * N * K + o_nk, mask=m_nk, other=0.0)
+            b_beta = tl.load(beta + i_f * N * K + o_nk, mask=m_nk, other=0.0)
+            b_nu = tl.load(nu + i_f * N * V + o_nv, mask=m_nv, other=0.0)
+            b_omega = tl.load(omega + i_f * N * V + o_nv, mask=m_nv, other=0.0)
+            # ω ⊙ ν - (β ⊙ κ) M'
+            b_d = b_omega * b_nu - tl.dot(b_beta * b_kappa, b_md, input_precision="ieee")
+            b_m += tl.dot(tl.trans(b_kappa), b_d, input_precision="ieee")
+        tl.store(states + ((i_b.to(tl.int64) * (F + 1) + m + 1) * H + i_h) * K * V + o_kv, b_m, mask=m_kv)
+
+
+@triton.jit
+def promote_scan_bwd_kernel(
+    states, kappa, nu, beta, omega, gamma, dstates,
+    dm0, dkappa_part, dnu, dbeta_part, domega, dgamma_part,
+    F, B,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, N: tl.constexpr,
+    BK: tl.constexpr, BN: tl.constexpr, BV: tl.constexpr,
+):
+    """Reverse scan for one (batch, head, V block). ``dM`` ([K, BV]) starts at ``dstates[F]``;
+    for m = F-1 .. 0, with ``M' = exp(γ) ⊙ states[m]`` and, per pair, ``P = β ⊙ κ``,
+    ``D = ω ⊙ ν - P M'``:
+
+        dD        = κ @ dM                                  [n, BV]
+        dν, dω    = dD ⊙ ω, dD ⊙ ν                          (complete for this V block)
+        dP        = -dD @ M'^T                              [n, K]
+        dκ_part   = D @ dM^T + dP ⊙ β                       [n, K]   (summed over V blocks later)
+        dβ_part   = dP ⊙ κ                                  [n, K]
+        dM'       = dM - Σ_pairs P^T @ dD
+        dγ_part   = Σ_v dM' ⊙ M'                            [K]
+        dM        = exp(γ) ⊙ dM' + dstates[m]
+
+    Partials go to ``d*_part[i_v]``; at the end ``dm0 = dM`` (the initial-state gradient).
+    """
+    i_v, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = i_bh // H, i_bh % H
+
+    o_k = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_k, m_v = o_k < K, o_v < V
+    o_kv = o_k[:, None] * V + o_v[None, :]
+    m_kv = m_k[:, None] & m_v[None, :]
+    part = i_v.to(tl.int64) * B * F * H        # this V block's partial buffer, counted in firings
+
+    b_dm = tl.load(dstates + ((i_b.to(tl.int64) * (F + 1) + F) * H + i_h) * K * V + o_kv, mask=m_kv, other=0.0)
+    for i in range(0, F):
+        m = F - 1 - i
+        i_f = (i_b.to(tl.int64) * F + m) * H + i_h
+        b_decay = tl.exp(tl.load(gamma + i_f * K + o_k, mask=m_k, other=0.0))
+        b_m = tl.load(states + ((i_b.to(tl.int64) * (F + 1) + m) * H + i_h) * K * V + o_kv, mask=m_kv, other=0.0)
+        b_md = b_m * b_decay[:, None]                                   # M'
+        b_dmd = b_dm                                                    # dM', accumulated over pairs
+        for i_n in range(0, tl.cdiv(N, BN)):
+            o_n = i_n * BN + tl.arange(0, BN)
+            m_n = o_n < N
+            o_nk = o_n[:, None] * K + o_k[None, :]
+            m_nk = m_n[:, None] & m_k[None, :]
+            o_nv = o_n[:, None] * V + o_v[None, :]
+            m_nv = m_n[:, None] & m_v[None, :]
+            b_kappa = tl.load(kappa + i_f * N * K + o_nk, mask=m_nk, other=0.0)
+            b_beta = tl.load(beta + i_f * N * K + o_nk, mask=m_nk, other=0.0)
+            b_nu = tl.load(nu + i_f * N * V + o_nv, mask=m_nv, other=0.0)
+            b_omega = tl.load(omega + i_f * N * V + o_nv, mask=m_nv, other=0.0)
+            b_p = b_beta * b_kappa                                      # P
+            b_d = b_omega * b_nu - tl.dot(b_p, b_md, input_precision="ieee")                    # D
+
+            b_dd = tl.dot(b_kappa, b_dm, input_precision="ieee")                                # dD
+            tl.store(dnu + i_f * N * V + o_nv, b_dd * b_omega, mask=m_nv)
+            tl.store(domega + i_f * N * V + o_nv, b_dd * b_nu, mask=m_nv)
+            b_dp = -tl.dot(b_dd, tl.trans(b_md), input_precision="ieee")                        # dP
+            b_dkappa = tl.dot(b_d, tl.trans(b_dm), input_precision="ieee") + b_dp * b_beta
+            tl.store(dkappa_part + (part + i_f) * N * K + o_nk, b_dkappa, mask=m_nk)
+            tl.store(dbeta_part + (part + i_f) * N * K + o_nk, b_dp * b_kappa, mask=m_nk)
+            b_dmd -= tl.dot(tl.trans(b_p), b_dd, input_precision="ieee")
+        tl.store(dgamma_part + (part + i_f) * K + o_k, tl.sum(b_dmd * b_md, axis=1), mask=m_k)
+
+        b_dm = b_dmd * b_decay[:, None]
+        b_dm += tl.load(dstates + ((i_b.to(tl.int64) * (F + 1) + m) * H + i_h) * K * V + o_kv,
+                        mask=m_kv, other=0.0)
+    tl.store(dm0 + i_bh.to(tl.int64) * K * V + o_kv, b_dm, mask=m_kv)
+
+
+def block_sizes(K: int, V: int, n: int, block_v: int | None = None,
+                block_n: int | None = None) -> tuple[int, int, int]:
+    """``BK`` covers all of K (≥ 16 for ``tl.dot``); pairs go in blocks of ``BN``; ``BV`` splits V
+    across programs."""
+    BK = max(16, triton.next_power_of_2(K))
+    if block_n is None:
+        block_n = 32 if BK <= 128 else 16
+    BN = max(16, min(triton.next_power_of_2(block_n), triton.next_power_of_2(n)))
+    if block_v is None:
+        block_v = 32 if BK <= 128 else 16
+    BV = max(16, min(triton.next_power_of_2(block_v), triton.next_power_of_2(V)))
+    return BK, BN, BV
+
+
+def num_warps(BK: int, BV: int) -> int:
+    """More warps for big state blocks (the [K, BV] state and its gradient live in registers)."""
+    return 4 if BK * BV <= 64 * 32 else 8
+
+
+def _check(M0, kappa, nu, beta, omega, gamma):
+    B, F, H, n, K = kappa.shape
+    V = nu.shape[-1]
+    for name, x, shape in (("kappa", kappa, (B, F, H, n, K)), ("beta", beta, (B, F, H, n, K)),
+                           ("nu", nu, (B, F, H, n, V)), ("omega", omega, (B, F, H, n, V)),
+                           ("gamma", gamma, (B, F, H, K)), ("M0", M0, (B, H, K, V))):
+        if x is None:
+            continue
+        if tuple(x.shape) != shape:
+            raise ValueError(f"{name} must have shape {shape}, got {tuple(x.shape)}")
+        if x.dtype != torch.float32:
+            raise ValueError(f"{name} must be float32, got {x.dtype}")
+    return B, F, H, n, K, V
+
+
+def promote_scan_fwd(M0, kappa, nu, beta, omega, gamma, block_v: int | None = None,
+                     block_n: int | None = None):
+    """All firings of one level: ``states [B, F+1, H, K, V]`` (``states[:, 0]`` = ``M0`` or 0).
+
+    ``M0 [B, H, K, V]`` or None; pairs and decays from the probes (layouts in the module
+    docstring), all float32. ``F = 0`` is allowed (no firing: just the initial state).
+    """
+    B, F, H, n, K, V = _check(M0, kappa, nu, beta, omega, gamma)
+    BK, BN, BV = block_sizes(K, V, n, block_v, block_n)
+    states = kappa.new_empty(B, F + 1, H, K, V)
+    grid = (triton.cdiv(V, BV), B * H)
+    promote_scan_fwd_kernel[grid](
+        M0.contiguous() if M0 is not None else None, kappa.contiguous(), nu.contiguous(), beta.contiguous(),
+        omega.contiguous(), gamma.contiguous(), states, F,
+        H=H, K=K, V=V, N=n, BK=BK, BN=BN, BV=BV, HAS_M0=M0 is not None, num_warps=num_warps(BK, BV))
+    return states
+
+
+def sum_partials(partials: torch.Tensor, blocks: int | None = None) -> torch.Tensor:
+    """Sum of the per-V-block partial buffers (leading axis), in a fixed order."""
+    return partials.sum(0) if blocks is None else partials[:blocks].sum(0)
+
+
+def promote_scan_bwd(states, kappa, nu, beta, omega, gamma, dstates, block_v: int | None = None,
+                     block_n: int | None = None, reduce_partials=sum_partials):
+    """Gradients of the scan given ``dstates [B, F+1, H, K, V]`` (float32), the gradient
+    on every stored state (``dstates[:, F]`` includes the final state's).
+
+    Returns ``(dM0 [B, H, K, V], dκ, dν, dβ, dω, dγ)`` shaped like the inputs.
+    """
+    B, F, H, n, K, V = _check(None, kappa, nu, beta, omega, gamma)
+    for name, x in (("states", states), ("dstates", dstates)):
+        if tuple(x.shape) != (B, F + 1, H, K, V):
+            raise ValueError(f"{name} must have shape {(B, F + 1, H, K, V)} (one state per firing and the "
+                             f"initial one), got {tuple(x.shape)}")
+        if x.dtype != torch.float32:
+            raise ValueError(f"{name} must be float32, got {x.dtype}")
+    BK, BN, BV = block_sizes(K, V, n, block_v, block_n)
+    NV = triton.cdiv(V, BV)
+    dm0 = states.new_empty(B, H, K, V)
+    dnu = torch.empty_like(nu)
+    domega = torch.empty_like(omega)
+    dkappa_part = kappa.new_empty(NV, B, F, H, n, K)
+    dbeta_part = kappa.new_empty(NV, B, F, H, n, K)
+    dgamma_part = kappa.new_empty(NV, B, F, H, K)
+    grid = (NV, B * H)
+    promote_scan_bwd_kernel[grid](
+        states.contiguous(), kappa.contiguous(), nu.contiguous(), beta.contiguous(), omega.contiguous(),
+        gamma.contiguous(), dstates.contiguous(),
+        dm0, dkappa_part, dnu, dbeta_part, domega, dgamma_part, F, B,
+        H=H, K=K, V=V, N=n, BK=BK, BN=BN, BV=BV, num_warps=num_warps(BK, BV))
+    return (dm0, reduce_partials(dkappa_part), dnu, reduce_partials(dbeta_part), domega,
+            reduce_partials(dgamma_part))

@@ -1,0 +1,177 @@
+"""Level-0 state-gradient recurrence with injected per-chunk state gradients (Triton).
+
+fla's chunked GDN-2 forward (``fla.ops.gdn2.chunk_fwd``) keeps, per chunk ``c`` of
+``C = 64`` tokens, the pre-state ``h_c`` and builds the WY auxiliaries ``w, u`` (the
+chunk's erase/write operators), ``qg = q ⊙ 2^G`` and ``kg = k ⊙ 2^(G_last - G)``
+(``G`` the base-2 in-chunk cumsum of the log-decay ``g``), and
+
+    v_c     = u_c - w_c h_c                          # "v_new": the chunk's effective values
+    h_{c+1} = diag(2^G_last,c) h_c + kg_c^T v_c       # the state at the end of chunk c
+    o_c     = scale · qg_c h_c + A_qk,c v_c
+
+Nested GDN-2 probes ``h_{c+1}`` (the state at the end of chunk ``c``), so its loss
+also depends on end-of-chunk states. With ``dS_c = ∂loss/∂h_{c+1}`` through the
+probes (the *injected* gradient of chunk ``c``; zero where nothing probes) the
+reverse recurrence computed here is
+
+    dH_c     = [c = N-1] dht + dS_c + dH_{c+1}^pre                        # ∂/∂h_{c+1}
+    dv_c     = kg_c dH_c + dv_c^intra                                     # ∂/∂v_c
+    dH_c^pre = diag(2^G_last,c) dH_c + scale · qg_c^T do_c - w_c^T dv_c   # ∂/∂h_c
+
+which is what the rest of fla's GDN-2 backward consumes (``dh[c] = dH_c``, the
+updated ``dv``, ``dh0 = dH_0^pre``): fla's ``chunk_gated_delta_rule_bwd_dhu`` with the
+injected ``dS_c`` folded in when the reverse scan reaches the end of chunk ``c``.
+Without injection it computes what fla's kernel computes (bitwise, under IEEE
+float32 dots, which this kernel always uses: ``input_precision="ieee"``).
+
+Kernels address their blocks with explicit pointer arithmetic and masks for ragged
+edges (Triton 3.9 removed ``tl.make_block_ptr``; the same code runs compiled on CUDA
+and under Triton's interpreter on CPU).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+CHUNK = 64
+
+
+@triton.jit
+def state_grad_bwd_kernel(
+    qg, kg, w, gk, do, dv, dht, ds, slots, dh, dh0, dv2,
+    scale, T, S,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BT: tl.constexpr, BS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    HAS_DHT: tl.constexpr, HAS_INJECT: tl.constexpr, STORE_DH0: tl.constexpr,
+):
+    """Reverse scan over the chunks of one (batch, head, block of V columns).
+
+    ``dH`` ([K, BV], float32) starts at ``dht`` (or 0); for c = NT-1 .. 0:
+
+        dH     += ds[b, slots[c], h]      if slots[c] >= 0     (injected gradient)
+        dh[c]   = dH
+        dv2[c]  = kg[c] @ dH + dv[c]
+        dH      = 2^gk[c, last] ⊙_rows dH + scale · qg[c]^T @ do[c] - w[c]^T @ dv2[c]
+
+    (the chunk's ``BT`` rows visited in sub-blocks of ``BS``) and finally ``dh0 = dH``.
+    Rows past ``T`` in a ragged last chunk and columns past ``K``/``V`` are masked: loaded
+    as 0, never stored.
+    """
+    i_v, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = i_bh // H, i_bh % H
+    NT = tl.cdiv(T, BT)
+
+    # [B, T, H, D] tensors: this (batch, head) is a [T, D] matrix with row stride H*D.
+    qg += (i_b.to(tl.int64) * T * H + i_h) * K
+    kg += (i_b.to(tl.int64) * T * H + i_h) * K
+    w += (i_b.to(tl.int64) * T * H + i_h) * K
+    gk += (i_b.to(tl.int64) * T * H + i_h) * K
+    do += (i_b.to(tl.int64) * T * H + i_h) * V
+    dv += (i_b.to(tl.int64) * T * H + i_h) * V
+    dv2 += (i_b.to(tl.int64) * T * H + i_h) * V
+
+    o_k = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_k = o_k < K
+    m_v = o_v < V
+    m_kv = m_k[:, None] & m_v[None, :]
+    o_kv = o_k[:, None] * V + o_v[None, :]          # a [K, V] state block, row-major
+
+    b_dh = tl.zeros([BK, BV], dtype=tl.float32)
+    if HAS_DHT:
+        b_dh += tl.load(dht + i_bh.to(tl.int64) * K * V + o_kv, mask=m_kv, other=0.0).to(tl.float32)
+
+    for i_t in range(NT - 1, -1, -1):
+        if HAS_INJECT:
+            slot = tl.load(slots + i_t)
+            p_ds = ds + ((i_b.to(tl.int64) * S + tl.maximum(slot, 0)) * H + i_h) * K * V + o_kv
+            b_dh += tl.load(p_ds, mask=m_kv & (slot >= 0), other=0.0).to(tl.float32)
+
+        p_dh = dh + ((i_b.to(tl.int64) * NT + i_t) * H + i_h) * K * V + o_kv
+        tl.store(p_dh, b_dh.to(p_dh.dtype.element_ty), mask=m_kv)
+
+        # The chunk's rows in sub-blocks of BS tokens (BS = BT unless K is large: bounds the
+        # shared memory the dots stage). dv2 rows need dH as it stands (the gradient at the
+        # end of the chunk); the update of dH sums over all rows.
+        b_up = tl.zeros([BK, BV], dtype=tl.float32)
+        for i_s in range(0, BT // BS):
+            o_t = i_t * BT + i_s * BS + tl.arange(0, BS)
+            m_t = o_t < T
+            m_tk = m_t[:, None] & m_k[None, :]
+            m_tv = m_t[:, None] & m_v[None, :]
+            # dv2 = kg @ dH + dv
+            b_kg = tl.load(kg + o_t[:, None] * (H * K) + o_k[None, :], mask=m_tk, other=0.0)
+            b_dv = tl.dot(b_kg, b_dh.to(b_kg.dtype), input_precision="ieee")
+            p_tv = o_t[:, None] * (H * V) + o_v[None, :]
+            b_dv += tl.load(dv + p_tv, mask=m_tv, other=0.0).to(tl.float32)
+            tl.store(dv2 + p_tv, b_dv.to(dv2.dtype.element_ty), mask=m_tv)
+            # scale · qg^T do - w^T dv2
+            p_kt = o_k[:, None] + o_t[None, :] * (H * K)     # [K, BS]: the rows transposed
+            b_qg = tl.load(qg + p_kt, mask=m_tk.T, other=0.0)
+            b_w = tl.load(w + p_kt, mask=m_tk.T, other=0.0)
+            b_do = tl.load(do + p_tv, mask=m_tv, other=0.0)
+            b_up += (tl.dot(b_qg, b_do.to(b_qg.dtype), input_precision="ieee") * scale
+                     - tl.dot(b_w, b_dv.to(b_w.dtype), input_precision="ieee"))
+
+        # dH <- 2^gk_last ⊙ dH + scale · qg^T do - w^T dv2
+        last = tl.minimum((i_t + 1) * BT, T) - 1
+        b_gl = tl.load(gk + last.to(tl.int64) * (H * K) + o_k, mask=m_k, other=0.0).to(tl.float32)
+        b_dh *= tl.exp2(b_gl)[:, None]
+        b_dh += b_up
+
+    if STORE_DH0:
+        tl.store(dh0 + i_bh.to(tl.int64) * K * V + o_kv, b_dh.to(dh0.dtype.element_ty), mask=m_kv)
+
+
+def block_sizes(K: int, V: int, block_v: int | None = None) -> tuple[int, int, int]:
+    """``BK`` covers all of ``K`` (≥ 16 for ``tl.dot``); ``BV`` splits ``V`` across programs;
+    ``BS`` token rows per dot. For K > 128 the smaller BV and BS keep the dots' staged
+    operands within an H100/H200 block's shared memory (float32, IEEE)."""
+    BK = max(16, triton.next_power_of_2(K))
+    if block_v is None:
+        block_v = 32 if BK <= 128 else 16
+    BV = max(16, min(block_v, triton.next_power_of_2(V)))
+    BS = CHUNK if BK <= 128 else CHUNK // 2
+    return BK, BV, BS
+
+
+def state_grad_bwd(qg, kg, w, gk, do, dv, scale, dht=None, ds=None, slots=None, want_dh0=False,
+                   block_v: int | None = None):
+    """Launch ``state_grad_bwd_kernel``.
+
+    Args:
+        qg, kg, w, gk: ``[B, T, H, K]`` from fla's forward (``gk`` the base-2 in-chunk cumsum).
+        do, dv: ``[B, T, H, V]``: output cotangent and fla's intra-chunk ``dv`` (``chunk_kda_bwd_dAv``).
+        dht: ``[B, H, K, V]`` float32 gradient of the final state, or None.
+        ds: ``[B, S, H, K, V]`` float32 injected end-of-chunk state gradients, or None;
+        slots: int32 ``[NT]``: chunk ``c``'s gradient is ``ds[:, slots[c]]``, none where ``slots[c] < 0``.
+        want_dh0: also return the initial-state gradient.
+
+    Returns ``(dh [B, NT, H, K, V] in qg's dtype, dh0 [B, H, K, V] float32 or None, dv2 like dv)``.
+    """
+    B, T, H, K = kg.shape
+    V = do.shape[-1]
+    NT = triton.cdiv(T, CHUNK)
+    BK, BV, BS = block_sizes(K, V, block_v)
+    dh = qg.new_empty(B, NT, H, K, V)
+    dh0 = kg.new_empty(B, H, K, V, dtype=torch.float32) if want_dh0 else None
+    dv2 = torch.empty_like(dv)
+    has_inject = ds is not None
+    if has_inject:
+        if slots is None or slots.numel() != NT:
+            raise ValueError(f"slots must hold one entry per chunk ({NT}), got "
+                             f"{None if slots is None else tuple(slots.shape)}")
+        ds = ds.contiguous()
+        S = ds.shape[1]
+    else:
+        S = 0
+    grid = (triton.cdiv(V, BV), B * H)
+    state_grad_bwd_kernel[grid](
+        qg, kg, w, gk, do, dv, dht, ds, slots, dh, dh0, dv2,
+        scale, T, S,
+        H=H, K=K, V=V, BT=CHUNK, BS=BS, BK=BK, BV=BV,
+        HAS_DHT=dht is not None, HAS_INJECT=has_inject, STORE_DH0=want_dh0,
+        num_warps=4 if BK <= 64 else 8,
+    )
+    return dh, dh0, dv2

@@ -1,0 +1,87 @@
+"""Deliberately broken twins of the production Nested GDN-2 pieces: every property in
+``nested_optimized_checks`` must fail on one of them.
+
+Each mutant has the signature of what it breaks and differs from it in one named way.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from optimized.nested import Pieces, _nested, make_plan
+from optimized.promote_scan import promote_scan_bwd
+from optimized.state_grad import state_grad_bwd
+
+SPLIT_V = 16     # the partial-sum mutants split V into blocks of 16 (V = 32: two blocks)
+
+
+def state_grad_dropped_injection(qg, kg, w, gk, do, dv, scale, dht=None, ds=None, slots=None, want_dh0=False,
+                                 block_v=None):
+    """The state-gradient recurrence ignoring the injected end-of-chunk gradients."""
+    return state_grad_bwd(qg, kg, w, gk, do, dv, scale, dht=dht, ds=None, slots=None, want_dh0=want_dh0,
+                          block_v=block_v)
+
+
+def drop_last_partial(partials: torch.Tensor) -> torch.Tensor:
+    """Sums the per-V-block partial buffers but forgets the last block."""
+    return partials[:-1].sum(0)
+
+
+promote_scan_bwd_missing_partial_block = functools.partial(
+    promote_scan_bwd, block_v=SPLIT_V, reduce_partials=drop_last_partial)
+promote_scan_bwd_missing_partial_block.__name__ = "promote_scan_bwd_missing_partial_block"
+
+
+def promote_scan_fwd_sequential(M0, kappa, nu, beta, omega, gamma, block_v=None):
+    """Applies the pairs of a firing one after another (pair i erases what pairs < i wrote),
+    as a blocked kernel would if it updated ``M'`` between pair blocks. Order-dependent."""
+    M = torch.zeros(kappa.shape[0], kappa.shape[2], kappa.shape[-1], nu.shape[-1], dtype=kappa.dtype,
+                    device=kappa.device) if M0 is None else M0.clone()
+    states = [M]
+    for m in range(kappa.shape[1]):
+        M = torch.exp(gamma[:, m])[..., None] * M
+        for i in range(kappa.shape[3]):
+            k, b = kappa[:, m, :, i], beta[:, m, :, i]
+            e = torch.einsum("bhk,bhkv->bhv", b * k, M)
+            M = M + k[..., None] * (omega[:, m, :, i] * nu[:, m, :, i] - e)[..., None, :]
+        states.append(M)
+    return torch.stack(states, dim=1)
+
+
+plan_fires_late = functools.partial(make_plan, delay=1)
+"""The schedule with every firing one chunk late (at chunk m·f + 1)."""
+
+
+def chunk_nested_gdn2_fires_late(q, k, v, g, b, w, r, levels, scale=None, initial_states=None,
+                                 output_final_state=False):
+    """Every level fires one chunk late (at chunk m·f + 1: probes that chunk's snapshot and is
+    first read one chunk later)."""
+    return _nested(q, k, v, g, b, w, r, levels, scale, initial_states, output_final_state,
+                   pieces=Pieces(plan=plan_fires_late))
+
+
+def chunk_nested_gdn2_dropped_injection(q, k, v, g, b, w, r, levels, scale=None, initial_states=None,
+                                        output_final_state=False):
+    """Level 0's backward drops the gradient injected on its end-of-chunk states by level 1."""
+    return _nested(q, k, v, g, b, w, r, levels, scale, initial_states, output_final_state,
+                   pieces=Pieces(state_grad=state_grad_dropped_injection))
+
+
+def chunk_nested_gdn2_missing_partial_block(q, k, v, g, b, w, r, levels, scale=None, initial_states=None,
+                                            output_final_state=False):
+    """The scan's backward forgets the last V block's partial sums (dκ, dβ, dγ)."""
+    return _nested(q, k, v, g, b, w, r, levels, scale, initial_states, output_final_state,
+                   pieces=Pieces(block_v=SPLIT_V, reduce_partials=drop_last_partial))
+
+
+_noise = torch.Generator().manual_seed(12345)
+
+
+def chunk_nested_gdn2_nondeterministic(q, k, v, g, b, w, r, levels, scale=None, initial_states=None,
+                                       output_final_state=False):
+    """Adds run-dependent noise of one ulp's order to the output (a stand-in for an atomic
+    reduction whose order changes between runs)."""
+    o, finals = _nested(q, k, v, g, b, w, r, levels, scale, initial_states, output_final_state)
+    eps = torch.rand((), generator=_noise).item() * 1e-6
+    return o * (1 + eps), finals

@@ -1,0 +1,153 @@
+"""Bad input to the production Nested GDN-2 op and its launch functions fails early (before
+any kernel runs) with a ValueError/TypeError naming the argument."""
+import pytest
+import torch
+
+from ngdn.nested_inputs import NestedShape, nested_inputs
+from optimized import chunk_nested_gdn2, triton_mode
+from optimized.level0 import injection_slots
+from optimized.promote_scan import promote_scan_bwd, promote_scan_fwd
+from optimized.state_grad import state_grad_bwd
+from reference.nested import Level
+
+SHAPE = NestedShape(B=1, T=8, H=2, L=3, K=16, V=16)
+NAMES = ("q", "k", "v", "g", "b", "w", "r")
+DEV = triton_mode.device()
+
+
+def inputs(dtype=torch.float32, **override):
+    x = nested_inputs(SHAPE, seed=0)
+    args = {n: x[n].to(DEV, dtype) for n in NAMES}
+    args["levels"] = [Level(lv.scheme, lv.interval, {n: p.to(DEV, torch.float32) for n, p in lv.params.items()},
+                            lv.reduction) for lv in x["levels"]]
+    args["initial_states"] = [s.to(DEV, torch.float32) for s in x["initial_states"]]
+    args.update(override)
+    return args
+
+
+def with_level(args, i, **change):
+    lv = args["levels"][i]
+    fields = {"scheme": lv.scheme, "interval": lv.interval, "params": dict(lv.params), "reduction": lv.reduction}
+    fields.update(change)
+    args["levels"][i] = Level(**fields)
+    return args
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float16])
+def test_rejects_dtypes_other_than_float32_and_bfloat16(dtype):
+    with pytest.raises(ValueError, match=r"q must have dtype in \['torch.bfloat16', 'torch.float32'\], "
+                                         rf"got {dtype}"):
+        chunk_nested_gdn2(**inputs(dtype=dtype))
+
+
+def test_query_bank_larger_than_k():
+    args = inputs()
+    params = dict(args["levels"][0].params, Q=torch.zeros(2, 17, 16, device=DEV))
+    with pytest.raises(ValueError, match=r"holds n = 17 queries but K = 16: a query bank larger than K"):
+        chunk_nested_gdn2(**with_level(args, 0, params=params))
+
+
+@pytest.mark.parametrize("interval", [0, -2])
+def test_non_positive_interval(interval):
+    with pytest.raises(ValueError, match=r"levels\[1\] \(level ℓ = 2\)\.interval must be a positive number"):
+        chunk_nested_gdn2(**with_level(inputs(), 1, interval=interval))
+
+
+def test_too_few_router_levels():
+    args = inputs()
+    args["r"] = args["r"][..., :2]
+    with pytest.raises(ValueError, match=r"r must have shape \[B, T, H, L\] = \(1, 8, 2, 3\)"):
+        chunk_nested_gdn2(**args)
+
+
+def test_levels_count_must_match_queries():
+    args = inputs()
+    args["levels"] = args["levels"][:1]
+    with pytest.raises(ValueError, match=r"q has L = 3 levels .* but levels has 1 entries"):
+        chunk_nested_gdn2(**args)
+
+
+def test_state_of_wrong_dtype():
+    args = inputs()
+    args["initial_states"][2] = args["initial_states"][2].double()
+    with pytest.raises(ValueError, match=r"initial_states\[2\] must have dtype torch.float32, got torch.float64"):
+        chunk_nested_gdn2(**args)
+
+
+def test_non_finite_parameter():
+    args = inputs()
+    params = dict(args["levels"][0].params)
+    params["W_beta"] = params["W_beta"].clone()
+    params["W_beta"][0, 0, 0] = float("nan")
+    with pytest.raises(ValueError, match=r"levels\[0\]\.params\['W_beta'\] contains non-finite values"):
+        chunk_nested_gdn2(**with_level(args, 0, params=params))
+
+
+def test_unknown_scheme():
+    with pytest.raises(ValueError, match=r"unknown scheme 'fenwick'"):
+        chunk_nested_gdn2(**with_level(inputs(), 0, scheme="fenwick"))
+
+
+def test_key_dim_above_fla_limit():
+    B, T, H, L, K, V = 1, 4, 1, 1, 272, 16
+    z = lambda *s: torch.zeros(*s, device=DEV)  # noqa: E731
+    with pytest.raises(ValueError, match=r"key dim K must be <= 256"):
+        chunk_nested_gdn2(z(B, T, H, L, K), z(B, T, H, K), z(B, T, H, V), z(B, T, H, K), z(B, T, H, K),
+                          z(B, T, H, V), z(B, T, H, L), [])
+
+
+def test_wrong_device_for_mode():
+    if DEV == "cpu":
+        pytest.skip("no CUDA device to put a mismatched tensor on (checked on GPU runs)")
+    with pytest.raises(ValueError, match="optimized ops run on cuda tensors in cuda mode"):
+        x = inputs()
+        x = {n: (t.cpu() if isinstance(t, torch.Tensor) else t) for n, t in x.items()}
+        x["levels"] = [Level(lv.scheme, lv.interval, {n: p.cpu() for n, p in lv.params.items()}, lv.reduction)
+                       for lv in x["levels"]]
+        x["initial_states"] = [s.cpu() for s in x["initial_states"]]
+        chunk_nested_gdn2(**x)
+
+
+def test_not_a_tensor():
+    with pytest.raises(TypeError, match="q must be a torch.Tensor, got list"):
+        chunk_nested_gdn2(**inputs(q=[[1.0]]))
+
+
+# --- launch functions ------------------------------------------------------------------------
+
+def scan_args(F=2, n=4, K=16, V=16, dtype=torch.float32):
+    z = lambda *s: torch.zeros(*s, device=DEV, dtype=dtype)  # noqa: E731
+    return [z(1, 1, K, V), z(1, F, 1, n, K), z(1, F, 1, n, V), z(1, F, 1, n, K), z(1, F, 1, n, V), z(1, F, 1, K)]
+
+
+def test_scan_rejects_bad_shape():
+    args = scan_args()
+    args[4] = args[4][..., :8]
+    with pytest.raises(ValueError, match=r"omega must have shape \(1, 2, 1, 4, 16\), got \(1, 2, 1, 4, 8\)"):
+        promote_scan_fwd(*args)
+
+
+def test_scan_rejects_non_float32():
+    with pytest.raises(ValueError, match="kappa must be float32, got torch.float64"):
+        promote_scan_fwd(*scan_args(dtype=torch.float64))
+
+
+def test_scan_backward_rejects_bad_state_count():
+    M0, *pairs = scan_args()
+    states = torch.zeros(1, 3, 1, 16, 16, device=DEV)          # F + 1 = 3 stored states
+    with pytest.raises(ValueError, match=r"dstates must have shape \(1, 3, 1, 16, 16\) .*, "
+                                         r"got \(1, 2, 1, 16, 16\)"):
+        promote_scan_bwd(states, *pairs, states[:, :2])
+
+
+def test_state_grad_rejects_bad_slots():
+    z = lambda *s: torch.zeros(*s, device=DEV)  # noqa: E731
+    qkwg = [z(1, 130, 1, 16) for _ in range(4)]
+    with pytest.raises(ValueError, match=r"slots must hold one entry per chunk \(3\)"):
+        state_grad_bwd(*qkwg, z(1, 130, 1, 16), z(1, 130, 1, 16), 0.25, ds=z(1, 1, 1, 16, 16),
+                       slots=torch.zeros(2, dtype=torch.int32, device=DEV))
+
+
+def test_injection_chunks_distinct():
+    with pytest.raises(ValueError, match="chunk 1 is injected twice"):
+        injection_slots(3, [1, 1], DEV)
