@@ -62,7 +62,7 @@ def configure() -> str:
         return MODE
 
     interpret = _truthy("TRITON_INTERPRET") or not _cuda_available()
-    kernel_modules = [m for m in ("fla.ops", "optimized.nested_kernels") if m in sys.modules]
+    kernel_modules = [m for m in ("fla.ops", "optimized.promote_scan", "optimized.state_grad") if m in sys.modules]
     if interpret and not _truthy("TRITON_INTERPRET") and kernel_modules:
         raise RuntimeError(
             f"optimized.triton_mode.configure() ran after {kernel_modules} were imported; "
