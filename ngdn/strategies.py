@@ -33,7 +33,7 @@ _NO_SHRINK = [Phase.explicit, Phase.reuse, Phase.generate]
 PROFILES = {
     "ci": dict(max_examples=4, derandomize=True, deadline=None, suppress_health_check=_SLOW_OK,
                print_blob=True, phases=_NO_SHRINK),
-    "gpu": dict(max_examples=15, deadline=None, suppress_health_check=_SLOW_OK, print_blob=True,
+    "gpu": dict(max_examples=10, deadline=None, suppress_health_check=_SLOW_OK, print_blob=True,
                 phases=_NO_SHRINK),
     "thorough": dict(max_examples=300, deadline=None, suppress_health_check=_SLOW_OK, print_blob=True),
 }

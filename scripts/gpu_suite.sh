@@ -14,7 +14,7 @@ rm -f "$OUT/errors.jsonl"
   python3 -c "import torch, triton, fla; print('torch', torch.__version__, 'triton', triton.__version__, 'fla', fla.__version__)"
 } | tee "$OUT/env.txt"
 start=$(date +%s)
-python3 -m pytest -n auto -p no:cacheprovider "$@" 2>&1 | tee "$OUT/pytest.log" | tail -40
+timeout ${SUITE_TIMEOUT:-1800} python3 -m pytest -n auto -p no:cacheprovider --durations=25 "$@" 2>&1 | tee "$OUT/pytest.log" | tail -40
 rc=${PIPESTATUS[0]}
 echo "pytest wall time: $(( $(date +%s) - start )) s, exit $rc" | tee -a "$OUT/env.txt"
 python3 -m ngdn.cli errors "$OUT/errors.jsonl" | tee "$OUT/worst_errors.md"
