@@ -28,10 +28,12 @@ REFERENCE_SHAPES = st.builds(Tensor3DShape, B=st.integers(1, 2), T=st.sampled_fr
 
 def kernel_shapes(mode):
     """Under the interpreter: B·H <= 2, K·E in [16, 64], V = 16, T <= 130.
-    On CUDA: K·E up to 256 (delta, chunk_kda's limit) or 512 (gla), V up to 128."""
+    On CUDA: K·E up to 256 (delta, chunk_kda's limit) or 512 (gla), V ∈ {32, 128}. The menu is short
+    because every new (K·E, V) compiles fla's kernels afresh: the first H200 run, with 12 pairs and 4
+    values of V, spent 200 s on 4 draws of the delta test, almost all of it compiling."""
     if on_cuda():
-        pairs = [(K, E) for K in (8, 16, 32, 64) for E in (2, 4, 8) if K * E <= (256 if mode == "delta" else 512)]
-        dims = dict(B=st.integers(1, 2), H=st.integers(1, 2), V=st.sampled_from((16, 32, 64, 128)),
+        pairs = [(16, 4), (32, 4), (8, 8)] + ([(64, 4)] if mode == "delta" else [(64, 8)])
+        dims = dict(B=st.integers(1, 2), H=st.integers(1, 2), V=st.sampled_from((32, 128)),
                     T=st.sampled_from(SEQ_LENS))
     else:
         pairs = [(4, 4), (8, 2), (4, 8), (8, 4), (8, 8)]
