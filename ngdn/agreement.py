@@ -22,14 +22,14 @@ def _checks(module: str):
 
 
 def gdn2(dtype, seed, cuda):
-    shape = GDN2Shape(B=2, T=1000, H=4, K=64, V=64) if cuda else GDN2Shape(B=1, T=100, H=2, K=32, V=32)
+    shape = GDN2Shape(B=2, T=300, H=2, K=64, V=64) if cuda else GDN2Shape(B=1, T=100, H=2, K=32, V=32)
     return shape, _checks("gdn2_checks").optimized_vs_reference(shape, seed, dtype, log=False)
 
 
 def fenwick(dtype, seed, cuda):
     from ngdn.fenwick_inputs import FenwickShape
 
-    shape = FenwickShape(B=2, T=1000, H=4, K=64, V=64) if cuda else FenwickShape(B=1, T=100, H=2, K=32, V=32)
+    shape = FenwickShape(B=2, T=300, H=2, K=64, V=64) if cuda else FenwickShape(B=1, T=100, H=2, K=32, V=32)
     return shape, _checks("fenwick_checks").optimized_vs_reference(shape, seed, dtype, log=False)
 
 
@@ -37,7 +37,7 @@ def tensor3d(mode):
     def run(dtype, seed, cuda):
         from ngdn.tensor3d_inputs import Tensor3DShape
 
-        shape = (Tensor3DShape(B=2, T=1000, H=4, K=32, E=4, V=64) if cuda
+        shape = (Tensor3DShape(B=2, T=300, H=2, K=32, E=4, V=64) if cuda
                  else Tensor3DShape(B=1, T=100, H=1, K=16, E=4, V=32))
         config = dict(mode=mode, gate="channel", key_mode="sigmoid")
         errors = _checks("tensor3d_checks").optimized_vs_reference(shape, seed, dtype, log=False, **config)
@@ -45,8 +45,25 @@ def tensor3d(mode):
     return run
 
 
+def nested(dtype, seed, cuda):
+    from ngdn.nested_inputs import NestedShape
+
+    checks = _checks("nested_optimized_checks")
+    shape = (NestedShape(B=1, T=300, H=2, L=4, K=64, V=64) if cuda
+             else NestedShape(B=1, T=200, H=1, L=3, K=16, V=16))
+    case = checks.OptCase(shape=shape, seed=seed)
+    errors = checks.optimized_vs_reference(case, dtype, log=False)
+    # one row per tolerance quantity: the worst of its items (levels, parameters)
+    worst = {}
+    for label, (err, bound) in errors.items():
+        quantity = checks.tolerance_quantity(label)
+        if quantity not in worst or err > worst[quantity][0]:
+            worst[quantity] = (err, bound)
+    return f"{shape}, default schedule and query ladder (learned)", worst
+
+
 # name -> callable(dtype, seed, cuda) -> (description of the draw, {quantity: (error, bound)})
-COMPONENTS = {"gdn2": gdn2, "fenwick": fenwick, "tensor3d-gla": tensor3d("gla"),
+COMPONENTS = {"gdn2": gdn2, "nested": nested, "fenwick": fenwick, "tensor3d-gla": tensor3d("gla"),
               "tensor3d-delta": tensor3d("delta")}
 
 
