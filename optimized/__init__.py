@@ -7,12 +7,10 @@ from optimized import triton_mode
 
 MODE = triton_mode.configure()
 
-from optimized.gdn2 import chunk_gdn2  # noqa: E402  (after the mode is chosen)
-from optimized.fenwick import chunk_fenwick  # noqa: E402  (Fenwick level router, SPEC section 5)
-from optimized.tensor3d import chunk_tensor3d  # noqa: E402  (3D tensor state, SPEC section 4)
-from optimized.nested import chunk_nested_gdn2  # noqa: E402  (Nested GDN-2, SPEC sections 2-3)
+# The kernel modules import fla and Triton kernels: only after the mode is chosen.
+from optimized.gdn2 import chunk_gdn2  # noqa: E402            GDN-2 level 0 (SPEC §1)
+from optimized.nested import chunk_nested_gdn2  # noqa: E402   Nested GDN-2 (SPEC §2-3)
+from optimized.tensor3d import chunk_tensor3d  # noqa: E402    3D tensor state (SPEC §4)
+from optimized.fenwick import chunk_fenwick  # noqa: E402      Fenwick level router (SPEC §5)
 
-__all__ = ["MODE", "chunk_gdn2", "triton_mode"]
-__all__ += ["chunk_fenwick"]
-__all__ += ["chunk_tensor3d"]
-__all__ += ["chunk_nested_gdn2"]
+__all__ = ["MODE", "triton_mode", "chunk_gdn2", "chunk_nested_gdn2", "chunk_tensor3d", "chunk_fenwick"]
