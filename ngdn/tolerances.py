@@ -111,6 +111,12 @@ def failures(errors: dict) -> dict:
     return {q: eb for q, eb in errors.items() if not eb[0] <= eb[1]}
 
 
+def assert_passes(errors: dict) -> None:
+    """Fail with every quantity of ``compare``'s result that is over its bound."""
+    bad = failures(errors)
+    assert not bad, {q: f"rel. error {e:.3e} > tolerance {b:.1e}" for q, (e, b) in bad.items()}
+
+
 def assert_within(component: str, dtype, pairs: dict, mode: str | None = None) -> dict:
     """``compare`` and raise ``AssertionError`` listing every quantity over its bound."""
     errors = compare(component, dtype, pairs, mode)

@@ -13,7 +13,7 @@ import fenwick_mutants as mutants
 from ngdn.fenwick_inputs import FenwickShape
 from ngdn.strategies import CPU_SEQ_LENS, SEQ_LENS, examples, seeds
 from ngdn.testing import kernel_dtypes, on_cuda
-from ngdn.tolerances import failures
+from ngdn.tolerances import assert_passes, failures
 from reference import naive_fenwick, quadratic_fenwick
 
 
@@ -32,10 +32,6 @@ KERNEL_SHAPES = (fenwick_shapes(SEQ_LENS + (257, 1000), head_dims=(16, 48, 64, 1
                  fenwick_shapes(CPU_SEQ_LENS, head_dims=(16, 48, 64), value_dims=(4, 24, 64)))
 MUTANT_SHAPE = FenwickShape(B=1, T=20, H=2, K=8, V=8)
 KERNEL_MUTANT_SHAPE = FenwickShape(B=1, T=100, H=1, K=16, V=16)
-
-
-def assert_passes(errors):
-    assert not failures(errors), failures(errors)
 
 
 @examples(scale=2)

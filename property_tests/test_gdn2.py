@@ -10,16 +10,12 @@ import mutants
 from ngdn.inputs import GDN2Shape
 from ngdn.strategies import CPU_SEQ_LENS, SEQ_LENS, examples, gdn2_shapes, seeds
 from ngdn.testing import kernel_dtypes, on_cuda
-from ngdn.tolerances import failures
+from ngdn.tolerances import assert_passes, failures
 
 REFERENCE_SHAPES = gdn2_shapes(max_batch=2, max_heads=2, seq_lens=(1, 5, 17, 40), head_dims=(4, 8, 16))
 KERNEL_SHAPES = gdn2_shapes(max_batch=2, max_heads=2, seq_lens=SEQ_LENS if on_cuda() else CPU_SEQ_LENS)
 MUTANT_SHAPE = GDN2Shape(B=1, T=20, H=2, K=8, V=8)
 KERNEL_MUTANT_SHAPE = GDN2Shape(B=1, T=20, H=1, K=16, V=16)
-
-
-def assert_passes(errors):
-    assert not failures(errors), failures(errors)
 
 
 @examples(scale=2)

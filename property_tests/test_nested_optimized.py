@@ -20,7 +20,7 @@ from ngdn.inputs import GDN2Shape
 from ngdn.nested_inputs import NestedShape, bounded_query_counts
 from ngdn.strategies import HEAD_DIMS, examples, seeds
 from ngdn.testing import kernel_dtypes, on_cuda, requires_cuda
-from ngdn.tolerances import failures
+from ngdn.tolerances import assert_passes, failures
 
 Case = checks.OptCase
 CUDA = on_cuda()
@@ -66,10 +66,6 @@ def level0_shapes():
     lens = (64, 100, 128, 130, 256, 300) if CUDA else (64, 130)
     return st.builds(GDN2Shape, B=st.integers(1, 2), T=st.sampled_from(lens), H=st.just(1) if not CUDA
                      else st.integers(1, 3), K=st.sampled_from(dims), V=st.sampled_from(dims))
-
-
-def assert_passes(errors):
-    assert not failures(errors), failures(errors)
 
 
 # Named cases every run sees: the non-nested schedule f = (1, 3) over 4 full chunks (level 2

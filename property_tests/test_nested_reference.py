@@ -11,7 +11,7 @@ import nested_checks as checks
 import nested_mutants as mutants
 from ngdn.nested_inputs import NestedShape
 from ngdn.strategies import examples, seeds
-from ngdn.tolerances import failures
+from ngdn.tolerances import assert_passes, failures
 from reference import naive_nested_gdn2
 
 Case = checks.NestedCase
@@ -45,10 +45,6 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
-
-
-def assert_passes(errors):
-    assert not failures(errors), failures(errors)
 
 
 # Fires everything at small cost: T = 4.5 chunks (partial last chunk), f = (1, 2, 1) so levels 1..3

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 import nested_checks as checks
 import nested_mutants as mutants
 from ngdn.strategies import examples, seeds
-from ngdn.tolerances import failures
+from ngdn.tolerances import assert_passes, failures
 from reference import naive_nested_gdn2
 from reference.promote import promote
 from reference.schemes import SCHEMES, gates, get_scheme, l2norm, reduce_log_decay, register_scheme
@@ -39,10 +39,6 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
-
-
-def assert_passes(errors):
-    assert not failures(errors), failures(errors)
 
 
 MUTANT_DRAW = D(B=2, H=2, K=8, V=8, n=4, scheme="learned", reduction="mean", seed=0)

@@ -11,7 +11,7 @@ import nested_optimized_checks as checks
 import nested_optimized_mutants as mutants
 from ngdn.strategies import examples, seeds
 from ngdn.testing import on_cuda
-from ngdn.tolerances import failures
+from ngdn.tolerances import assert_passes, failures
 from optimized.promote_scan import promote_scan_bwd, promote_scan_fwd
 
 Draw = checks.ScanDraw
@@ -25,10 +25,6 @@ def scan_draws(draw):
     n = K if scheme == "merge" else draw(st.integers(1, K))
     return Draw(B=draw(st.integers(1, 2)), F=draw(st.integers(0, 6)), H=draw(st.integers(1, 2)), K=K, V=V,
                 n=n, scheme=scheme, reduction=draw(st.sampled_from(("mean", "sum"))), seed=draw(seeds()))
-
-
-def assert_passes(errors):
-    assert not failures(errors), failures(errors)
 
 
 MUTANT_DRAW = Draw(B=1, F=3, H=2, K=16, V=32, n=8, scheme="learned", seed=0)

@@ -13,7 +13,7 @@ import tensor3d_mutants as mutants
 from ngdn.strategies import CPU_SEQ_LENS, SEQ_LENS, examples, seeds
 from ngdn.tensor3d_inputs import Tensor3DShape
 from ngdn.testing import kernel_dtypes, on_cuda
-from ngdn.tolerances import failures
+from ngdn.tolerances import assert_passes, failures
 from reference.tensor3d import GATE_KINDS, KEY_MODES, MODES
 
 modes = st.sampled_from(MODES)
@@ -43,10 +43,6 @@ def kernel_shapes(mode):
 
 MUTANT_SHAPE = Tensor3DShape(B=1, T=12, H=2, K=4, E=4, V=4)          # K == E: the tile-on-rows mutant fits
 KERNEL_MUTANT_SHAPE = Tensor3DShape(B=1, T=20, H=1, K=8, E=2, V=16)
-
-
-def assert_passes(errors):
-    assert not failures(errors), failures(errors)
 
 
 # --- reference properties -------------------------------------------------------------------------
