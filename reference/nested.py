@@ -33,7 +33,7 @@ import torch
 from reference.gdn2 import gdn2_read, gdn2_step
 from reference.promote import promote
 from reference.schemes import check_reduction, check_scheme_params, get_scheme
-from reference.validation import (FLOAT_DTYPES, check_finite, check_same_device, check_same_dtype,
+from reference.validation import (FLOAT_DTYPES, check_all_finite, check_same_device, check_same_dtype,
                                   check_scale, check_shape, check_state_dtype, check_tensor)
 
 CHUNK_SIZE = 64
@@ -157,9 +157,8 @@ def validate_nested_inputs(q, k, v, g, b, w, r, levels, scale=None, initial_stat
             check_state_dtype(f"initial_states[{ℓ}]", state, q.dtype)
             tensors.append((f"initial_states[{ℓ}]", state))
     check_same_device(tensors)
-    for i, level in enumerate(levels):                       # after the device check: syncs once
-        for key, p in level.params.items():
-            check_finite(f"levels[{i}].params[{key!r}]", p)
+    check_all_finite((f"levels[{i}].params[{key!r}]", p)                   # after the device check:
+                     for i, level in enumerate(levels) for key, p in level.params.items())  # one sync
     return B, T, H, L, K, V
 
 

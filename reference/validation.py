@@ -65,6 +65,17 @@ def check_finite(name: str, x: torch.Tensor):
         raise ValueError(f"{name} contains non-finite values (nan or inf)")
 
 
+def check_all_finite(named: Iterable[tuple[str, torch.Tensor]]):
+    """``check_finite`` for many tensors on one device with a single host sync."""
+    named = list(named)
+    if not named:
+        return
+    flags = torch.stack([torch.isfinite(x).all() for _, x in named])
+    if not bool(flags.all()):
+        name = next(n for (n, _), ok in zip(named, flags.tolist()) if not ok)
+        raise ValueError(f"{name} contains non-finite values (nan or inf)")
+
+
 def check_scale(scale):
     if scale is None:
         return
