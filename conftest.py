@@ -15,10 +15,10 @@ from optimized import triton_mode  # noqa: E402
 
 MODE = triton_mode.configure()
 
-if os.environ.get("PYTEST_XDIST_WORKER"):
-    # One torch thread per xdist worker: the per-token CPU references issue many tiny
-    # ops, which oversubscribed cores slow down ~60x.
-    torch.set_num_threads(1)
+# One torch thread for the whole suite: the per-token CPU references issue thousands of
+# tiny ops, and intra-op threads spinning against each other (pytest -n on 2 cores) made
+# them ~60x slower.
+torch.set_num_threads(1)
 
 from ngdn import strategies  # noqa: E402
 

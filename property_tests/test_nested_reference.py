@@ -37,16 +37,6 @@ def nested_cases(draw, min_L=1, max_L=6, seq_lens=SEQ_LENS, chunk_sizes=CHUNK_SI
                 chunk_size=draw(st.sampled_from(chunk_sizes)))
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    """The references run thousands of tiny ops: with several intra-op threads on a loaded
-    2-core runner (pytest -n 2) they spin against each other (measured 60× slower)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 # Fires everything at small cost: T = 4.5 chunks (partial last chunk), f = (1, 2, 1) so levels 1..3
 # fire together at chunks 2 and 4, n = 4 pairs, H = 2 heads, the mean reduction.
 MUTANT_CASE = Case(shape=NestedShape(B=1, T=36, H=2, L=4, K=8, V=8), seed=0, scheme="learned",

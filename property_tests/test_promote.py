@@ -31,16 +31,6 @@ def promote_draws(draw, schemes=("learned", "merge"), min_n=1, scheme_n=True):
              n=n, scheme=scheme, reduction=draw(st.sampled_from(("mean", "sum"))), seed=draw(seeds()))
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    """The references run thousands of tiny ops: with several intra-op threads on a loaded
-    2-core runner (pytest -n 2) they spin against each other (measured 60× slower)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 MUTANT_DRAW = D(B=2, H=2, K=8, V=8, n=4, scheme="learned", reduction="mean", seed=0)
 MERGE_MUTANT_DRAW = MUTANT_DRAW._replace(n=8, scheme="merge")
 
