@@ -1025,12 +1025,23 @@ def run(args, hooks: Hooks | None = None, argv: Sequence[str] = (), notes: Seque
                 earlier.append(row)
         log(f"resume: {len(cache)} measurements kept from {csv_path}")
 
+    todo_workloads = list({w.key: w for c in plan for w in c.workloads if w.key not in cache}.values())
+    todo = [w.key for w in todo_workloads]
+    if todo and args.precompile_workers != 0 and isinstance(hooks.device, CudaDevice):
+        from bench import precompile
+
+        pre = precompile.run_workers(todo_workloads, args, args.precompile_workers, log)
+        meta["notes"].append(
+            f"precompile: {pre['groups']} compile groups on {pre['workers']} parallel worker processes in "
+            f"{pre['seconds']:.0f} s (bench/precompile.py: kernels into Triton's disk cache, configs launched "
+            f"once, no tuning result kept; warmup_s below is then autotuning proper)"
+            + (f"; FAILED: {', '.join(pre['failed'])}" if pre["failed"] else ""))
+
     log(f"measuring bf16 matmul rate and copy bandwidth on {hooks.device.name} ...")
     rates = measure_rates(args, hooks.timer, hooks.device)
     log(f"  matmul {rates['matmul_tflops']:.4g} TFLOP/s, copy {rates['copy_gbps']:.4g} GB/s (read+write)")
     header = header_lines(meta, rates)
 
-    todo = list(dict.fromkeys(w.key for c in plan for w in c.workloads if w.key not in cache))
     log(f"{len(plan)} configurations, {len(todo)} workloads to measure -> {out}")
     aborted = None
 
@@ -1122,6 +1133,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--copy-mib", type=float, default=1024, help="size of the bandwidth-measuring copy")
     p.add_argument("--matmul-tflops", type=float, default=None, help="use this rate instead of measuring")
     p.add_argument("--copy-gbps", type=float, default=None, help="use this bandwidth instead of measuring")
+    p.add_argument("--precompile-workers", type=int, default=None,
+                   help="parallel processes that compile the kernels before the timed process autotunes "
+                        "(default: one per core, at most 12; 0: compile inside the benchmark process)")
     p.add_argument("--no-plots", action="store_true")
     p.add_argument("--replot", action="store_true",
                    help="no measuring: rewrite results.md and the PNGs of --out from its results.csv")

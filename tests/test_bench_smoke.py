@@ -242,3 +242,21 @@ def test_floors_hand_computed():
     slow_matmul = floors.floors(flat, 1e6, 1e12)
     assert slow_matmul.fwd_ms == pytest.approx(1e3 * 2 * chunk / 1e6)  # FLOP bound
     assert math.isclose(floors.promote_flops(16, 16, 16, "merge"), 2 * 16 * (2 * 256 + 256))
+
+
+def test_precompile_groups_one_per_kernel_specialisation():
+    """The parallel pre-compilation compiles each (side, heads, K, V[, L, query counts]) once,
+    at B = 1, whatever B and T the sweeps use; the most expensive group goes first."""
+    from bench import precompile
+
+    args = nvf.parse_args([])
+    plan = nvf.make_plan(args, lambda L, K: [min(K, 16 * 2 ** i) for i in range(L - 1)])
+    workloads = list({w.key: w for c in plan for w in c.workloads}.values())
+    groups = precompile.compile_groups(workloads)
+    # flat: 5 head counts x 2 head dims; nested: ladder 5 x 2 and uniform16 4 x 2 (batch adds none)
+    assert len(groups) == 10 + 10 + 8
+    assert all(g["B"] == 1 for g in groups)
+    assert groups[0]["L"] == 6 and groups[0]["K"] == 128
+    assert len({precompile.group_key(nvf.Workload(**(g | {"query_counts": tuple(g["query_counts"])})))
+                for g in groups}) == len(groups)
+    assert precompile.default_workers(28) <= 12

@@ -1,0 +1,171 @@
+"""Parallel pre-compilation of the Triton kernels a benchmark plan needs.
+
+Why: fla's GDN-2 kernels take the head count ``H`` as a ``tl.constexpr`` and autotune
+over many configs, so every new head count (the flat side has ``L·H`` heads) compiles
+every config of every kernel again: minutes per shape, one compile after another in the
+benchmark process. Compiling does not need a quiet GPU; timing does.
+
+What: before the benchmark process autotunes, worker processes (one per CPU core, up to
+``--precompile-workers``) run one forward and backward of each *compile group* (one
+workload per distinct set of kernel specialisations: the flat side per head count and
+head dim, the nested side per ``H, K, V, L`` and query counts; ``B = 1``, the group's
+own ``T``) with the autotuner's timing replaced by a single launch of each config. That
+fills Triton's on-disk kernel cache. The workers never cache an autotuning result
+(``check_disk_cache`` is bypassed and their choices die with them), so the benchmark
+process still times every config itself on an idle GPU; it only finds the binaries
+compiled already. Nothing measured in the results comes from a worker.
+
+    python -m bench.precompile SPEC.json INDEX     # one worker (started by run_workers)
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import types
+from typing import Callable, Sequence
+
+# Fields of the benchmark's argparse namespace that a worker's inputs depend on.
+ARG_FIELDS = ("dtype", "param_dtype", "scheme", "seed", "warmup_ms", "rep_ms")
+
+
+def group_key(w) -> tuple:
+    """Workloads with equal keys launch the same kernel specialisations (``B`` and ``T``
+    are runtime arguments; every planned ``T`` is a multiple of 16, so Triton's integer
+    specialisation is the same too)."""
+    if w.impl == "flat":
+        return ("flat", w.heads, w.K, w.V)
+    return ("nested", w.H, w.K, w.V, w.L, tuple(w.query_counts))
+
+
+def compile_groups(workloads: Sequence) -> list[dict]:
+    """One representative per compile group, as a dict of ``Workload`` fields with ``B = 1``."""
+    groups = {}
+    for w in workloads:
+        groups.setdefault(group_key(w), w)
+    out = []
+    for w in groups.values():
+        d = {f: getattr(w, f) for f in ("impl", "B", "T", "H", "K", "V", "L", "queries")}
+        d["query_counts"] = list(w.query_counts)
+        d["B"] = 1
+        out.append(d)
+    # Most expensive first (flat with many heads, deep nested), so workers finish together.
+    out.sort(key=lambda d: -d["H"] * d["L"] * d["K"])
+    return out
+
+
+def default_workers(n_groups: int) -> int:
+    return max(1, min(n_groups, (os.cpu_count() or 2) - 2, 12))
+
+
+def run_workers(workloads: Sequence, args, n_workers: int | None, log: Callable[[str], None],
+                timeout_s: float = 1800.0) -> dict:
+    """Compile every group of ``workloads`` in ``n_workers`` parallel processes (``None``:
+    one per core, at most 12). Returns a summary for the output headers; a failing worker
+    is reported, never fatal (the benchmark process then compiles what is missing itself)."""
+    groups = compile_groups(workloads)
+    if not groups:
+        return {"groups": 0, "workers": 0, "seconds": 0.0, "failed": []}
+    n = min(len(groups), n_workers or default_workers(len(groups)))
+    spec = {"args": {f: getattr(args, f) for f in ARG_FIELDS},
+            "assignments": [groups[i::n] for i in range(n)]}
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="ngdn-precompile-") as tmp:
+        path = os.path.join(tmp, "spec.json")
+        with open(path, "w") as f:
+            json.dump(spec, f)
+        logs = [open(os.path.join(tmp, f"worker{i}.log"), "w+") for i in range(n)]
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        procs = [subprocess.Popen([sys.executable, "-m", "bench.precompile", path, str(i)],
+                                  stdout=logs[i], stderr=subprocess.STDOUT, env=env) for i in range(n)]
+        log(f"precompile: {len(groups)} compile groups on {n} worker processes ...")
+        failed = []
+        for i, p in enumerate(procs):
+            left = max(1.0, timeout_s - (time.perf_counter() - t0))
+            try:
+                rc = p.wait(timeout=left)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                rc = "timeout"
+            logs[i].seek(0)
+            text = logs[i].read()
+            logs[i].close()
+            for line in text.strip().splitlines()[-len(spec["assignments"][i]) - 2:]:
+                log(f"  worker {i}: {line}")
+            if rc != 0:
+                failed.append(f"worker {i}: exit {rc}")
+    seconds = time.perf_counter() - t0
+    log(f"precompile: done in {seconds:.0f} s" + (f"; FAILED: {', '.join(failed)}" if failed else ""))
+    return {"groups": len(groups), "workers": n, "seconds": seconds, "failed": failed}
+
+
+def _launch_once(kernel_call, quantiles=None, **_):
+    """Stands in for the autotuner's timing: compile and launch the config once."""
+    import torch
+
+    kernel_call()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return [0.0, 0.0, 0.0] if quantiles else 0.0
+
+
+def _patch_autotuner():
+    from triton.runtime.autotuner import Autotuner
+
+    Autotuner.do_bench = property(lambda self: _launch_once)
+
+    def bench_without_cache(self, tuning_key, configs, bench_fn):
+        bench_fn()
+        return False
+
+    Autotuner.check_disk_cache = bench_without_cache
+
+
+def worker(spec_path: str, index: int) -> int:
+    from bench import nested_vs_flat as nvf
+
+    nvf.prepare_environment()   # the benchmark process's environment: same compile cache keys
+    _patch_autotuner()
+    import torch
+
+    with open(spec_path) as f:
+        spec = json.load(f)
+    args = types.SimpleNamespace(**spec["args"])
+    # A CPU device only for tests of this path (the interpreter; nothing to precompile there).
+    hooks = nvf.Hooks(device=None if torch.cuda.is_available() else nvf.CpuDevice()).resolve(args)
+    status = 0
+    for d in spec["assignments"][index]:
+        w = nvf.Workload(**(d | {"query_counts": tuple(d["query_counts"])}))
+        t0 = time.perf_counter()
+        try:
+            if w.impl == "flat":
+                built = nvf.build_flat(w, args, hooks)
+                o = built.forward()
+            else:
+                dtype = nvf.DTYPES[args.dtype if args.param_dtype in ("auto", "run") else args.param_dtype]
+                try:
+                    built = nvf.build_nested(w, args, hooks, dtype)
+                    o = built.forward()
+                except (TypeError, ValueError) as e:
+                    if args.param_dtype != "auto" or "dtype" not in str(e):
+                        raise
+                    built = nvf.build_nested(w, args, hooks, torch.float32)
+                    o = built.forward()
+            torch.autograd.grad(o, built.inputs, built.do, allow_unused=True)
+            hooks.device.sync()
+            print(f"{w.label} heads={w.heads} K={w.K} L={w.L}: compiled in {time.perf_counter() - t0:.0f} s",
+                  flush=True)
+        except Exception as e:  # noqa: BLE001 - the benchmark process reports real errors
+            status = 1
+            print(f"{w.label} heads={w.heads} K={w.K} L={w.L}: {type(e).__name__}: {str(e)[:200]}", flush=True)
+        finally:
+            built = o = None
+            hooks.device.cleanup()
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(worker(sys.argv[1], int(sys.argv[2])))
