@@ -331,6 +331,15 @@ def _device_of(x: torch.Tensor):
     return torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext()
 
 
+def _graph_kept() -> bool:
+    """Whether the running backward was asked to keep the graph (``retain_graph=True``).
+    The saved state is a Python object, not ``save_for_backward`` tensors, so autograd does
+    not free it; we free it ourselves unless the graph is kept. Without the (private) query
+    we keep it: correct, just held until the graph is dropped."""
+    query = getattr(torch._C._autograd, "_get_current_graph_task_keep_graph", None)
+    return True if query is None else bool(query())
+
+
 class NestedGDN2Function(torch.autograd.Function):
     """Thin autograd wrapper: inputs are flattened to tensors (initial states, then every
     level's parameters in ``levels`` order)."""
@@ -350,8 +359,9 @@ class NestedGDN2Function(torch.autograd.Function):
     def backward(ctx, do, *dfinals):
         saved, meta = ctx.saved, ctx.meta
         if saved is None:
-            raise RuntimeError("chunk_nested_gdn2: backward ran twice through the same graph; its saved "
-                               "tensors are freed after the first backward")
+            raise RuntimeError("chunk_nested_gdn2: backward through the same graph a second time, but the "
+                               "saved tensors were freed after the first; pass retain_graph=True to the "
+                               "first backward")
         q = saved.q
         if do is None:
             do = torch.zeros(q.shape[:3] + (saved.o0.shape[-1],), dtype=torch.float32, device=q.device)
@@ -362,7 +372,8 @@ class NestedGDN2Function(torch.autograd.Function):
         flat = [cast(dinit[ℓ], ins["initial_states"][ℓ]) for ℓ in range(meta["L"])]
         for ℓ, level in enumerate(saved.levels, start=1):
             flat += [dparams[ℓ][n].to(p.dtype) for n, p in level.params.items()]
-        ctx.saved = None
+        if not _graph_kept():
+            ctx.saved = None   # as autograd frees saved tensors: nothing outlives a plain backward
         return (None, dq.to(q.dtype), dk.to(q.dtype), dv.to(q.dtype), dg.to(q.dtype), db.to(q.dtype),
                 dw.to(q.dtype), dr.to(saved.r.dtype), *flat)
 

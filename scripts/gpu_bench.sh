@@ -6,7 +6,8 @@
 #   quick          `ngdn bench --quick` into results/tmp/quick, wall time recorded
 #   full:SECONDS   `ngdn bench --resume` into results/tmp/full, starting no workload
 #                  later than SECONDS after this script started (repeat the call, carrying
-#                  results/tmp/full, until no row says "skipped")
+#                  results/tmp/full, until no row says "skipped"); BENCH_NAME sets
+#                  the folder name, BENCH_ARGS adds options (e.g. --configs)
 # Each results folder comes back as $OUT/<name>.tgz, its log as $OUT/<name>.log.
 # Usage: bash scripts/gpu_bench.sh quick full:470   (a step ends at most 110 s after its deadline)
 set -uo pipefail
@@ -39,11 +40,12 @@ for step in "$@"; do
       deadline=${step#full:}
       budget=$(( deadline - $(since) ))
       [ "$budget" -gt 30 ] || { echo "full: no time left (budget $budget s)"; continue; }
-      timeout -k 10 $(( budget + 110 )) $NGDN bench --out results/tmp/full --resume --time-budget $budget \
-        2>&1 | tee -a "$OUT/full.log" | tail -30
-      echo "full: exit ${PIPESTATUS[0]} after $(since) s; skipped rows: $(grep -c 'skipped' results/tmp/full/results.csv)" \
+      name=${BENCH_NAME:-full}
+      timeout -k 10 $(( budget + 110 )) $NGDN bench --out results/tmp/$name --resume --time-budget $budget \
+        ${BENCH_ARGS:-} 2>&1 | tee -a "$OUT/$name.log" | tail -30
+      echo "$name: exit ${PIPESTATUS[0]} after $(since) s; skipped rows: $(grep -c 'skipped' results/tmp/$name/results.csv)" \
         | tee -a "$OUT/env.txt"
-      tar czf "$OUT/full.tgz" -C results/tmp full ;;
+      tar czf "$OUT/$name.tgz" -C results/tmp $name ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac
 done

@@ -151,3 +151,18 @@ def test_state_grad_rejects_bad_slots():
 def test_injection_chunks_distinct():
     with pytest.raises(ValueError, match="chunk 1 is injected twice"):
         injection_slots(3, [1, 1], DEV)
+
+
+def test_backward_twice_needs_retain_graph_and_then_agrees():
+    """retain_graph=True keeps the saved state (the benchmark times backward that way);
+    a second backward without it fails with a message saying what to do."""
+    args = inputs()
+    leaves = [args[n].requires_grad_() for n in NAMES]
+    o = chunk_nested_gdn2(**args)[0]
+    do = torch.randn(o.shape, generator=torch.Generator().manual_seed(1)).to(o.device)
+    first = torch.autograd.grad(o, leaves, do, retain_graph=True)
+    second = torch.autograd.grad(o, leaves, do)
+    for a, b in zip(first, second):
+        assert torch.equal(a, b)
+    with pytest.raises(RuntimeError, match="pass retain_graph=True to the first backward"):
+        torch.autograd.grad(o, leaves, do)
