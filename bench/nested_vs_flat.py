@@ -799,6 +799,16 @@ def write_markdown(path: Path, rows: list[dict], header: list[str], plots: list[
     out += ["Design note anchors:", ""]
     out += _md_table(("anchor", "where", "measured"), anchors) + [""]
 
+    errors: dict[str, str] = {}   # message -> label; the tables show labels, "Errors" the messages
+
+    def eref(*rows_):
+        labels = []
+        for r in rows_:
+            for text in _split_errors((r or {}).get("error")):
+                if text:
+                    labels.append(errors.setdefault(text, f"E{len(errors) + 1}"))
+        return " ".join(dict.fromkeys(labels))
+
     def cost_table(sweep, first_col):
         body = []
         for n, f in _pairs(rows, sweep):
@@ -809,7 +819,7 @@ def write_markdown(path: Path, rows: list[dict], header: list[str], plots: list[
                          _ms(f and f["fwd_ms"]), _ms(f and f["bwd_ms"]), _ms(f and f["fwdbwd_ms"]),
                          _x(n and n["fwd_vs_flat"]), _x(n and n["bwd_vs_flat"]), _x(n and n["fwdbwd_vs_flat"]),
                          _x(n and n["fwdbwd_x_floor"]), _x(f and f["fwdbwd_x_floor"]),
-                         "; ".join(e for e in ((n or {}).get("error"), (f or {}).get("error")) if e)))
+                         eref(n, f)))
         return _md_table((first_col, "K", "queries", "nested fwd", "nested bwd", "nested f+b", "flat fwd",
                           "flat bwd", "flat f+b", "fwd ratio", "bwd ratio", "f+b ratio", "nested f+b x floor",
                           "flat f+b x floor", "error"), body)
@@ -839,7 +849,7 @@ def write_markdown(path: Path, rows: list[dict], header: list[str], plots: list[
                          _ms(u and u["fwdbwd_ms"]), _x(_ratio(a and a["fwd_ms"], u and u["fwd_ms"])),
                          _x(_ratio(a and a["bwd_ms"], u and u["bwd_ms"])),
                          _x(_ratio(a and a["fwdbwd_ms"], u and u["fwdbwd_ms"])),
-                         "; ".join(e for e in ((a or {}).get("error"), (u or {}).get("error")) if e)))
+                         eref(a, u)))
         out += [f"## 4. Query ladder vs uniform {UNIFORM_QUERIES} queries per level (nested only)", ""]
         out += _md_table(("L", "K", "ladder", "uniform", "ladder fwd", "uniform fwd", "ladder f+b", "uniform f+b",
                           "fwd ladder/uniform", "bwd ladder/uniform", "f+b ladder/uniform", "error"), body) + [""]
@@ -856,9 +866,22 @@ def write_markdown(path: Path, rows: list[dict], header: list[str], plots: list[
     out += ["## Autotune / warm-up (s; one forward+backward, not part of any timing; "
             "repeated shapes reuse the first measurement)", ""]
     out += _md_table(("config", "impl", "warm-up s"), body) + [""]
+    for r in rows:
+        eref(r)
+    if errors:
+        out += ["## Errors (labels used in the tables above)", ""]
+        out += _md_table(("label", "error", "rows"), [
+            (label, text, ", ".join(f"{r['config']} {r['impl']}" + (f"/{r['queries']}" if r["queries"] else "")
+                                    for r in rows if text in _split_errors(r["error"])))
+            for text, label in errors.items()]) + [""]
     if plots:
         out += ["## Plots", ""] + [f"![{p}]({p})" for p in plots] + [""]
     path.write_text("\n".join(out))
+
+
+def _split_errors(text: str | None) -> list[str]:
+    """A row's ``error`` is phase messages joined by "; " (messages may contain "; " too)."""
+    return [e for e in re.split(r"; (?=(?:build|forward|backward|peak memory|skipped)\b)", text or "") if e]
 
 
 def _first(rows, sweep, col):

@@ -260,3 +260,11 @@ def test_precompile_groups_one_per_kernel_specialisation():
     assert len({precompile.group_key(nvf.Workload(**(g | {"query_counts": tuple(g["query_counts"])})))
                 for g in groups}) == len(groups)
     assert precompile.default_workers(28) <= 12
+
+
+def test_error_messages_split_by_phase_not_by_every_semicolon():
+    text = ("backward timing: RuntimeError: a; b; forward+backward timing: OOM (x); "
+            "peak memory: RuntimeError: c")
+    assert nvf._split_errors(text) == ["backward timing: RuntimeError: a; b", "forward+backward timing: OOM (x)",
+                                       "peak memory: RuntimeError: c"]
+    assert nvf._split_errors("") == [] and nvf._split_errors(None) == []
