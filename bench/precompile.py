@@ -5,17 +5,19 @@ over many configs, so every new head count (the flat side has ``L·H`` heads) co
 every config of every kernel again: minutes per shape, one compile after another in the
 benchmark process. Compiling does not need a quiet GPU; timing does.
 
-What: before the benchmark process autotunes, worker processes (one per CPU core, up to
-``--precompile-workers``) run one forward and backward of each *compile group* (one
-workload per distinct set of kernel specialisations: the flat side per head count and
-head dim, the nested side per ``H, K, V, L`` and query counts; ``B = 1``, the group's
-own ``T``) with the autotuner's timing replaced by a single launch of each config. That
+What: before the benchmark process autotunes, worker processes (one per group, up to
+``--precompile-workers`` at a time) run one forward and backward of each *compile group*
+(one workload per distinct set of kernel specialisations: the flat side per head count and
+head dim, the nested side per ``H, K, V, L`` and query counts; ``B = 1``, the group's own
+``T``) with the autotuner's timing replaced by a single launch of each config. Nested
+groups share fla's level-0 kernels: only the first of them compiles those, the others
+start once it is done. That
 fills Triton's on-disk kernel cache. The workers never cache an autotuning result
 (``check_disk_cache`` is bypassed and their choices die with them), so the benchmark
 process still times every config itself on an idle GPU; it only finds the binaries
 compiled already. Nothing measured in the results comes from a worker.
 
-    python -m bench.precompile SPEC.json INDEX     # one worker (started by run_workers)
+    python -m bench.precompile SPEC.json INDEX     # one group (started by run_workers)
 """
 from __future__ import annotations
 
@@ -61,42 +63,96 @@ def default_workers(n_groups: int) -> int:
     return max(1, min(n_groups, (os.cpu_count() or 2) - 2, 12))
 
 
+def level0_key(g: dict) -> tuple:
+    """The fla GDN-2 kernels a group compiles: flat with ``L·H`` heads, nested's level 0
+    with ``H`` heads. Groups with equal keys compile the same fla kernels."""
+    heads = g["L"] * g["H"] if g["impl"] == "flat" else g["H"]
+    return (heads, g["K"], g["V"])
+
+
+def dependencies(groups: Sequence[dict]) -> list[int | None]:
+    """For each group, the earlier group that compiles the same fla kernels (it waits for
+    that one to finish and then only compiles what is its own), or None."""
+    first: dict[tuple, int] = {}
+    deps = []
+    for i, g in enumerate(groups):
+        deps.append(first.get(level0_key(g)))
+        first.setdefault(level0_key(g), i)
+    return deps
+
+
+def schedule(deps: Sequence[int | None], slots: int, launch: Callable[[int], object],
+             finished: Callable[[int, object], None], timeout_s: float, poll_s: float = 0.5) -> list[int]:
+    """Run task ``i`` as ``launch(i)`` (an object with ``poll()``/``kill()``, like ``Popen``),
+    at most ``slots`` at a time, in index order, a task only once the task it depends on has
+    ended (failed or not). ``finished(i, returncode)`` is called as each ends; tasks still
+    running at ``timeout_s`` are killed (return code ``"timeout"``). Returns the start order."""
+    t0 = time.perf_counter()
+    pending = list(range(len(deps)))
+    running: dict[int, object] = {}
+    ended: set[int] = set()
+    order = []
+    while pending or running:
+        for i in [i for i in pending if deps[i] is None or deps[i] in ended]:
+            if len(running) >= slots:
+                break
+            pending.remove(i)
+            running[i] = launch(i)
+            order.append(i)
+        for i, proc in list(running.items()):
+            rc = proc.poll()
+            if rc is None and time.perf_counter() - t0 > timeout_s:
+                proc.kill()
+                rc = "timeout"
+            if rc is not None:
+                del running[i]
+                ended.add(i)
+                finished(i, rc)
+        if running:
+            time.sleep(poll_s)
+    return order
+
+
 def run_workers(workloads: Sequence, args, n_workers: int | None, log: Callable[[str], None],
                 timeout_s: float = 1800.0) -> dict:
-    """Compile every group of ``workloads`` in ``n_workers`` parallel processes (``None``:
-    one per core, at most 12). Returns a summary for the output headers; a failing worker
-    is reported, never fatal (the benchmark process then compiles what is missing itself)."""
+    """Compile every group of ``workloads``, one process per group, ``n_workers`` at a time
+    (``None``: one per core less two, at most 12); a group whose fla kernels another group
+    compiles waits for that one (see :func:`dependencies`) instead of compiling them twice.
+    Returns a summary for the output headers; a failing group is reported, never fatal (the
+    benchmark process then compiles what is missing itself)."""
     groups = compile_groups(workloads)
     if not groups:
         return {"groups": 0, "workers": 0, "seconds": 0.0, "failed": []}
     n = min(len(groups), n_workers or default_workers(len(groups)))
-    spec = {"args": {f: getattr(args, f) for f in ARG_FIELDS},
-            "assignments": [groups[i::n] for i in range(n)]}
+    deps = dependencies(groups)
+    spec = {"args": {f: getattr(args, f) for f in ARG_FIELDS}, "assignments": [[g] for g in groups]}
     t0 = time.perf_counter()
+    failed = []
     with tempfile.TemporaryDirectory(prefix="ngdn-precompile-") as tmp:
         path = os.path.join(tmp, "spec.json")
         with open(path, "w") as f:
             json.dump(spec, f)
-        logs = [open(os.path.join(tmp, f"worker{i}.log"), "w+") for i in range(n)]
         env = dict(os.environ, PYTHONUNBUFFERED="1")
-        procs = [subprocess.Popen([sys.executable, "-m", "bench.precompile", path, str(i)],
-                                  stdout=logs[i], stderr=subprocess.STDOUT, env=env) for i in range(n)]
-        log(f"precompile: {len(groups)} compile groups on {n} worker processes ...")
-        failed = []
-        for i, p in enumerate(procs):
-            left = max(1.0, timeout_s - (time.perf_counter() - t0))
-            try:
-                rc = p.wait(timeout=left)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                rc = "timeout"
+        logs = {}
+
+        def launch(i):
+            logs[i] = open(os.path.join(tmp, f"group{i}.log"), "w+")
+            return subprocess.Popen([sys.executable, "-m", "bench.precompile", path, str(i)],
+                                    stdout=logs[i], stderr=subprocess.STDOUT, env=env)
+
+        def finished(i, rc):
             logs[i].seek(0)
-            text = logs[i].read()
+            lines = logs[i].read().strip().splitlines()
             logs[i].close()
-            for line in text.strip().splitlines()[-len(spec["assignments"][i]) - 2:]:
-                log(f"  worker {i}: {line}")
+            for line in lines[-3:] if rc != 0 else lines[-1:]:
+                log(f"  [{time.perf_counter() - t0:.0f} s] group {i}: {line}")
             if rc != 0:
-                failed.append(f"worker {i}: exit {rc}")
+                failed.append(f"group {i}: exit {rc}")
+
+        waiting = sum(d is not None for d in deps)
+        log(f"precompile: {len(groups)} compile groups, {n} at a time ({waiting} wait for a group "
+            f"that compiles the same fla kernels) ...")
+        schedule(deps, n, launch, finished, timeout_s)
     seconds = time.perf_counter() - t0
     log(f"precompile: done in {seconds:.0f} s" + (f"; FAILED: {', '.join(failed)}" if failed else ""))
     return {"groups": len(groups), "workers": n, "seconds": seconds, "failed": failed}

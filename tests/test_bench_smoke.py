@@ -268,3 +268,53 @@ def test_error_messages_split_by_phase_not_by_every_semicolon():
     assert nvf._split_errors(text) == ["backward timing: RuntimeError: a; b", "forward+backward timing: OOM (x)",
                                        "peak memory: RuntimeError: c"]
     assert nvf._split_errors("") == [] and nvf._split_errors(None) == []
+
+
+class FakeProc:
+    """Popen stand-in that ends after a set number of polls."""
+    def __init__(self, polls, rc=0):
+        self.left, self.rc, self.killed = polls, rc, False
+
+    def poll(self):
+        self.left -= 1
+        return self.rc if self.left <= 0 else None
+
+    def kill(self):
+        self.killed = True
+
+
+def test_precompile_schedule_waits_for_shared_kernels_and_respects_slots():
+    """Nested groups sharing fla's level-0 kernels wait for the first of them; at most
+    `slots` run at once; every task ends exactly once."""
+    from bench import precompile
+
+    args = nvf.parse_args([])
+    plan = nvf.make_plan(args, lambda L, K: [min(K, 16 * 2 ** i) for i in range(L - 1)])
+    groups = precompile.compile_groups(list({w.key: w for c in plan for w in c.workloads}.values()))
+    deps = precompile.dependencies(groups)
+    # 10 flat head counts x head dims and 2 nested level-0 keys compile fla kernels; 16 wait
+    assert sum(d is None for d in deps) == 12
+    for i, d in enumerate(deps):
+        if d is not None:
+            assert d < i and groups[d]["impl"] == "nested" and groups[i]["impl"] == "nested"
+            assert precompile.level0_key(groups[d]) == precompile.level0_key(groups[i])
+    live, peak, ended = set(), [0], []
+
+    def launch(i):
+        live.add(i)
+        peak[0] = max(peak[0], len(live))
+        assert deps[i] is None or deps[i] in ended
+        return FakeProc(3 if deps[i] is None else 1, rc=1 if i == 0 else 0)
+
+    def finished(i, rc):
+        live.discard(i)
+        ended.append(i)
+
+    order = precompile.schedule(deps, 5, launch, finished, timeout_s=60, poll_s=0)
+    assert sorted(order) == sorted(ended) == list(range(len(groups)))
+    assert peak[0] == 5
+    # a timeout kills what is still running and reports it
+    rcs = {}
+    precompile.schedule([None], 1, lambda i: FakeProc(10 ** 9), lambda i, rc: rcs.update({i: rc}),
+                        timeout_s=0, poll_s=0)
+    assert rcs == {0: "timeout"}
