@@ -587,19 +587,21 @@ def _measure_built(built: Built, m: dict, hooks: Hooks, progress):
     m["error"] = "; ".join(errors)
 
 
+def param_dtypes(args) -> list[torch.dtype]:
+    """Scheme-parameter dtypes to try, in order: ``--param-dtype auto`` is the run dtype and,
+    if the op rejects that with a dtype error, float32 once."""
+    first = DTYPES[args.dtype if args.param_dtype in ("auto", "run") else args.param_dtype]
+    return [first, torch.float32] if args.param_dtype == "auto" and first != torch.float32 else [first]
+
+
 def measure_workload(w: Workload, args, hooks: Hooks, progress) -> dict:
     if w.impl == "flat":
         return measure(lambda: build_flat(w, args, hooks), hooks, progress)
-    if args.param_dtype in ("auto", "run"):
-        param_dtype = DTYPES[args.dtype]
-    else:
-        param_dtype = DTYPES[args.param_dtype]
-    m = measure(lambda: build_nested(w, args, hooks, param_dtype), hooks, progress)
-    # auto: if the op rejects parameters in the run dtype, retry once with float32 parameters.
-    if (args.param_dtype == "auto" and param_dtype != torch.float32 and m["fwd_ms"] is None
-            and re.match(r"forward: (ValueError|TypeError): .*dtype", m["error"] or "")):
-        progress(f"op rejected {param_dtype} parameters ({m['error']}); retrying with float32 parameters")
-        m = measure(lambda: build_nested(w, args, hooks, torch.float32), hooks, progress)
+    first, *fallback = param_dtypes(args)
+    m = measure(lambda: build_nested(w, args, hooks, first), hooks, progress)
+    if fallback and m["fwd_ms"] is None and re.match(r"forward: (ValueError|TypeError): .*dtype", m["error"] or ""):
+        progress(f"op rejected {first} parameters ({m['error']}); retrying with float32 parameters")
+        m = measure(lambda: build_nested(w, args, hooks, fallback[0]), hooks, progress)
     return m
 
 

@@ -11,11 +11,10 @@ What: before the benchmark process autotunes, worker processes (one per group, u
 head dim, the nested side per ``H, K, V, L`` and query counts; ``B = 1``, the group's own
 ``T``) with the autotuner's timing replaced by a single launch of each config. Nested
 groups share fla's level-0 kernels: only the first of them compiles those, the others
-start once it is done. That
-fills Triton's on-disk kernel cache. The workers never cache an autotuning result
-(``check_disk_cache`` is bypassed and their choices die with them), so the benchmark
-process still times every config itself on an idle GPU; it only finds the binaries
-compiled already. Nothing measured in the results comes from a worker.
+start once it is done. That fills Triton's on-disk kernel cache. The workers never cache
+an autotuning result (``check_disk_cache`` is bypassed and their choices die with them),
+so the benchmark process still times every config itself on an idle GPU; it only finds
+the binaries compiled already. Nothing measured in the results comes from a worker.
 
     python -m bench.precompile SPEC.json INDEX     # one group (started by run_workers)
 """
@@ -125,7 +124,7 @@ def run_workers(workloads: Sequence, args, n_workers: int | None, log: Callable[
         return {"groups": 0, "workers": 0, "seconds": 0.0, "failed": []}
     n = min(len(groups), n_workers or default_workers(len(groups)))
     deps = dependencies(groups)
-    spec = {"args": {f: getattr(args, f) for f in ARG_FIELDS}, "assignments": [[g] for g in groups]}
+    spec = {"args": {f: getattr(args, f) for f in ARG_FIELDS}, "groups": groups}
     t0 = time.perf_counter()
     failed = []
     with tempfile.TemporaryDirectory(prefix="ngdn-precompile-") as tmp:
@@ -192,35 +191,31 @@ def worker(spec_path: str, index: int) -> int:
     args = types.SimpleNamespace(**spec["args"])
     # A CPU device only for tests of this path (the interpreter; nothing to precompile there).
     hooks = nvf.Hooks(device=None if torch.cuda.is_available() else nvf.CpuDevice()).resolve(args)
-    status = 0
-    for d in spec["assignments"][index]:
-        w = nvf.Workload(**(d | {"query_counts": tuple(d["query_counts"])}))
-        t0 = time.perf_counter()
-        try:
-            if w.impl == "flat":
-                built = nvf.build_flat(w, args, hooks)
-                o = built.forward()
-            else:
-                dtype = nvf.DTYPES[args.dtype if args.param_dtype in ("auto", "run") else args.param_dtype]
+    d = spec["groups"][index]
+    w = nvf.Workload(**(d | {"query_counts": tuple(d["query_counts"])}))
+    t0 = time.perf_counter()
+    try:
+        if w.impl == "flat":
+            built = nvf.build_flat(w, args, hooks)
+            o = built.forward()
+        else:
+            dtypes = nvf.param_dtypes(args)   # as measure_workload: float32 if the op rejects bf16
+            for dtype in dtypes:
                 try:
                     built = nvf.build_nested(w, args, hooks, dtype)
                     o = built.forward()
+                    break
                 except (TypeError, ValueError) as e:
-                    if args.param_dtype != "auto" or "dtype" not in str(e):
+                    if dtype is dtypes[-1] or "dtype" not in str(e):
                         raise
-                    built = nvf.build_nested(w, args, hooks, torch.float32)
-                    o = built.forward()
-            torch.autograd.grad(o, built.inputs, built.do, allow_unused=True)
-            hooks.device.sync()
-            print(f"{w.label} heads={w.heads} K={w.K} L={w.L}: compiled in {time.perf_counter() - t0:.0f} s",
-                  flush=True)
-        except Exception as e:  # noqa: BLE001 - the benchmark process reports real errors
-            status = 1
-            print(f"{w.label} heads={w.heads} K={w.K} L={w.L}: {type(e).__name__}: {str(e)[:200]}", flush=True)
-        finally:
-            built = o = None
-            hooks.device.cleanup()
-    return status
+        torch.autograd.grad(o, built.inputs, built.do, allow_unused=True)
+        hooks.device.sync()
+        print(f"{w.label} heads={w.heads} K={w.K} L={w.L}: compiled in {time.perf_counter() - t0:.0f} s",
+              flush=True)
+        return 0
+    except Exception as e:  # noqa: BLE001 - the benchmark process reports real errors
+        print(f"{w.label} heads={w.heads} K={w.K} L={w.L}: {type(e).__name__}: {str(e)[:200]}", flush=True)
+        return 1
 
 
 if __name__ == "__main__":

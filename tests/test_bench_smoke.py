@@ -244,15 +244,20 @@ def test_floors_hand_computed():
     assert math.isclose(floors.promote_flops(16, 16, 16, "merge"), 2 * 16 * (2 * 256 + 256))
 
 
+def default_plan_groups():
+    """The compile groups of the default (full) plan."""
+    from bench import precompile
+
+    plan = nvf.make_plan(nvf.parse_args([]), lambda L, K: [min(K, 16 * 2 ** i) for i in range(L - 1)])
+    return precompile.compile_groups(list({w.key: w for c in plan for w in c.workloads}.values()))
+
+
 def test_precompile_groups_one_per_kernel_specialisation():
     """The parallel pre-compilation compiles each (side, heads, K, V[, L, query counts]) once,
     at B = 1, whatever B and T the sweeps use; the most expensive group goes first."""
     from bench import precompile
 
-    args = nvf.parse_args([])
-    plan = nvf.make_plan(args, lambda L, K: [min(K, 16 * 2 ** i) for i in range(L - 1)])
-    workloads = list({w.key: w for c in plan for w in c.workloads}.values())
-    groups = precompile.compile_groups(workloads)
+    groups = default_plan_groups()
     # flat: 5 head counts x 2 head dims; nested: ladder 5 x 2 and uniform16 4 x 2 (batch adds none)
     assert len(groups) == 10 + 10 + 8
     assert all(g["B"] == 1 for g in groups)
@@ -288,9 +293,7 @@ def test_precompile_schedule_waits_for_shared_kernels_and_respects_slots():
     `slots` run at once; every task ends exactly once."""
     from bench import precompile
 
-    args = nvf.parse_args([])
-    plan = nvf.make_plan(args, lambda L, K: [min(K, 16 * 2 ** i) for i in range(L - 1)])
-    groups = precompile.compile_groups(list({w.key: w for c in plan for w in c.workloads}.values()))
+    groups = default_plan_groups()
     deps = precompile.dependencies(groups)
     # 10 flat head counts x head dims and 2 nested level-0 keys compile fla kernels; 16 wait
     assert sum(d is None for d in deps) == 12
@@ -318,3 +321,18 @@ def test_precompile_schedule_waits_for_shared_kernels_and_respects_slots():
     precompile.schedule([None], 1, lambda i: FakeProc(10 ** 9), lambda i, rc: rcs.update({i: rc}),
                         timeout_s=0, poll_s=0)
     assert rcs == {0: "timeout"}
+
+
+def test_auto_param_dtype_retries_float32_once_when_the_op_rejects_bf16(tmp_path):
+    def picky(q, k, v, g, b, w, r, levels, **kw):
+        if any(p.dtype != torch.float32 for lv in levels for p in lv.params.values()):
+            raise ValueError("params must have dtype torch.float32")
+        return nested_stub(q, k, v, g, b, w, r, levels, **kw)
+
+    argv = [a if a != "float32" else "bfloat16" for a in TINY] + ["--out", str(tmp_path), "--sweeps", "depth"]
+    assert nvf.param_dtypes(nvf.parse_args(argv)) == [torch.bfloat16, torch.float32]
+    assert nvf.param_dtypes(nvf.parse_args(argv + ["--param-dtype", "run"])) == [torch.bfloat16]
+    assert nvf.run(nvf.parse_args(argv), hooks(nested_op=picky)) == 0
+    _, rows = read_rows(tmp_path / "results.csv")
+    nested = [r for r in rows if r["impl"] == "nested"]
+    assert nested and all(r["param_dtype"] == "float32" and not r["error"] for r in nested)
