@@ -29,3 +29,21 @@ PROFILE = strategies.load_profile(cuda=MODE == triton_mode.CUDA)
 def pytest_report_header(config):
     f32 = os.environ.get("TRITON_F32_DEFAULT", "unset (tf32 dots)") if MODE == triton_mode.CUDA else "exact"
     return [f"ngdn: device mode {MODE}, hypothesis profile {PROFILE}, float32 dots: {f32}"]
+
+
+def pytest_runtest_logreport(report):
+    """With ``NGDN_TEST_LOG=FILE``, append each test's outcome and duration as it finishes
+    (JSON lines, written by the controlling process only). Unlike ``--durations`` this
+    survives a suite that is cut off by a time limit, so a GPU run always says which tests
+    failed and which were slow."""
+    path = os.environ.get("NGDN_TEST_LOG")
+    if not path or os.environ.get("PYTEST_XDIST_WORKER") or (report.when != "call" and report.passed):
+        return
+    import json
+
+    entry = {"test": report.nodeid, "when": report.when, "outcome": report.outcome,
+             "duration_s": round(report.duration, 3)}
+    if report.failed:
+        entry["message"] = report.longreprtext[-3000:]
+    with open(path, "a") as f:
+        f.write(json.dumps(entry) + "\n")

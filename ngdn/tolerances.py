@@ -56,7 +56,12 @@ def tolerance(component: str, quantity: str, dtype, mode: str | None = None) -> 
     if quantity not in quantities:
         raise KeyError(f"tolerances.yaml: {component}.{mode_key}.{key} has no quantity {quantity!r}; "
                        f"have {sorted(quantities)}")
-    return float(quantities[quantity])
+    bound = quantities[quantity]
+    if isinstance(bound, bool) or not isinstance(bound, (int, float)) or not 0 < bound < float("inf"):
+        # YAML reads `1.0e-05# note` (no space before '#') as the string "1.0e-05# note".
+        raise ValueError(f"tolerances.yaml: {component}.{mode_key}.{key}.{quantity} must be a positive number, "
+                         f"got {bound!r} (a comment needs a space before '#')")
+    return float(bound)
 
 
 def relative_error(actual, expected) -> float:
