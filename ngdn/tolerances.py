@@ -31,6 +31,11 @@ def _dtype_key(dtype) -> str:
     return str(dtype).replace("torch.", "") if isinstance(dtype, torch.dtype) else str(dtype)
 
 
+def is_bound(value) -> bool:
+    """Whether a table entry is usable as a bound: a positive, finite number."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < float("inf")
+
+
 def tolerance(component: str, quantity: str, dtype, mode: str | None = None) -> float:
     """Relative-error bound for ``component``/``quantity`` at ``dtype`` in ``mode``.
 
@@ -57,7 +62,7 @@ def tolerance(component: str, quantity: str, dtype, mode: str | None = None) -> 
         raise KeyError(f"tolerances.yaml: {component}.{mode_key}.{key} has no quantity {quantity!r}; "
                        f"have {sorted(quantities)}")
     bound = quantities[quantity]
-    if isinstance(bound, bool) or not isinstance(bound, (int, float)) or not 0 < bound < float("inf"):
+    if not is_bound(bound):
         # YAML reads `1.0e-05# note` (no space before '#') as the string "1.0e-05# note".
         raise ValueError(f"tolerances.yaml: {component}.{mode_key}.{key}.{quantity} must be a positive number, "
                          f"got {bound!r} (a comment needs a space before '#')")
