@@ -1,12 +1,19 @@
-"""Root test configuration: device mode, IEEE float32, pinned autotuners, Hypothesis profile.
+"""Root test configuration: GPU per worker, device mode, IEEE float32, pinned autotuners, Hypothesis profile.
 
-Runs before any test module imports a kernel: on CUDA it asks for IEEE float32
-dots (tight float32 tolerances) and pins every Triton autotuner to one config;
-without CUDA ``optimized`` switches Triton to its interpreter.
+Runs before any test module imports a kernel: each pytest-xdist worker first
+pins its own GPU (``ngdn.gpu_workers``, round-robin over the visible GPUs); on
+CUDA it asks for IEEE float32 dots (tight float32 tolerances) and pins every
+Triton autotuner to one config; without CUDA ``optimized`` switches Triton to
+its interpreter.
 """
 import os
 
-import torch
+from ngdn import gpu_workers
+
+# First, before anything touches CUDA (``optimized`` asks torch.cuda.is_available()).
+WORKER_DEVICE = gpu_workers.pin_worker_device()
+
+import torch  # noqa: E402
 
 os.environ.setdefault("NGDN_PIN_AUTOTUNE", "1")
 os.environ.setdefault("NGDN_IEEE_F32", "1")
@@ -28,7 +35,10 @@ PROFILE = strategies.load_profile(cuda=MODE == triton_mode.CUDA)
 
 def pytest_report_header(config):
     f32 = os.environ.get("TRITON_F32_DEFAULT", "unset (tf32 dots)") if MODE == triton_mode.CUDA else "exact"
-    return [f"ngdn: device mode {MODE}, hypothesis profile {PROFILE}, float32 dots: {f32}"]
+    lines = [f"ngdn: device mode {MODE}, hypothesis profile {PROFILE}, float32 dots: {f32}"]
+    workers = len(config.getoption("tx", None) or []) if config.getoption("dist", "no") != "no" else 0
+    gpus = gpu_workers.report_line(os.environ, workers) if MODE == triton_mode.CUDA else None
+    return lines + [gpus] if gpus else lines
 
 
 def pytest_runtest_logreport(report):
@@ -47,3 +57,25 @@ def pytest_runtest_logreport(report):
         entry["message"] = report.longreprtext[-3000:]
     with open(path, "a") as f:
         f.write(json.dumps(entry) + "\n")
+
+
+def pytest_configure(config):
+    """``-n`` without ``--dist``: schedule by work stealing (pytest-xdist >= 3.2). The compiling
+    tests take minutes and the rest seconds; with plain ``load`` one worker can end up holding
+    several compiling tests while the others idle."""
+    explicit = any(a == "-d" or a.startswith("--dist") for a in config.invocation_params.args)
+    if getattr(config.option, "dist", None) == "load" and not explicit:
+        try:
+            from xdist.scheduler import WorkStealingScheduling  # noqa: F401
+        except ImportError:
+            return
+        config.option.dist = "worksteal"
+
+
+def pytest_collection_modifyitems(config, items):
+    """Spread the tests that compile kernels (marker ``compiles``: one per compile bucket, see
+    ``ngdn.compile_buckets``) evenly through the run order. The order is a pure function of
+    the collected items (every xdist worker must collect the same order)."""
+    from ngdn.compile_buckets import spread_evenly
+
+    items[:] = spread_evenly(items, lambda item: item.get_closest_marker("compiles") is not None)

@@ -3,12 +3,17 @@
 The checks themselves are the property tests' check functions (``property_tests/*_checks.py``
 of the repo checkout the package is installed from), so the report and the suite
 measure the same thing against the same ``tolerances.yaml``.
+
+A component takes seconds on CPU and up to minutes on a cold GPU (kernel
+compilation), so ``run_all`` can write a progress line before and after each one.
 """
 from __future__ import annotations
 
 import importlib
 import sys
+import time
 from pathlib import Path
+from typing import TextIO
 
 from ngdn.inputs import GDN2Shape
 
@@ -67,7 +72,10 @@ COMPONENTS = {"gdn2": gdn2, "nested": nested, "fenwick": fenwick, "tensor3d-gla"
               "tensor3d-delta": tensor3d("delta")}
 
 
-def run_all(dtype, seed, only=None):
+def run_all(dtype, seed, only=None, progress: TextIO | None = None):
+    """Run the components (all, or ``only``) in order; with ``progress`` (e.g. sys.stderr)
+    write ``[ngdn check] 2/5 nested float32 ...`` before each and the same line with
+    its duration after, flushed, so a long run shows where it is."""
     from optimized import triton_mode
 
     cuda = triton_mode.configure() == triton_mode.CUDA
@@ -75,4 +83,13 @@ def run_all(dtype, seed, only=None):
     unknown = set(names) - set(COMPONENTS)
     if unknown:
         raise SystemExit(f"unknown component(s) {sorted(unknown)}; have {sorted(COMPONENTS)}")
-    return {name: COMPONENTS[name](dtype, seed, cuda) for name in names}
+    results = {}
+    for number, name in enumerate(names, start=1):
+        label = f"[ngdn check] {number}/{len(names)} {name} {str(dtype).removeprefix('torch.')} ..."
+        if progress is not None:
+            print(label, file=progress, flush=True)
+        start = time.perf_counter()
+        results[name] = COMPONENTS[name](dtype, seed, cuda)
+        if progress is not None:
+            print(f"{label} {time.perf_counter() - start:.1f} s", file=progress, flush=True)
+    return results

@@ -1,6 +1,7 @@
 """``ngdn``: the testbed's command line.
 
     ngdn check            agreement report, reference vs optimized, as a table
+                          (progress per component on stderr)
     ngdn errors LOG       worst observed error per tolerance entry (from NGDN_ERROR_LOG)
     ngdn bench ...        Nested vs flat GDN-2 benchmark (GPU; see bench/README.md)
 """
@@ -40,7 +41,8 @@ def check(args) -> int:
         return 2
     print(f"device mode: {mode}; dtype: {args.dtype}; seed: {args.seed}")
     ok = True
-    for name, (shape, errors) in agreement.run_all(dtype, args.seed, only=args.only).items():
+    results = agreement.run_all(dtype, args.seed, only=args.only, progress=sys.stderr)
+    for name, (shape, errors) in results.items():
         print(f"\n{name}  {shape}")
         rows = []
         for quantity, (err, bound) in errors.items():

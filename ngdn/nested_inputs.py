@@ -46,7 +46,7 @@ def bounded_query_counts(L: int, K: int, V: int) -> list[int]:
 
 
 def nested_inputs(shape: NestedShape, seed: int, scheme="learned", intervals=None, query_counts=None,
-                  reduction="mean", initial_states: bool = True) -> dict:
+                  reduction="mean", initial_states: bool = True, gate_scale: float = 1.0) -> dict:
     """Nested GDN-2 inputs in float64 from one seeded generator.
 
     ``scheme``/``reduction``: one name, or one per level ℓ = 1..L-1; ``intervals`` default
@@ -68,7 +68,7 @@ def nested_inputs(shape: NestedShape, seed: int, scheme="learned", intervals=Non
         "r": randn(gen, B, T, H, L),
     }
     x["levels"] = make_levels(L, H, K, V, scheme=scheme, intervals=intervals, query_counts=query_counts,
-                              reduction=reduction, generator=gen)
+                              reduction=reduction, generator=gen, gate_scale=gate_scale)
     x["initial_states"] = [0.5 * randn(gen, B, H, K, V) for _ in range(L)] if initial_states else None
     x["do"] = randn(gen, B, T, H, V)
     x["dht"] = [randn(gen, B, H, K, V) for _ in range(L)]

@@ -52,14 +52,20 @@ def load_profile(cuda: bool) -> str:
     return name
 
 
-def examples(ci: int | None = None, scale: int = 1):
+def examples(ci: int | None = None, scale: int = 1, family: str | None = None):
     """A ``settings`` decorator for one test: ``scale`` × the profile's budget
     (cheap reference-only tests), or exactly ``ci`` examples on the ``ci`` profile
-    (tests that cost seconds per example under the interpreter).
+    (tests that cost seconds per example under the interpreter). ``family``: the test runs
+    once per compile bucket of that family (``ngdn.compile_buckets``) and the budget is split
+    over the buckets, so the test sees as many examples in all.
     Applied at import, after the root conftest has loaded the profile."""
     n = settings().max_examples * scale
     if ci is not None and settings.get_current_profile_name() == "ci":
         n = ci
+    elif family is not None:
+        from ngdn.compile_buckets import per_bucket
+
+        n = per_bucket(n, family)
     return settings(max_examples=n)
 
 

@@ -108,7 +108,9 @@ class Pieces:
     plan: Callable = make_plan
     state_grad: Callable = state_grad_bwd
     reduce_partials: Callable = sum_partials
-    block_v: int | None = None
+    scan_fwd: Callable = promote_scan_fwd
+    block_v: int | None = None      # the scan's V block and pair block (None: promote_scan's
+    block_n: int | None = None      # defaults); tests shrink them to reach several blocks
 
 
 DEFAULT_PIECES = Pieces()
@@ -239,8 +241,8 @@ def nested_fwd(q, k, v, g, b, w, r, levels, scale, initial_states, pieces: Piece
         with torch.no_grad():
             pairs = _probe(levels[ℓ - 1], snaps, p32, H, K, V)
         M0 = initial_states[ℓ]
-        states.append(promote_scan_fwd(None if M0 is None else M0.detach().float(), *pairs,
-                                       block_v=pieces.block_v))
+        states.append(pieces.scan_fwd(None if M0 is None else M0.detach().float(), *pairs,
+                                      block_v=pieces.block_v, block_n=pieces.block_n))
     p = torch.softmax(r.float(), dim=-1)
     o = p[..., 0, None] * o0.float()
     for ℓ in range(1, L):
@@ -296,7 +298,7 @@ def nested_bwd(saved: NestedSaved, do, dfinals):
             d_pairs = None
         else:
             dM0, *d_pairs = promote_scan_bwd(s.states[ℓ], *(x.detach() for x in pairs), dstates[ℓ],
-                                             block_v=s.pieces.block_v,
+                                             block_v=s.pieces.block_v, block_n=s.pieces.block_n,
                                              reduce_partials=s.pieces.reduce_partials)
         dinit[ℓ] = dM0 if s.has_initial[ℓ] else None
         names = list(leaves)

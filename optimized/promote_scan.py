@@ -33,11 +33,14 @@ import triton
 import triton.language as tl
 
 
-@triton.jit
+# F (firings) and N (pairs per firing) are runtime sizes, not specialised: a new level
+# depth, schedule or query count reuses the compiled kernel (only H, K, V and the blocks
+# pick a variant).
+@triton.jit(do_not_specialize=["F", "N"])
 def promote_scan_fwd_kernel(
     m0, kappa, nu, beta, omega, gamma, states,
-    F,
-    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, N: tl.constexpr,
+    F, N,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, BN: tl.constexpr, BV: tl.constexpr,
     HAS_M0: tl.constexpr,
 ):
@@ -90,12 +93,12 @@ def promote_scan_fwd_kernel(
         tl.store(states + ((i_b.to(tl.int64) * (F + 1) + m + 1) * H + i_h) * K * V + o_kv, b_m, mask=m_kv)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["F", "B", "N"])
 def promote_scan_bwd_kernel(
     states, kappa, nu, beta, omega, gamma, dstates,
     dm0, dkappa_part, dnu, dbeta_part, domega, dgamma_part,
-    F, B,
-    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, N: tl.constexpr,
+    F, B, N,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, BN: tl.constexpr, BV: tl.constexpr,
 ):
     """Reverse scan for one (batch, head, V block). ``dM`` ([K, BV]) starts at ``dstates[F]``;
@@ -208,8 +211,8 @@ def promote_scan_fwd(M0, kappa, nu, beta, omega, gamma, block_v: int | None = No
     grid = (triton.cdiv(V, BV), B * H)
     promote_scan_fwd_kernel[grid](
         M0.contiguous() if M0 is not None else None, kappa.contiguous(), nu.contiguous(), beta.contiguous(),
-        omega.contiguous(), gamma.contiguous(), states, F,
-        H=H, K=K, V=V, N=n, BK=BK, BN=BN, BV=BV, HAS_M0=M0 is not None, num_warps=num_warps(BK, BV))
+        omega.contiguous(), gamma.contiguous(), states, F, n,
+        H=H, K=K, V=V, BK=BK, BN=BN, BV=BV, HAS_M0=M0 is not None, num_warps=num_warps(BK, BV))
     return states
 
 
@@ -244,7 +247,7 @@ def promote_scan_bwd(states, kappa, nu, beta, omega, gamma, dstates, block_v: in
     promote_scan_bwd_kernel[grid](
         states.contiguous(), kappa.contiguous(), nu.contiguous(), beta.contiguous(), omega.contiguous(),
         gamma.contiguous(), dstates.contiguous(),
-        dm0, dkappa_part, dnu, dbeta_part, domega, dgamma_part, F, B,
-        H=H, K=K, V=V, N=n, BK=BK, BN=BN, BV=BV, num_warps=num_warps(BK, BV))
+        dm0, dkappa_part, dnu, dbeta_part, domega, dgamma_part, F, B, n,
+        H=H, K=K, V=V, BK=BK, BN=BN, BV=BV, num_warps=num_warps(BK, BV))
     return (dm0, reduce_partials(dkappa_part), dnu, reduce_partials(dbeta_part), domega,
             reduce_partials(dgamma_part))

@@ -37,7 +37,9 @@ import triton.language as tl
 CHUNK = 64
 
 
-@triton.jit
+# T (tokens) and S (injected states) are runtime sizes, not specialised: any sequence
+# length reuses the compiled kernel.
+@triton.jit(do_not_specialize=["T", "S"])
 def state_grad_bwd_kernel(
     qg, kg, w, gk, do, dv, dht, ds, slots, dh, dh0, dv2,
     scale, T, S,

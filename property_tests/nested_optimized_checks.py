@@ -35,6 +35,9 @@ from reference.promote import promote
 from reference.schemes import get_scheme
 
 F64 = torch.float64
+# Scheme gate weights × this in the draws that leave the gates' linear regime (decay logits of
+# several units; reference.nested.make_levels).
+LARGE_GATES = 30.0
 GATES = ("q", "k", "v", "g", "b", "w")
 
 
@@ -63,12 +66,13 @@ class OptCase(NamedTuple):
     reduction: object = "mean"          # one or one per level
     initial_states: object = True       # all, none, or one bool per level (None entries elsewhere)
     scale: float | None = None
+    gate_scale: float = 1.0             # scheme gate weights × this (reference.nested.make_levels)
 
 
 def case_inputs(case: OptCase) -> dict:
     x = nested_inputs(case.shape, case.seed, scheme=case.scheme, intervals=case.intervals,
                       query_counts=case.query_counts, reduction=case.reduction,
-                      initial_states=bool(case.initial_states))
+                      initial_states=bool(case.initial_states), gate_scale=case.gate_scale)
     if isinstance(case.initial_states, tuple):
         x["initial_states"] = [s if keep else None for s, keep in zip(x["initial_states"], case.initial_states)]
     x["scale"] = case.scale
@@ -189,6 +193,7 @@ class ScanDraw(NamedTuple):
     scheme: str = "learned"
     reduction: str = "mean"
     seed: int = 0
+    gate_scale: float = 1.0
 
 
 def scan_inputs(d: ScanDraw) -> dict:
@@ -196,7 +201,7 @@ def scan_inputs(d: ScanDraw) -> dict:
     cotangent on every stored state."""
     gen = generator(d.seed)
     level, = make_levels(2, d.H, d.K, d.V, scheme=d.scheme, query_counts=[d.n], reduction=d.reduction,
-                         generator=gen)
+                         generator=gen, gate_scale=d.gate_scale)
     snaps = randn(gen, d.B, d.F, d.H, d.K, d.V)
     pairs = get_scheme(d.scheme).probe(snaps, level.params, d.reduction)
     return {"M0": 0.5 * randn(gen, d.B, d.H, d.K, d.V), "pairs": [p.contiguous() for p in pairs],

@@ -10,7 +10,7 @@ import functools
 import torch
 
 from optimized.nested import Pieces, _nested, make_plan
-from optimized.promote_scan import promote_scan_bwd
+from optimized.promote_scan import block_sizes, promote_scan_bwd
 from optimized.state_grad import state_grad_bwd
 
 SPLIT_V = 16     # the partial-sum mutants split V into blocks of 16 (V = 32: two blocks)
@@ -31,6 +31,32 @@ def drop_last_partial(partials: torch.Tensor) -> torch.Tensor:
 promote_scan_bwd_missing_partial_block = functools.partial(
     promote_scan_bwd, block_v=SPLIT_V, reduce_partials=drop_last_partial)
 promote_scan_bwd_missing_partial_block.__name__ = "promote_scan_bwd_missing_partial_block"
+
+
+def sum_outer_partials(partials: torch.Tensor) -> torch.Tensor:
+    """Sums only the first and the last V block's partial buffers: with one or two V blocks
+    this is the right sum, from three on it forgets the middle ones."""
+    return partials[0] + partials[-1] if partials.shape[0] > 1 else partials[0]
+
+
+def promote_scan_fwd_blocks_in_sequence(M0, kappa, nu, beta, omega, gamma, block_v=None, block_n=None):
+    """Applies a firing's pairs block by block, each block erasing from the state the previous
+    blocks left (not from ``M'``), as the kernel would if it updated ``M'`` between pair
+    blocks. Within a block the pairs act at once. Equal to the scan when ``n ≤ BN`` or when
+    the keys of different blocks are orthogonal (``merge``); wrong for ``learned`` with
+    ``n > BN``."""
+    BN = block_sizes(kappa.shape[-1], nu.shape[-1], kappa.shape[3], block_v, block_n)[1]
+    B, F, H, n, K = kappa.shape
+    M = kappa.new_zeros(B, H, K, nu.shape[-1]) if M0 is None else M0.clone()
+    states = [M]
+    for m in range(F):
+        M = torch.exp(gamma[:, m])[..., None] * M
+        for lo in range(0, n, BN):
+            k, b = kappa[:, m, :, lo:lo + BN], beta[:, m, :, lo:lo + BN]
+            d = omega[:, m, :, lo:lo + BN] * nu[:, m, :, lo:lo + BN] - (b * k) @ M
+            M = M + k.transpose(-1, -2) @ d
+        states.append(M)
+    return torch.stack(states, dim=1)
 
 
 def promote_scan_fwd_sequential(M0, kappa, nu, beta, omega, gamma, block_v=None):
@@ -73,6 +99,15 @@ def chunk_nested_gdn2_missing_partial_block(q, k, v, g, b, w, r, levels, scale=N
     """The scan's backward forgets the last V block's partial sums (dκ, dβ, dγ)."""
     return _nested(q, k, v, g, b, w, r, levels, scale, initial_states, output_final_state,
                    pieces=Pieces(block_v=SPLIT_V, reduce_partials=drop_last_partial))
+
+
+def nested_with(pieces: Pieces):
+    """``chunk_nested_gdn2`` built from ``pieces`` (block sizes, or a broken piece)."""
+    def op(q, k, v, g, b, w, r, levels, scale=None, initial_states=None, output_final_state=False):
+        return _nested(q, k, v, g, b, w, r, levels, scale, initial_states, output_final_state, pieces=pieces)
+    op.__name__ = "chunk_nested_gdn2_with_" + "_".join(
+        f"{f}={getattr(pieces, f)}" for f in ("block_v", "block_n") if getattr(pieces, f) is not None)
+    return op
 
 
 _noise = torch.Generator().manual_seed(12345)

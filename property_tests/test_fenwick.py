@@ -5,13 +5,14 @@ reference in value and in every gradient. Each property has a mutation test show
 on a broken implementation."""
 import pytest
 import torch
-from hypothesis import example, given
+from hypothesis import given
 from hypothesis import strategies as st
 
 import fenwick_checks as checks
 import fenwick_mutants as mutants
+from ngdn.compile_buckets import bucket_params
 from ngdn.fenwick_inputs import FenwickShape
-from ngdn.strategies import CPU_SEQ_LENS, SEQ_LENS, examples, seeds
+from ngdn.strategies import CPU_SEQ_LENS, examples, seeds
 from ngdn.testing import kernel_dtypes, on_cuda
 from ngdn.tolerances import assert_passes, failures
 from reference import naive_fenwick, quadratic_fenwick
@@ -25,11 +26,19 @@ def fenwick_shapes(seq_lens, head_dims, value_dims, max_batch=2, max_heads=2):
 
 # Reference-only properties: small shapes, T covering 1, powers of two and their neighbours.
 REFERENCE_SHAPES = fenwick_shapes(seq_lens=(1, 2, 5, 16, 17, 40), head_dims=(4, 8, 16), value_dims=(4, 8))
-# Kernel: K not a multiple of 64 and V not a power of two (both padded), T < 64 and not a power of two.
-KERNEL_SHAPES = (fenwick_shapes(SEQ_LENS + (257, 1000), head_dims=(16, 48, 64, 100, 128),
-                                value_dims=(8, 24, 64, 100, 128))
-                 if on_cuda() else
-                 fenwick_shapes(CPU_SEQ_LENS, head_dims=(16, 48, 64), value_dims=(4, 24, 64)))
+
+
+def kernel_shapes(bucket=None):
+    """Kernel draws. CPU: K not a multiple of 64 and V not a power of two (both padded), T < 64 and
+    not a power of two. CUDA: the compile bucket's H, K, V, extra levels and a T range with one
+    chunk count (fla's log-linear kernels take the level count and chunk count as constexpr;
+    ``ngdn.compile_buckets.FENWICK``); B and T within the range drawn."""
+    if bucket is None:
+        return fenwick_shapes(CPU_SEQ_LENS, head_dims=(16, 48, 64), value_dims=(4, 24, 64))
+    return st.builds(FenwickShape, B=st.integers(1, 2), T=st.sampled_from(bucket.seq_lens), H=st.just(bucket.H),
+                     K=st.just(bucket.K), V=st.just(bucket.V), extra_levels=st.just(bucket.extra_levels))
+
+
 MUTANT_SHAPE = FenwickShape(B=1, T=20, H=2, K=8, V=8)
 KERNEL_MUTANT_SHAPE = FenwickShape(B=1, T=100, H=1, K=16, V=16)
 
@@ -65,13 +74,23 @@ def test_gdn2_variant_with_uniform_router_is_gdn2(shape, seed):
     assert_passes(checks.gdn2_reduction(shape, seed))
 
 
+@pytest.mark.parametrize("bucket", bucket_params("fenwick"))
 @pytest.mark.parametrize("dtype", kernel_dtypes())
-@examples(ci=8)
-@given(shape=KERNEL_SHAPES, seed=seeds())
-@example(shape=FenwickShape(B=2, T=130, H=2, K=48, V=24, extra_levels=0), seed=1)  # 3 chunks, K and V padded
-@example(shape=FenwickShape(B=1, T=128, H=1, K=64, V=64, extra_levels=0), seed=2)  # 2 full chunks, no padding
-def test_optimized_equals_reference(dtype, shape, seed):
+@examples(ci=8, family="fenwick")
+@given(data=st.data(), seed=seeds())
+def test_optimized_equals_reference(dtype, bucket, data, seed):
+    shape = data.draw(kernel_shapes(bucket), label="shape")
     assert_passes(checks.optimized_vs_reference(shape, seed, dtype))
+
+
+# Named kernel cases every CPU run sees (on CUDA the buckets hold such shapes).
+@pytest.mark.skipif(on_cuda(), reason="on CUDA the compile buckets draw these shapes")
+@pytest.mark.parametrize("shape, seed", [
+    (FenwickShape(B=2, T=130, H=2, K=48, V=24, extra_levels=0), 1),   # 3 chunks, K and V padded
+    (FenwickShape(B=1, T=128, H=1, K=64, V=64, extra_levels=0), 2),   # 2 full chunks, no padding
+], ids=["padded_3_chunks", "unpadded_2_chunks"])
+def test_optimized_equals_reference_named(shape, seed):
+    assert_passes(checks.optimized_vs_reference(shape, seed, torch.float32))
 
 
 # --- teeth: each property fails on a broken implementation -------------------------

@@ -4,16 +4,27 @@ Each property has a mutation test showing it fails on a broken implementation.""
 import pytest
 import torch
 from hypothesis import given
+from hypothesis import strategies as st
 
 import gdn2_checks as checks
 import mutants
 from ngdn.inputs import GDN2Shape
-from ngdn.strategies import CPU_SEQ_LENS, SEQ_LENS, examples, gdn2_shapes, seeds
-from ngdn.testing import kernel_dtypes, on_cuda
+from ngdn.compile_buckets import bucket_params
+from ngdn.strategies import CPU_SEQ_LENS, examples, gdn2_shapes, seeds
+from ngdn.testing import kernel_dtypes
 from ngdn.tolerances import assert_passes, failures
 
 REFERENCE_SHAPES = gdn2_shapes(max_batch=2, max_heads=2, seq_lens=(1, 5, 17, 40), head_dims=(4, 8, 16))
-KERNEL_SHAPES = gdn2_shapes(max_batch=2, max_heads=2, seq_lens=SEQ_LENS if on_cuda() else CPU_SEQ_LENS)
+
+
+def kernel_shapes(bucket=None):
+    """CUDA: the compile bucket's H, K, V (ngdn.compile_buckets.LEVEL0), B and T drawn; CPU: the menu."""
+    if bucket is None:
+        return gdn2_shapes(max_batch=2, max_heads=2, seq_lens=CPU_SEQ_LENS)
+    return st.builds(GDN2Shape, B=st.integers(1, 2), T=st.sampled_from(bucket.seq_lens), H=st.just(bucket.H),
+                     K=st.just(bucket.K), V=st.just(bucket.V))
+
+
 MUTANT_SHAPE = GDN2Shape(B=1, T=20, H=2, K=8, V=8)
 KERNEL_MUTANT_SHAPE = GDN2Shape(B=1, T=20, H=1, K=16, V=16)
 
@@ -36,10 +47,12 @@ def test_scalar_erase_and_write_gates_reduce_to_kda(shape, seed):
     assert_passes(checks.kda_reduction(shape, seed))
 
 
+@pytest.mark.parametrize("bucket", bucket_params("level0"))
 @pytest.mark.parametrize("dtype", kernel_dtypes())
-@examples(ci=4)
-@given(shape=KERNEL_SHAPES, seed=seeds())
-def test_optimized_equals_reference(dtype, shape, seed):
+@examples(ci=4, family="level0")
+@given(data=st.data(), seed=seeds())
+def test_optimized_equals_reference(dtype, bucket, data, seed):
+    shape = data.draw(kernel_shapes(bucket), label="shape")
     assert_passes(checks.optimized_vs_reference(shape, seed, dtype))
 
 

@@ -7,8 +7,13 @@ bit. Each property has a mutation test showing it fails on a broken variant
 dropped, a missing partial-sum block, run-dependent noise.
 
 CPU (``ci`` profile, Triton interpreter at ~2 s per 64-token chunk per head): tiny
-shapes (B·H ≤ 2, T ≤ 260, K, V ∈ {16, 32}) and few examples; the ``gpu`` profile draws
-the full ranges."""
+shapes (B·H ≤ 2, T ≤ 260, K, V ∈ {16, 32}) and few examples. CUDA: one test per compile
+bucket (``ngdn.compile_buckets.LEVEL0``: fixed H, K, V; everything else drawn). In both modes
+``test_optimized_covers_every_blocking_path`` runs one case per bucket that reaches every
+blocking path of the scan (three or more V blocks, the last ragged; learned pairs over more
+than one pair block; large gates), with mutants that only such a case catches."""
+import dataclasses
+
 import pytest
 import torch
 from hypothesis import given
@@ -16,37 +21,47 @@ from hypothesis import strategies as st
 
 import nested_optimized_checks as checks
 import nested_optimized_mutants as mutants
+from nested_optimized_checks import LARGE_GATES
 from ngdn.inputs import GDN2Shape
 from ngdn.nested_inputs import NestedShape, bounded_query_counts
-from ngdn.strategies import HEAD_DIMS, examples, seeds
-from ngdn.testing import kernel_dtypes, on_cuda, requires_cuda
+from ngdn.compile_buckets import CPU_BLOCK, LEVEL0, bucket_params, buckets, covered_paths
+from ngdn.strategies import examples, seeds
+from ngdn.testing import kernel_dtypes, requires_cuda
 from ngdn.tolerances import assert_passes, failures
+from optimized.nested import Pieces
+from optimized.promote_scan import block_sizes as scan_block_sizes
 
 Case = checks.OptCase
-CUDA = on_cuda()
-# T < 64, T = 64·k, T not a multiple of 64; CPU lengths stay ≤ 260 (≤ 5 chunks: 4 full ones fire f ≤ 4).
-GPU_SEQ_LENS = (1, 17, 64, 100, 128, 130, 256, 320, 512)
+# CPU: T < 64, T = 64·k, T not a multiple of 64; lengths stay ≤ 260 (≤ 5 chunks: 4 full ones fire f ≤ 4).
+# CUDA: the lengths of the compile bucket (ngdn.compile_buckets.LEVEL0).
 CPU_SEQ_LENS = (17, 64, 130, 260)
 CPU_HEAD_DIMS = (16, 32)
 # n up to K only on short sequences (≤ 2 full chunks): with n = K the keys overlap and firings
 # are expansive (SPEC 2, "Hazard": ~3.5× per firing), which amplifies float32 rounding; longer
 # sequences draw n up to the bounded ladder (ngdn.nested_inputs.bounded_query_counts).
 SHORT = 130
+# Scheme gate weights: the default scale (gates near their linear regime) or large (decay logits
+# of several units: softplus and σ away from their linear regime; see reference.nested.make_levels).
+GATE_SCALES = (1.0, LARGE_GATES)
 
 
 @st.composite
-def opt_cases(draw, max_L=6):
+def opt_cases(draw, bucket=None, max_L=6):
+    """A nested case: on CUDA with the bucket's H, K, V (B, T, L, schedules, schemes, query
+    counts, reductions, gates and initial states drawn), under the interpreter from the CPU menu."""
     L = draw(st.integers(1, max_L))
-    dims = HEAD_DIMS if CUDA else CPU_HEAD_DIMS
-    K, V = draw(st.sampled_from(dims)), draw(st.sampled_from(dims))
-    T = draw(st.sampled_from(GPU_SEQ_LENS if CUDA else CPU_SEQ_LENS))
-    if CUDA:
-        B, H = draw(st.integers(1, 2)), draw(st.integers(1, 3))
-    elif T > 130:
-        B = H = 1
-    else:
+    if bucket is not None:
+        H, K, V = bucket.H, bucket.K, bucket.V
+        T = draw(st.sampled_from(bucket.seq_lens))
         B = draw(st.integers(1, 2))
-        H = 1 if B == 2 else draw(st.integers(1, 2))
+    else:
+        K, V = draw(st.sampled_from(CPU_HEAD_DIMS)), draw(st.sampled_from(CPU_HEAD_DIMS))
+        T = draw(st.sampled_from(CPU_SEQ_LENS))
+        if T > 130:
+            B = H = 1
+        else:
+            B = draw(st.integers(1, 2))
+            H = 1 if B == 2 else draw(st.integers(1, 2))
     per_level = lambda s: st.lists(s, min_size=L - 1, max_size=L - 1).map(tuple)  # noqa: E731
     schemes = ("learned", "merge")
     intervals = draw(st.none()                                              # the default ladder
@@ -58,14 +73,30 @@ def opt_cases(draw, max_L=6):
                 intervals=intervals,
                 query_counts=draw(st.none() | per_level(st.integers(1, cap))),
                 reduction=draw(st.sampled_from(("mean", "sum")) | per_level(st.sampled_from(("mean", "sum")))),
-                initial_states=draw(st.booleans()))
+                initial_states=draw(st.booleans()), gate_scale=draw(st.sampled_from(GATE_SCALES)))
 
 
-def level0_shapes():
-    dims = HEAD_DIMS if CUDA else CPU_HEAD_DIMS
-    lens = (64, 100, 128, 130, 256, 300) if CUDA else (64, 130)
-    return st.builds(GDN2Shape, B=st.integers(1, 2), T=st.sampled_from(lens), H=st.just(1) if not CUDA
-                     else st.integers(1, 3), K=st.sampled_from(dims), V=st.sampled_from(dims))
+def level0_shapes(bucket=None):
+    if bucket is not None:
+        return st.builds(GDN2Shape, B=st.integers(1, 2), T=st.sampled_from([t for t in bucket.seq_lens if t >= 64]),
+                         H=st.just(bucket.H), K=st.just(bucket.K), V=st.just(bucket.V))
+    return st.builds(GDN2Shape, B=st.integers(1, 2), T=st.sampled_from((64, 130)), H=st.just(1),
+                     K=st.sampled_from(CPU_HEAD_DIMS), V=st.sampled_from(CPU_HEAD_DIMS))
+
+
+def covering_case(bucket=None):
+    """One case per bucket that reaches every blocking path of the scan and the reads (asserted
+    by ``tests/test_compile_buckets.py``): level 1 ``learned`` with n = K pairs (keys overlapping
+    across pair blocks, the last ragged), level 2 ``merge``, V over three or more blocks with a
+    ragged last one, K not a power of two, 3 chunks (the last ragged), large gates. Under the
+    interpreter the scan's blocks shrink to 16 (``covering_pieces``) to keep the sizes small."""
+    H, K, V = (bucket.H, bucket.K, bucket.V) if bucket is not None else (1, 20, 40)
+    return Case(NestedShape(B=1, T=130, H=H, L=3, K=K, V=V), seed=5, scheme=("learned", "merge"),
+                intervals=(1, 1), query_counts=(K, K), reduction=("sum", "mean"), gate_scale=LARGE_GATES)
+
+
+def covering_pieces(bucket=None) -> Pieces:
+    return Pieces() if bucket is not None else Pieces(block_v=CPU_BLOCK, block_n=CPU_BLOCK)
 
 
 # Named cases every run sees: the non-nested schedule f = (1, 3) over 4 full chunks (level 2
@@ -84,11 +115,45 @@ NAMED = {
 MUTANT_CASE = Case(NestedShape(B=1, T=130, H=1, L=3, K=16, V=32), seed=0, intervals=(1, 1))
 
 
+@pytest.mark.parametrize("bucket", bucket_params("level0"))
 @pytest.mark.parametrize("dtype", kernel_dtypes())
-@examples(ci=4)
-@given(case=opt_cases())
-def test_optimized_equals_reference(dtype, case):
-    assert_passes(checks.optimized_vs_reference(case, dtype))
+@examples(ci=4, family="level0")
+@given(data=st.data())
+def test_optimized_equals_reference(dtype, bucket, data):
+    assert_passes(checks.optimized_vs_reference(data.draw(opt_cases(bucket), label="case"), dtype))
+
+
+@pytest.mark.parametrize("bucket", bucket_params("level0"))
+@pytest.mark.parametrize("dtype", kernel_dtypes())
+def test_optimized_covers_every_blocking_path(dtype, bucket):
+    """The bucket's covering case (see ``covering_case``): every path the draws might miss."""
+    op = mutants.nested_with(covering_pieces(bucket))
+    assert_passes(checks.optimized_vs_reference(covering_case(bucket), dtype, op=op))
+
+
+def covering_paths(bucket) -> dict:
+    case, pieces = covering_case(bucket), covering_pieces(bucket)
+    _, K, V, n = case.shape.H, case.shape.K, case.shape.V, max(case.query_counts)
+    _, BN, BV = scan_block_sizes(K, V, n, pieces.block_v, pieces.block_n)
+    return covered_paths(V=V, BV=BV, n=n, BN=BN, T=case.shape.T, K=K)
+
+
+@pytest.mark.parametrize("bucket", [*LEVEL0, None], ids=[*(b.name for b in LEVEL0), "cpu"])
+def test_covering_case_reaches_every_blocking_path(bucket):
+    """Pure arithmetic (runs in every mode, for the CUDA buckets too): the covering case of each
+    bucket has three or more V blocks with a ragged last one, learned pairs over more than one
+    pair block with a ragged last one, K not a power of two, a ragged last chunk, both schemes."""
+    paths = covering_paths(bucket)
+    assert all(paths.values()), {p: ok for p, ok in paths.items() if not ok}
+    case = covering_case(bucket)
+    assert set(case.scheme) == {"learned", "merge"} and case.scheme[0] == "learned"
+
+
+@pytest.mark.mutation
+def test_covering_check_catches_a_case_with_two_v_blocks():
+    narrow = LEVEL0[0]._replace(V=64)
+    assert not covering_paths(narrow)["three or more V blocks"]
+    assert not covering_paths(narrow)["ragged last V block"]
 
 
 @pytest.mark.parametrize("name", sorted(NAMED))
@@ -96,10 +161,12 @@ def test_optimized_equals_reference_named(name):
     assert_passes(checks.optimized_vs_reference(NAMED[name], torch.float32))
 
 
+@pytest.mark.parametrize("bucket", bucket_params("level0"))
 @pytest.mark.parametrize("dtype", kernel_dtypes())
-@examples(ci=2)
-@given(shape=level0_shapes(), seed=seeds())
-def test_level0_states_and_injected_gradients(dtype, shape, seed):
+@examples(ci=2, family="level0")
+@given(data=st.data(), seed=seeds())
+def test_level0_states_and_injected_gradients(dtype, bucket, data, seed):
+    shape = data.draw(level0_shapes(bucket), label="shape")
     assert_passes(checks.level0_states_vs_reference(shape, seed, dtype))
 
 
@@ -110,11 +177,12 @@ def test_schedule_equals_spec_loop(T, intervals):
 
 
 @requires_cuda("the Triton interpreter on CPU is deterministic by construction; the property is about GPU runs")
+@pytest.mark.parametrize("bucket", bucket_params("level0"))
 @pytest.mark.parametrize("dtype", kernel_dtypes())
-@examples(ci=1)
-@given(case=opt_cases())
-def test_two_runs_bitwise_identical(dtype, case):
-    assert_passes(checks.bitwise_reproducible(case, dtype))
+@examples(ci=1, family="level0")
+@given(data=st.data())
+def test_two_runs_bitwise_identical(dtype, bucket, data):
+    assert_passes(checks.bitwise_reproducible(data.draw(opt_cases(bucket), label="case"), dtype))
 
 
 # --- teeth: each property fails on a broken variant ---------------------------------------------
@@ -127,6 +195,23 @@ def test_two_runs_bitwise_identical(dtype, case):
 ])
 def test_optimized_vs_reference_catches(mutant, broken):
     bad = failures(checks.optimized_vs_reference(MUTANT_CASE, torch.float32, op=mutant, log=False))
+    assert broken <= set(bad), (sorted(bad), sorted(broken))
+
+
+# The covering case's teeth: bugs only a covering draw reaches (with one or two V blocks, or
+# n ≤ BN, or merge's orthogonal keys, each of these computes the right thing).
+COVERING_BUCKET = buckets("level0")[0]
+
+
+@pytest.mark.mutation
+@pytest.mark.parametrize("piece, broken", [
+    (dict(reduce_partials=mutants.sum_outer_partials), {"dlevels[0].W_K", "dlevels[0].W_gamma"}),
+    (dict(scan_fwd=mutants.promote_scan_fwd_blocks_in_sequence), {"output", "final_state[1]"}),
+], ids=["middle_partials_dropped", "pair_blocks_in_sequence"])
+def test_covering_case_catches(piece, broken):
+    pieces = dataclasses.replace(covering_pieces(COVERING_BUCKET), **piece)
+    bad = failures(checks.optimized_vs_reference(covering_case(COVERING_BUCKET), torch.float32,
+                                                 op=mutants.nested_with(pieces), log=False))
     assert broken <= set(bad), (sorted(bad), sorted(broken))
 
 

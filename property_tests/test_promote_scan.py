@@ -3,19 +3,24 @@ over firings and its hand-written reverse scan equal ``reference.promote`` appli
 by firing (float64 autograd) for every stored state and every gradient, with ragged
 K, V, n (masks), several V blocks (partial sums) and both schemes; permuting the pairs
 of every firing changes nothing. Each property has a mutation test."""
+import functools
+
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 import nested_optimized_checks as checks
 import nested_optimized_mutants as mutants
+from nested_optimized_checks import LARGE_GATES
 from ngdn.strategies import examples, seeds
 from ngdn.testing import on_cuda
 from ngdn.tolerances import assert_passes, failures
 from optimized.promote_scan import promote_scan_bwd, promote_scan_fwd
 
 Draw = checks.ScanDraw
-DIMS = (16, 32, 64, 128) if on_cuda() else (8, 16, 20, 32)   # CPU: also sizes below/between blocks
+# Sizes below, between and over blocks: CUDA with the default blocks (BV = BN = 32), CPU with
+# blocks of 16 too (``bv``/``bn``): 40 = three V blocks of 16, the last ragged.
+DIMS = (16, 48, 80, 112) if on_cuda() else (8, 16, 20, 32, 40)
 
 
 @st.composite
@@ -24,14 +29,19 @@ def scan_draws(draw):
     scheme = draw(st.sampled_from(("learned", "merge")))
     n = K if scheme == "merge" else draw(st.integers(1, K))
     return Draw(B=draw(st.integers(1, 2)), F=draw(st.integers(0, 6)), H=draw(st.integers(1, 2)), K=K, V=V,
-                n=n, scheme=scheme, reduction=draw(st.sampled_from(("mean", "sum"))), seed=draw(seeds()))
+                n=n, scheme=scheme, reduction=draw(st.sampled_from(("mean", "sum"))), seed=draw(seeds()),
+                gate_scale=draw(st.sampled_from((1.0, LARGE_GATES))))
 
 
 MUTANT_DRAW = Draw(B=1, F=3, H=2, K=16, V=32, n=8, scheme="learned", seed=0)
+# Every blocking path at blocks of 16: three V blocks (the last ragged), learned pairs over two
+# pair blocks (the second ragged) with overlapping keys, K not a power of two, large gates.
+COVERING_DRAW = Draw(B=1, F=3, H=2, K=20, V=40, n=20, scheme="learned", seed=3, gate_scale=LARGE_GATES)
 
 
 @examples(ci=10)
 @given(d=scan_draws(), bv=st.sampled_from((None, 16)), bn=st.sampled_from((None, 16)))
+@example(d=COVERING_DRAW, bv=16, bn=16)
 def test_scan_equals_reference_promote_firing_by_firing(d, bv, bn):
     """``bv``/``bn`` = 16: several V blocks (partial sums) / several pair blocks per firing."""
     fwd = lambda *a: promote_scan_fwd(*a, block_v=bv, block_n=bn)  # noqa: E731
@@ -41,6 +51,7 @@ def test_scan_equals_reference_promote_firing_by_firing(d, bv, bn):
 
 @examples(ci=6)
 @given(d=scan_draws(), bn=st.sampled_from((None, 16)))
+@example(d=COVERING_DRAW, bn=16)
 def test_scan_pair_order_invariance(d, bn):
     assert_passes(checks.scan_pair_order(d, scan_fwd=lambda *a: promote_scan_fwd(*a, block_n=bn)))
 
@@ -50,6 +61,20 @@ def test_scan_vs_reference_catches_missing_partial_block():
     bad = failures(checks.scan_vs_reference(MUTANT_DRAW, scan_bwd=mutants.promote_scan_bwd_missing_partial_block,
                                             log=False))
     assert set(bad) == {"dkappa", "dbeta", "dgamma"}, bad
+
+
+@pytest.mark.mutation
+def test_scan_vs_reference_catches_middle_partials_dropped():
+    bwd = functools.partial(promote_scan_bwd, block_v=16, block_n=16, reduce_partials=mutants.sum_outer_partials)
+    fwd = functools.partial(promote_scan_fwd, block_v=16, block_n=16)
+    assert set(failures(checks.scan_vs_reference(COVERING_DRAW, scan_fwd=fwd, scan_bwd=bwd, log=False))) == {
+        "dkappa", "dbeta", "dgamma"}
+
+
+@pytest.mark.mutation
+def test_scan_vs_reference_catches_pair_blocks_in_sequence():
+    fwd = functools.partial(mutants.promote_scan_fwd_blocks_in_sequence, block_n=16)
+    assert "states" in failures(checks.scan_vs_reference(COVERING_DRAW, scan_fwd=fwd, log=False))
 
 
 @pytest.mark.mutation

@@ -10,9 +10,10 @@ from hypothesis import strategies as st
 
 import tensor3d_checks as checks
 import tensor3d_mutants as mutants
-from ngdn.strategies import CPU_SEQ_LENS, SEQ_LENS, examples, seeds
+from ngdn.compile_buckets import bucket_params
+from ngdn.strategies import CPU_SEQ_LENS, examples, seeds
 from ngdn.tensor3d_inputs import Tensor3DShape
-from ngdn.testing import kernel_dtypes, on_cuda
+from ngdn.testing import kernel_dtypes
 from ngdn.tolerances import assert_passes, failures
 from reference.tensor3d import GATE_KINDS, KEY_MODES, MODES
 
@@ -26,18 +27,17 @@ REFERENCE_SHAPES = st.builds(Tensor3DShape, B=st.integers(1, 2), T=st.sampled_fr
                              E=st.sampled_from((1, 2, 3, 4)), V=st.sampled_from((4, 8)))
 
 
-def kernel_shapes(mode):
-    """Under the interpreter: B·H <= 2, K·E in [16, 64], V = 16, T <= 130.
-    On CUDA: K·E up to 256 (delta, chunk_kda's limit) or 512 (gla), V ∈ {32, 128}. The menu is short
-    because every new (K·E, V) compiles fla's kernels afresh: the first H200 run, with 12 pairs and 4
-    values of V, spent 200 s on 4 draws of the delta test, almost all of it compiling."""
-    if on_cuda():
-        pairs = [(16, 4), (32, 4), (8, 8)] + ([(64, 4)] if mode == "delta" else [(64, 8)])
-        dims = dict(B=st.integers(1, 2), H=st.integers(1, 2), V=st.sampled_from((32, 128)),
-                    T=st.sampled_from(SEQ_LENS))
-    else:
-        pairs = [(4, 4), (8, 2), (4, 8), (8, 4), (8, 8)]
-        dims = dict(B=st.integers(1, 2), H=st.just(1), V=st.just(16), T=st.sampled_from(CPU_SEQ_LENS))
+def kernel_shapes(bucket=None):
+    """Under the interpreter: B·H <= 2, K·E in [16, 64], V = 16, T <= 130. On CUDA: the compile
+    bucket's H, K, E, V (``ngdn.compile_buckets.TENSOR3D``: flattened key widths 48 and 112, not
+    powers of two; V = 80 and 100), B and T drawn. Every new (H, K·E, V) compiles fla's kernels
+    afresh: the first H200 run, with 12 (K·E, V) pairs drawn freely, spent 200 s on 4 draws of
+    the delta test, almost all of it compiling."""
+    if bucket is not None:
+        return st.builds(Tensor3DShape, B=st.integers(1, 2), T=st.sampled_from(bucket.seq_lens),
+                         H=st.just(bucket.H), K=st.just(bucket.K), E=st.just(bucket.E), V=st.just(bucket.V))
+    pairs = [(4, 4), (8, 2), (4, 8), (8, 4), (8, 8)]
+    dims = dict(B=st.integers(1, 2), H=st.just(1), V=st.just(16), T=st.sampled_from(CPU_SEQ_LENS))
     return st.builds(lambda KE, **d: Tensor3DShape(K=KE[0], E=KE[1], **d), st.sampled_from(pairs), **dims)
 
 
@@ -90,17 +90,21 @@ def test_state_sizes_count_real_states(K, E, V):
 
 # --- optimized vs reference ---------------------------------------------------------------------------
 
+@pytest.mark.parametrize("bucket", bucket_params("tensor3d"))
 @pytest.mark.parametrize("dtype", kernel_dtypes())
-@examples(ci=4)
-@given(shape=kernel_shapes("gla"), seed=seeds(), gate=gates, key_mode=key_modes)
-def test_optimized_gla_equals_reference(dtype, shape, seed, gate, key_mode):
+@examples(ci=4, family="tensor3d")
+@given(data=st.data(), seed=seeds(), gate=gates, key_mode=key_modes)
+def test_optimized_gla_equals_reference(dtype, bucket, data, seed, gate, key_mode):
+    shape = data.draw(kernel_shapes(bucket), label="shape")
     assert_passes(checks.optimized_vs_reference(shape, seed, dtype, "gla", gate, key_mode))
 
 
+@pytest.mark.parametrize("bucket", bucket_params("tensor3d"))
 @pytest.mark.parametrize("dtype", kernel_dtypes())
-@examples(ci=3)
-@given(shape=kernel_shapes("delta"), seed=seeds(), gate=gates, key_mode=key_modes)
-def test_optimized_delta_equals_reference(dtype, shape, seed, gate, key_mode):
+@examples(ci=3, family="tensor3d")
+@given(data=st.data(), seed=seeds(), gate=gates, key_mode=key_modes)
+def test_optimized_delta_equals_reference(dtype, bucket, data, seed, gate, key_mode):
+    shape = data.draw(kernel_shapes(bucket), label="shape")
     assert_passes(checks.optimized_vs_reference(shape, seed, dtype, "delta", gate, key_mode))
 
 

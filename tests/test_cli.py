@@ -1,5 +1,6 @@
 """The README's main job (`ngdn check`) and `ngdn errors` run and say what they measured."""
 import json
+import re
 
 from ngdn.cli import main
 
@@ -8,6 +9,15 @@ def test_check_prints_a_table_and_passes(capsys):
     assert main(["check", "--only", "fenwick"]) == 0
     out = capsys.readouterr().out
     assert "| quantity" in out and "dlevel_scales" in out and "all within tolerance" in out
+
+
+def test_check_shows_progress_on_stderr_only(capsys):
+    assert main(["check", "--only", "fenwick"]) == 0
+    captured = capsys.readouterr()
+    assert "[ngdn check]" not in captured.out
+    before, after = [line for line in captured.err.splitlines() if line.startswith("[ngdn check]")]
+    assert before == "[ngdn check] 1/1 fenwick float32 ..."
+    assert re.fullmatch(r"\[ngdn check\] 1/1 fenwick float32 \.\.\. \d+\.\d s", after), after
 
 
 def test_check_rejects_unknown_component():
