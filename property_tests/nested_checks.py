@@ -71,6 +71,16 @@ def to_np(x: torch.Tensor) -> np.ndarray:
 
 # --- promote draws -----------------------------------------------------------------------
 
+# ``make_levels(gate_scale=...)`` for draws that leave every gate nonlinearity's easy regime
+# (softplus ≈ log 2 + x/2, σ ≈ ½ + x/4). The pre-activations scale with ν, so each value is chosen
+# for its draws: about a quarter of the decay logits x = ν W_γ then have |x| > 3 (median |x| ≈ 1.5,
+# against 0.06 and 0.01 at gate_scale 1) and β, ω are mostly saturated. Measured in ``make_levels``.
+PROMOTE_LARGE_GATE_SCALE = 30.0         # promote draws: unit-normal snapshots M_below
+NESTED_LARGE_GATE_SCALE = 100.0         # nested runs: level states ~5x smaller than N(0, 1)
+PROMOTE_GATE_SCALES = (1.0, PROMOTE_LARGE_GATE_SCALE)
+NESTED_GATE_SCALES = (1.0, NESTED_LARGE_GATE_SCALE)
+
+
 class PromoteDraw(NamedTuple):
     B: int
     H: int
@@ -80,16 +90,17 @@ class PromoteDraw(NamedTuple):
     scheme: str
     reduction: str
     seed: int
+    gate_scale: float = 1.0             # make_levels' gate_scale (PROMOTE_LARGE_GATE_SCALE: large gates)
 
 
 def promote_inputs(d: PromoteDraw):
-    """``M_below, M [B, H, K, V]`` and the scheme's per-head parameters (``make_levels`` scales;
-    ``merge`` has n = K)."""
+    """``M_below, M [B, H, K, V]`` and the scheme's per-head parameters (``make_levels`` scales
+    times ``d.gate_scale`` for the gate weights; ``merge`` has n = K)."""
     gen = generator(d.seed)
     M_below = randn(gen, d.B, d.H, d.K, d.V)
     M = randn(gen, d.B, d.H, d.K, d.V)
     level = make_levels(2, d.H, d.K, d.V, scheme=d.scheme, query_counts=[d.n], reduction=d.reduction,
-                        generator=gen)[0]
+                        generator=gen, gate_scale=d.gate_scale)[0]
     return M_below, M, level.params
 
 
@@ -118,13 +129,14 @@ def params_np(params):
 
 # --- promote properties --------------------------------------------------------------------
 
-def promote_torch_vs_numpy(d: PromoteDraw, probe=None, promote_fn=promote, log=True):
-    """The probe's five outputs and the promoted state, PyTorch vs the NumPy twin."""
+def promote_torch_vs_numpy(d: PromoteDraw, probe=None, promote_fn=promote, numpy_probe=None, log=True):
+    """The probe's five outputs and the promoted state, PyTorch vs the NumPy twin
+    (``numpy_probe``: a one-head twin replacing ``SCHEMES_NUMPY[d.scheme]``, for mutants)."""
     M_below, M, params = promote_inputs(d)
     probe = probe or get_scheme(d.scheme).probe
     κ, ν, β, ω, γ = probe(M_below, params, d.reduction)
     M_new = promote_fn(M, κ, ν, β, ω, γ)
-    np_probe = SCHEMES_NUMPY[d.scheme]
+    np_probe = numpy_probe or SCHEMES_NUMPY[d.scheme]
     κ_, ν_, β_, ω_, γ_ = per_head(lambda Mb, p: np_probe(Mb, p, d.reduction), to_np(M_below), params_np(params))
     M_new_ = per_head(promote_numpy, to_np(M), κ_, ν_, β_, ω_, γ_)
     t = torch.from_numpy
@@ -283,12 +295,13 @@ class NestedCase(NamedTuple):
     query_counts: tuple | None = None   # None: ngdn.nested_inputs.bounded_query_counts
     reduction: object = "mean"
     chunk_size: int = 64
+    gate_scale: float = 1.0             # make_levels' gate_scale (NESTED_LARGE_GATE_SCALE: large gates)
 
 
 def case_inputs(case: NestedCase, initial_states=True) -> dict:
     return nested_inputs(case.shape, case.seed, scheme=case.scheme, intervals=case.intervals,
                          query_counts=case.query_counts, reduction=case.reduction,
-                         initial_states=initial_states)
+                         initial_states=initial_states, gate_scale=case.gate_scale)
 
 
 def run(reference, x, case, **overrides):

@@ -15,7 +15,8 @@ from reference.gdn2 import gdn2_read, gdn2_step
 from reference.gdn2_numpy import gdn2_step_numpy
 from reference.nested import CHUNK_SIZE, validate_nested_inputs
 from reference.promote import promote
-from reference.schemes import gates, get_scheme, l2norm
+from reference.promote_numpy import l2norm_numpy, sigmoid, softplus
+from reference.schemes import gates, get_scheme, l2norm, reduce_log_decay
 
 
 # --- promote mutants (signature of reference.promote.promote) -------------------------
@@ -71,7 +72,7 @@ def promote_numpy_pairs_sequential(M, κ, ν, β, ω, γ):
 
 # --- scheme (probe) mutants (signature of a registered probe) --------------------------
 
-def _learned_or_merge(M_below, params, reduce):
+def _learned_or_merge(M_below, params, reduce, gates_fn=gates):
     if "Q" in params:
         ν = params["Q"] @ M_below
         κ = l2norm(ν @ params["W_K"])
@@ -79,7 +80,7 @@ def _learned_or_merge(M_below, params, reduce):
         ν = M_below
         K = M_below.shape[-2]
         κ = torch.eye(K, dtype=M_below.dtype).expand(*M_below.shape[:-1], K)
-    β, ω, γ_i = gates(ν, params)
+    β, ω, γ_i = gates_fn(ν, params)
     return κ, ν, β, ω, reduce(γ_i)
 
 
@@ -91,6 +92,74 @@ def probe_gamma_sum(M_below, params, reduction="mean"):
 def probe_gamma_mean(M_below, params, reduction="mean"):
     """γ reduced with MEAN whatever ``reduction`` says (``"sum"`` is ignored)."""
     return _learned_or_merge(M_below, params, lambda γ_i: γ_i.mean(-2))
+
+
+# --- gate nonlinearity mutants ----------------------------------------------------------
+# Each replaces a nonlinearity by its behaviour near x = 0, where ``make_levels``' default
+# (gate_scale = 1) puts every pre-activation: they are only far from the truth at large |x|
+# (``nested_checks.PROMOTE_LARGE_GATE_SCALE``, ``NESTED_LARGE_GATE_SCALE``).
+
+def softplus_linearised(x):
+    """``log 2 + x/2``: softplus's tangent at 0 (exact to O(x²/8))."""
+    return np.log(2.0) + 0.5 * x
+
+
+def sigmoid_linearised(x):
+    """``½ + x/4``: the logistic sigmoid's tangent at 0 (exact to O(x³/48))."""
+    return 0.5 + 0.25 * x
+
+
+class _SoftplusGradHalf(torch.autograd.Function):
+    """softplus forward, but the derivative σ(x) replaced by its value at 0, ½."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return torch.nn.functional.softplus(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return 0.5 * grad
+
+
+def _gates_with(sigmoid_fn=torch.sigmoid, softplus_fn=torch.nn.functional.softplus):
+    def gates_fn(ν, params):
+        return (sigmoid_fn(ν @ params["W_beta"]), sigmoid_fn(ν @ params["W_omega"]),
+                -softplus_fn(ν @ params["W_gamma"]))
+    return gates_fn
+
+
+def _probe_with(gates_fn):
+    def probe(M_below, params, reduction="mean"):
+        return _learned_or_merge(M_below, params, lambda γ_i: reduce_log_decay(γ_i, reduction), gates_fn)
+    return probe
+
+
+probe_softplus_linearised = _probe_with(_gates_with(softplus_fn=softplus_linearised))
+probe_sigmoid_linearised = _probe_with(_gates_with(sigmoid_fn=sigmoid_linearised))
+probe_softplus_grad_half = _probe_with(_gates_with(softplus_fn=_SoftplusGradHalf.apply))
+
+
+def numpy_probe_variant(scheme, sigmoid_fn=sigmoid, softplus_fn=softplus):
+    """A ``reference.promote_numpy`` scheme twin (one head) with its nonlinearities swapped."""
+    def probe(M_below, params, reduction="mean"):
+        if scheme == "learned":
+            ν = params["Q"] @ M_below
+            κ = l2norm_numpy(ν @ params["W_K"])
+        else:
+            ν = M_below.copy()
+            κ = np.eye(M_below.shape[0])
+        β = sigmoid_fn(ν @ params["W_beta"])
+        ω = sigmoid_fn(ν @ params["W_omega"])
+        γ_i = -softplus_fn(ν @ params["W_gamma"])
+        γ = γ_i.mean(axis=0) if reduction == "mean" else γ_i.sum(axis=0)
+        return κ, ν, β, ω, γ
+    return probe
+
+
+NUMPY_PROBE_MUTANTS = {
+    "softplus_linearised": lambda scheme: numpy_probe_variant(scheme, softplus_fn=softplus_linearised),
+    "sigmoid_linearised": lambda scheme: numpy_probe_variant(scheme, sigmoid_fn=sigmoid_linearised),
+}
 
 
 # --- nested mutants --------------------------------------------------------------------
@@ -160,6 +229,9 @@ nested_softmax_over_heads = nested_variant(softmax_dim=-2)
 nested_params_detached = nested_variant(detach=("params",))
 nested_router_detached = nested_variant(detach=("r",))
 nested_initial_states_detached = nested_variant(detach=("initial_states",))
+nested_softplus_linearised = nested_variant(probe_fn=probe_softplus_linearised)
+nested_sigmoid_linearised = nested_variant(probe_fn=probe_sigmoid_linearised)
+nested_softplus_grad_half = nested_variant(probe_fn=probe_softplus_grad_half)
 
 NESTED_MUTANTS = {
     "pairs_sequential": nested_pairs_sequential,
@@ -173,9 +245,16 @@ NESTED_MUTANTS = {
     "router_softmax_over_heads": nested_softmax_over_heads,
 }
 
+# Gate nonlinearities replaced by their tangent at 0: shown caught on gate_scale = NESTED_LARGE_GATE_SCALE
+# draws (test_nested_reference.py), not on MUTANT_CASE.
+GATE_MUTANTS = {
+    "softplus_linearised": nested_softplus_linearised,
+    "sigmoid_linearised": nested_sigmoid_linearised,
+}
+
 
 def mutant_name(fn) -> str:
-    for name, m in NESTED_MUTANTS.items():
+    for name, m in {**NESTED_MUTANTS, **GATE_MUTANTS}.items():
         if m is fn:
             return name
     return getattr(fn, "__name__", repr(fn))

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 import fenwick_checks as checks
 import fenwick_mutants as mutants
-from ngdn.compile_buckets import bucket_params
+from ngdn.compile_buckets import bucket_params, on_bucket
 from ngdn.fenwick_inputs import FenwickShape
 from ngdn.strategies import CPU_SEQ_LENS, examples, seeds
 from ngdn.testing import kernel_dtypes, on_cuda
@@ -40,7 +40,8 @@ def kernel_shapes(bucket=None):
 
 
 MUTANT_SHAPE = FenwickShape(B=1, T=20, H=2, K=8, V=8)
-KERNEL_MUTANT_SHAPE = FenwickShape(B=1, T=100, H=1, K=16, V=16)
+KERNEL_MUTANT_SHAPE = (FenwickShape(B=1, T=100, H=1, K=16, V=16) if not on_cuda() else   # CUDA: bucket a
+                       on_bucket(FenwickShape(B=1, T=150, H=1, K=16, V=16), "fenwick"))
 
 
 @examples(scale=2)

@@ -4,7 +4,7 @@ state passing, pair-order invariance, and gradients (gradcheck). Each property h
 mutation test showing it fails on a broken implementation (``nested_mutants``)."""
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 import nested_checks as checks
@@ -34,7 +34,8 @@ def nested_cases(draw, min_L=1, max_L=6, seq_lens=SEQ_LENS, chunk_sizes=CHUNK_SI
                 intervals=draw(st.none() | per_level(st.integers(1, 3))),
                 query_counts=draw(st.none() | per_level(st.integers(1, cap))),
                 reduction=draw(st.sampled_from(("mean", "sum")) | per_level(st.sampled_from(("mean", "sum")))),
-                chunk_size=draw(st.sampled_from(chunk_sizes)))
+                chunk_size=draw(st.sampled_from(chunk_sizes)),
+                gate_scale=draw(st.sampled_from(checks.NESTED_GATE_SCALES)))
 
 
 # Fires everything at small cost: T = 4.5 chunks (partial last chunk), f = (1, 2, 1) so levels 1..3
@@ -43,9 +44,18 @@ MUTANT_CASE = Case(shape=NestedShape(B=1, T=36, H=2, L=4, K=8, V=8), seed=0, sch
                    intervals=(1, 2, 1), query_counts=(4, 4, 4), reduction="mean", chunk_size=8)
 GRAD_CASE = Case(shape=NestedShape(B=1, T=7, H=1, L=3, K=2, V=2), seed=0, scheme=("learned", "merge"),
                  intervals=(1, 2), query_counts=(1, 1), chunk_size=2)
+# Gates out of their linear regime (checks.NESTED_LARGE_GATE_SCALE), run by every profile as an explicit
+# example: levels (learned, mean), (merge, mean), (learned, sum), (merge, sum); 16 full chunks of 8
+# (level 3 fires every 2nd) and a partial one.
+LARGE_GATE_CASE = Case(shape=NestedShape(B=1, T=130, H=2, L=5, K=8, V=8), seed=1,
+                       scheme=("learned", "merge", "learned", "merge"), intervals=(1, 1, 2, 1),
+                       query_counts=(4, 4, 4, 4), reduction=("mean", "mean", "sum", "sum"), chunk_size=8,
+                       gate_scale=checks.NESTED_LARGE_GATE_SCALE)
+LARGE_GRAD_CASE = GRAD_CASE._replace(reduction=("mean", "sum"), gate_scale=checks.NESTED_LARGE_GATE_SCALE)
 
 
 @examples(scale=2)
+@example(case=LARGE_GATE_CASE)
 @given(case=nested_cases())
 def test_torch_reference_equals_numpy_reference(case):
     assert_passes(checks.nested_torch_vs_numpy(case))
@@ -64,6 +74,7 @@ def test_router_weights_sum_to_one_per_token(case):
 
 
 @examples(scale=2)
+@example(case=LARGE_GATE_CASE, where=0.3)
 @given(case=nested_cases(min_L=2, seq_lens=(17, 100, 130)), where=st.floats(0.05, 0.95))
 def test_changing_later_tokens_changes_no_earlier_output(case, where):
     t0 = max(1, int(where * case.shape.T))
@@ -79,36 +90,50 @@ def test_a_level_reads_its_state_from_the_chunk_start_and_a_firing_shows_from_th
     assert_passes(checks.firing_timing(case, c, ℓ))
 
 
-def test_a_firing_is_visible_exactly_from_the_next_chunk():
+@pytest.mark.parametrize("case", [MUTANT_CASE, LARGE_GATE_CASE], ids=["mutant_case", "large_gates"])
+def test_a_firing_is_visible_exactly_from_the_next_chunk(case):
     """Pins the 'visible' half of the timing property to cases that exercise it."""
     for c, ℓ in ((1, 1), (2, 3), (3, 1)):
-        errors = checks.firing_timing(MUTANT_CASE, c, ℓ)
+        errors = checks.firing_timing(case, c, ℓ)
         assert "visible_next_chunk" in errors
         assert_passes(errors)
 
 
 @examples(scale=2)
+@example(case=LARGE_GATE_CASE)
 @given(case=nested_cases(min_L=2, seq_lens=(17, 64, 100)))
 def test_a_partial_last_chunk_never_fires(case):
     assert_passes(checks.partial_chunk_never_fires(case))
 
 
 @examples(scale=2)
+@example(case=LARGE_GATE_CASE)
 @given(case=nested_cases(seq_lens=(100, 130, 200)))
 def test_splitting_at_a_period_and_passing_states_equals_one_call(case):
     assert_passes(checks.state_passing(case))
 
 
 @examples(scale=2)
+@example(case=LARGE_GATE_CASE)
 @given(case=nested_cases(min_L=2, schemes=("learned",)))
 def test_permuting_every_query_bank_leaves_the_result_unchanged(case):
     assert_passes(checks.nested_pair_permutation(case))
 
 
 @examples(ci=2)
-@given(seed=seeds(), scheme=st.sampled_from([("learned", "merge"), ("merge", "learned"), "learned"]))
-def test_gradcheck_in_every_input_parameter_and_initial_state(seed, scheme):
-    assert_passes(checks.nested_gradcheck(GRAD_CASE._replace(seed=seed, scheme=scheme)))
+# Large gates in every profile, both merge reductions (learned has n = 1 here: mean = sum); fast
+# mode (random projections of the Jacobian, 10x cheaper) as these come on top of the budget.
+@example(seed=0, scheme=("learned", "merge"), reduction=("mean", "sum"), gate_scale=LARGE_GRAD_CASE.gate_scale,
+         fast_mode=True)
+@example(seed=1, scheme=("merge", "learned"), reduction=("mean", "sum"), gate_scale=LARGE_GRAD_CASE.gate_scale,
+         fast_mode=True)
+@given(seed=seeds(), scheme=st.sampled_from([("learned", "merge"), ("merge", "learned"), "learned"]),
+       reduction=st.sampled_from(["mean", "sum", ("mean", "sum")]),
+       gate_scale=st.sampled_from(checks.NESTED_GATE_SCALES), fast_mode=st.just(False))
+def test_gradcheck_in_every_input_parameter_and_initial_state(seed, scheme, reduction, gate_scale, fast_mode):
+    """Both gate regimes: at NESTED_LARGE_GATE_SCALE, softplus' and σ's derivatives are far from ½ and ¼."""
+    case = GRAD_CASE._replace(seed=seed, scheme=scheme, reduction=reduction, gate_scale=gate_scale)
+    assert_passes(checks.nested_gradcheck(case, fast_mode=fast_mode))
 
 
 def test_mutation_harness_without_a_mutation_is_the_reference():
@@ -179,3 +204,21 @@ def test_permutation_catches_pairs_applied_sequentially():
                          ids=["params", "router", "initial_states"])
 def test_gradcheck_catches_a_dropped_gradient(mutant):
     assert failures(checks.nested_gradcheck(GRAD_CASE, reference=mutant))
+
+
+@pytest.mark.mutation
+@pytest.mark.parametrize("name", sorted(mutants.GATE_MUTANTS))
+def test_torch_vs_numpy_catches_a_linearised_gate_nonlinearity(name):
+    """softplus replaced by ``log 2 + x/2`` / σ by ``½ + x/4`` in every level's probe, on large
+    gates (both schemes, both reductions): the states blow up (the tangent softplus gives γ > 0
+    for x < -2 log 2, the tangent σ gates outside [0, 1]). At gate_scale 1 the same case is
+    caught too, against this 1e-12 bound (output error 1e-4 softplus, 5e-3 sigmoid), so no
+    "missed at gate_scale 1" assertion here."""
+    assert failures(checks.nested_torch_vs_numpy(LARGE_GATE_CASE, reference=mutants.GATE_MUTANTS[name], log=False))
+
+
+@pytest.mark.mutation
+def test_gradcheck_catches_a_softplus_derivative_of_one_half():
+    """softplus' derivative σ(x) replaced by σ(0) = ½ (forward exact), on large gates (2 full chunks)."""
+    case = LARGE_GRAD_CASE._replace(shape=LARGE_GRAD_CASE.shape._replace(T=4))
+    assert failures(checks.nested_gradcheck(case, reference=mutants.nested_softplus_grad_half, fast_mode=True))

@@ -6,7 +6,7 @@ has a mutation test showing it fails on a broken implementation."""
 import pytest
 import torch
 import torch.nn.functional as F
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 import nested_checks as checks
@@ -23,31 +23,53 @@ D = checks.PromoteDraw
 
 @st.composite
 def promote_draws(draw, schemes=("learned", "merge"), min_n=1, scheme_n=True):
-    """Leading dims [B, H], K, V ∈ {4, 8, 16}; learned n ∈ [min_n, K] (merge: n = K)."""
+    """Leading dims [B, H], K, V ∈ {4, 8, 16}; learned n ∈ [min_n, K] (merge: n = K); gate weights
+    at ``make_levels``' scale or ``PROMOTE_LARGE_GATE_SCALE`` times it (gates out of their linear regime)."""
     K = draw(st.sampled_from((4, 8, 16)))
     scheme = draw(st.sampled_from(schemes))
     n = K if scheme == "merge" and scheme_n else draw(st.integers(min(min_n, K), K))
     return D(B=draw(st.integers(1, 2)), H=draw(st.integers(1, 2)), K=K, V=draw(st.sampled_from((4, 8, 16))),
-             n=n, scheme=scheme, reduction=draw(st.sampled_from(("mean", "sum"))), seed=draw(seeds()))
+             n=n, scheme=scheme, reduction=draw(st.sampled_from(("mean", "sum"))), seed=draw(seeds()),
+             gate_scale=draw(st.sampled_from(checks.PROMOTE_GATE_SCALES)))
 
 
 MUTANT_DRAW = D(B=2, H=2, K=8, V=8, n=4, scheme="learned", reduction="mean", seed=0)
 MERGE_MUTANT_DRAW = MUTANT_DRAW._replace(n=8, scheme="merge")
 
+# Large-gate draws every profile runs (the derandomized ``ci`` profile's few draws need not
+# reach PROMOTE_LARGE_GATE_SCALE for each scheme and reduction): both schemes × both reductions.
+LARGE_GATE_DRAWS = [MUTANT_DRAW._replace(scheme="learned", n=3, reduction="mean", seed=1),
+                    MUTANT_DRAW._replace(scheme="learned", n=8, reduction="sum", seed=2, V=4),
+                    MERGE_MUTANT_DRAW._replace(reduction="mean", seed=3, V=16),
+                    MERGE_MUTANT_DRAW._replace(reduction="sum", seed=4, H=1)]
+LARGE_GATE_DRAWS = [d._replace(gate_scale=checks.PROMOTE_LARGE_GATE_SCALE) for d in LARGE_GATE_DRAWS]
+
+
+def with_large_gates(draws=LARGE_GATE_DRAWS):
+    """``@example`` each draw of ``draws`` (explicit examples run in every profile)."""
+    def decorate(test):
+        for d in reversed(draws):
+            test = example(d=d)(test)
+        return test
+    return decorate
+
 
 @examples(scale=3)
+@with_large_gates()
 @given(d=promote_draws())
 def test_probe_and_promote_torch_equal_numpy(d):
     assert_passes(checks.promote_torch_vs_numpy(d))
 
 
 @examples(scale=3)
+@with_large_gates()
 @given(d=promote_draws(min_n=2))
 def test_permuting_the_pairs_leaves_the_firing_unchanged(d):
     assert_passes(checks.pair_permutation(d))
 
 
 @examples(scale=3)
+@with_large_gates()
 @given(d=promote_draws(min_n=2))
 def test_sequential_variant_depends_on_the_order_of_the_pairs(d):
     """The rejected design is a different operation: reversing its pairs changes the result."""
@@ -66,12 +88,14 @@ def test_sequential_variant_differs_from_simultaneous_on_a_draw():
 
 
 @examples(scale=3)
+@with_large_gates(LARGE_GATE_DRAWS[:2])
 @given(d=promote_draws(schemes=("learned",)))
 def test_one_pair_is_one_gdn2_step(d):
     assert_passes(checks.one_pair_is_gdn2_step(d))
 
 
 @examples(scale=3)
+@with_large_gates([LARGE_GATE_DRAWS[1], LARGE_GATE_DRAWS[3]])
 @given(d=promote_draws())
 def test_sum_reduction_matches_the_sequential_total_decay(d):
     assert_passes(checks.sum_decay_matches_sequential(d))
@@ -205,3 +229,18 @@ def test_stability_catches(mutant):
 def test_hazard_identity_catches_pairs_applied_sequentially():
     assert "hazard_component" in failures(checks.hazard_identity(
         MUTANT_DRAW, promote_fn=mutants.promote_pairs_sequential, log=False))
+
+
+@pytest.mark.mutation
+@pytest.mark.parametrize("d", LARGE_GATE_DRAWS, ids=["learned_mean", "learned_sum", "merge_mean", "merge_sum"])
+@pytest.mark.parametrize("name, caught_in", [("softplus_linearised", "gamma"), ("sigmoid_linearised", "beta")])
+def test_torch_vs_numpy_catches_a_linearised_gate_nonlinearity(name, caught_in, d):
+    """A NumPy twin whose softplus is ``log 2 + x/2`` (or sigmoid ``½ + x/4``) is caught on
+    large-gate draws, where the pre-activations reach |x| of several units (relative γ, β and
+    state errors 0.3 … 1). At gate_scale 1 it is caught too, only because this float64 bound is
+    1e-13: the tangent is off by ≈ x²/8 with |x| ≈ 0.06 (relative γ error 2e-3 … 5e-3, state
+    4e-5 … 2e-3), which a bfloat16 bound (3e-2) would not see. So no "missed at gate_scale 1"
+    assertion here."""
+    bad = failures(checks.promote_torch_vs_numpy(d, numpy_probe=mutants.NUMPY_PROBE_MUTANTS[name](d.scheme),
+                                                 log=False))
+    assert caught_in in bad and "state" in bad

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 import tensor3d_checks as checks
 import tensor3d_mutants as mutants
-from ngdn.compile_buckets import bucket_params
+from ngdn.compile_buckets import bucket_params, on_bucket
 from ngdn.strategies import CPU_SEQ_LENS, examples, seeds
 from ngdn.tensor3d_inputs import Tensor3DShape
 from ngdn.testing import kernel_dtypes
@@ -42,7 +42,7 @@ def kernel_shapes(bucket=None):
 
 
 MUTANT_SHAPE = Tensor3DShape(B=1, T=12, H=2, K=4, E=4, V=4)          # K == E: the tile-on-rows mutant fits
-KERNEL_MUTANT_SHAPE = Tensor3DShape(B=1, T=20, H=1, K=8, E=2, V=16)
+KERNEL_MUTANT_SHAPE = on_bucket(Tensor3DShape(B=1, T=20, H=1, K=8, E=2, V=16), "tensor3d")   # CUDA: bucket a
 
 
 # --- reference properties -------------------------------------------------------------------------
