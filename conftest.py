@@ -13,6 +13,7 @@ from ngdn import gpu_workers
 # First, before anything touches CUDA (``optimized`` asks torch.cuda.is_available()).
 WORKER_DEVICE = gpu_workers.pin_worker_device()
 
+import pytest  # noqa: E402
 import torch  # noqa: E402
 
 os.environ.setdefault("NGDN_PIN_AUTOTUNE", "1")
@@ -82,8 +83,6 @@ def pytest_collection_modifyitems(config, items):
 
 
 if MODE == triton_mode.CUDA:
-    import pytest
-
     @pytest.fixture(autouse=True)
     def _return_cached_gpu_memory():
         """Hand each test's cached blocks back to the driver: up to 16 workers share one GPU,
@@ -91,3 +90,22 @@ if MODE == triton_mode.CUDA:
         other workers' caching allocators hold the rest (seen on the H200, 2026-11-30)."""
         yield
         torch.cuda.empty_cache()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionstart(session):
+    """On CUDA, before the xdist workers start: compile every compile bucket's kernels once
+    (``ngdn.suite_precompile``; whole-suite runs only, ``NGDN_PRECOMPILE=0|1`` decides)."""
+    from ngdn import suite_precompile
+
+    if MODE != triton_mode.CUDA or not suite_precompile.wanted(session.config):
+        return
+    import time
+
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    log = reporter.write_line if reporter is not None else print
+    start = time.monotonic()
+    done = suite_precompile.run_pool(time_limit=150.0, log=log)
+    ok = sum(status == "ok" for status, _ in done.values())
+    log(f"[ngdn precompile] {ok}/{len(done)} units compiled in {time.monotonic() - start:.0f} s "
+        "(NGDN_PRECOMPILE=0 skips this)")

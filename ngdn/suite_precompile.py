@@ -1,0 +1,173 @@
+"""Compile every compile bucket's kernels once per GPU test run, before the tests start.
+
+Without this, the tests of one bucket (``ngdn.compile_buckets``) that land on different xdist
+workers at the same time all compile the same kernels: on one H200 with 16 workers the
+compiling tests took 90-140 s each, nearly all of it compiling, and most of that work was
+done several times over. Here the controlling pytest process first runs one small call per
+*unit* (a kernel family, bucket and dtype; e.g. the nested op, bucket ``b``, bfloat16) in a
+pool of subprocesses, one unit per process, longest first. Each unit calls the same check
+functions the tests call, with the same environment (pinned autotuners, IEEE float32 dots),
+so the kernels land in Triton's on-disk cache with exactly the keys the tests will look up;
+the workers then load them instead of compiling.
+
+A unit that fails or runs past the time limit is reported and skipped: the tests then compile
+what they need themselves (slower, never wrong). Runs only on CUDA, in the controlling process,
+when the whole suite runs (``pytest`` with no paths) or when ``NGDN_PRECOMPILE=1``;
+``NGDN_PRECOMPILE=0`` turns it off.
+
+``python -m ngdn.suite_precompile`` runs the whole pool by hand; ``--unit NAME`` one unit.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from ngdn.compile_buckets import FENWICK, LEVEL0, TENSOR3D
+
+ROOT = Path(__file__).resolve().parent.parent
+DTYPES = ("float32", "bfloat16")
+# Longest first: the nested op compiles fla's level-0 kernels, the scan and the state gradient.
+KINDS = ("nested", "delta", "gdn2", "gla", "fenwick")
+FAMILY_OF = {"nested": LEVEL0, "gdn2": LEVEL0, "delta": TENSOR3D, "gla": TENSOR3D, "fenwick": FENWICK}
+
+
+def units() -> list[str]:
+    """Every unit as ``kind:bucket:dtype``, longest kinds first."""
+    return [f"{kind}:{b.name}:{dtype}" for kind in KINDS for b in FAMILY_OF[kind] for dtype in DTYPES]
+
+
+def parse_unit(unit: str):
+    try:
+        kind, name, dtype = unit.split(":")
+        bucket = {b.name: b for b in FAMILY_OF[kind]}[name]
+    except (ValueError, KeyError):
+        raise ValueError(f"unknown precompile unit {unit!r}; units look like 'nested:a:float32', "
+                         f"one of {units()}") from None
+    if dtype not in DTYPES:
+        raise ValueError(f"unknown dtype in unit {unit!r}: {dtype!r}, expected one of {DTYPES}")
+    return kind, bucket, dtype
+
+
+def warm(unit: str, require_cuda: bool = True) -> None:
+    """Run the unit's calls in this process (CUDA, test environment). ``require_cuda=False``
+    lets a CPU test run a small unit under the interpreter (nothing compiles there)."""
+    kind, bucket, dtype_name = parse_unit(unit)
+    os.environ.setdefault("NGDN_PIN_AUTOTUNE", "1")
+    os.environ.setdefault("NGDN_IEEE_F32", "1")
+    import torch
+
+    from optimized import triton_mode
+
+    if require_cuda and triton_mode.configure() != triton_mode.CUDA:
+        raise RuntimeError("precompiling needs CUDA (under the interpreter nothing compiles)")
+    torch.set_num_threads(1)        # one core per unit, as in the test workers
+    sys.path.insert(0, str(ROOT / "property_tests"))
+    dtype = getattr(torch, dtype_name)
+    H, K, V = bucket.H, bucket.K, bucket.V
+    if kind == "gdn2":
+        import gdn2_checks
+        from ngdn.inputs import GDN2Shape
+
+        gdn2_checks.optimized_vs_reference(GDN2Shape(B=1, T=100, H=H, K=K, V=V), 0, dtype, log=False)
+    elif kind == "nested":
+        import nested_optimized_checks as checks
+        from ngdn.inputs import GDN2Shape
+        from ngdn.nested_inputs import NestedShape
+
+        shape = NestedShape(B=1, T=130, H=H, L=3, K=K, V=V)
+        # pair blocks of 32 (n = K) and of 16 (n ≤ 16); with and without initial states
+        checks.optimized_vs_reference(checks.OptCase(shape, seed=0, scheme=("learned", "merge"), intervals=(1, 1),
+                                                     query_counts=(K, K)), dtype, log=False)
+        checks.optimized_vs_reference(checks.OptCase(shape, seed=1, intervals=(1, 1), query_counts=(8, 16),
+                                                     initial_states=False), dtype, log=False)
+        checks.level0_states_vs_reference(GDN2Shape(B=1, T=130, H=H, K=K, V=V), 0, dtype, log=False)
+    elif kind in ("gla", "delta"):
+        import tensor3d_checks
+        from ngdn.tensor3d_inputs import Tensor3DShape
+        from reference.tensor3d import GATE_KINDS
+
+        shape = Tensor3DShape(B=1, T=20, H=H, K=K, E=bucket.E, V=V)
+        for gate in GATE_KINDS:
+            tensor3d_checks.optimized_vs_reference(shape, 0, dtype, kind, gate, "sigmoid", log=False)
+    else:
+        import fenwick_checks
+        from ngdn.fenwick_inputs import FenwickShape
+
+        shape = FenwickShape(B=1, T=bucket.seq_lens[0], H=H, K=K, V=V, extra_levels=bucket.extra_levels)
+        fenwick_checks.optimized_vs_reference(shape, 0, dtype, log=False)
+
+
+def run_pool(names=None, jobs: int | None = None, time_limit: float = 240.0, log=print) -> dict:
+    """Warm the units in subprocesses, ``jobs`` at a time (default: the CPU count), each
+    stopped after ``time_limit`` seconds. Returns ``{unit: (status, seconds)}``; never raises
+    for a unit's failure."""
+    names = list(units() if names is None else names)
+    for name in names:
+        parse_unit(name)
+    jobs = jobs or os.cpu_count() or 1
+    pending, running, done = list(names), {}, {}
+    start = time.monotonic()
+    while pending or running:
+        while pending and len(running) < jobs:
+            name = pending.pop(0)
+            proc = subprocess.Popen([sys.executable, "-m", "ngdn.suite_precompile", "--unit", name], cwd=ROOT,
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            running[name] = (proc, time.monotonic())
+        time.sleep(0.2)
+        for name, (proc, t0) in list(running.items()):
+            elapsed = time.monotonic() - t0
+            if proc.poll() is None and elapsed <= time_limit:
+                continue
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+                status = f"stopped after {time_limit:.0f} s"
+            elif proc.returncode == 0:
+                status = "ok"
+            else:
+                err = (proc.stderr.read() or "").strip().splitlines()
+                status = f"failed: {err[-1] if err else f'exit {proc.returncode}'}"
+            proc.stderr.close()
+            done[name] = (status, elapsed)
+            del running[name]
+            log(f"[ngdn precompile] {len(done)}/{len(names)} {name}: {status} ({elapsed:.1f} s, "
+                f"{time.monotonic() - start:.0f} s since start)")
+    return done
+
+
+def wanted(config) -> bool:
+    """Whether the root conftest should precompile for this pytest run (see module docstring)."""
+    choice = os.environ.get("NGDN_PRECOMPILE", "").strip().lower()
+    if choice in {"0", "false", "no", "off"}:
+        return False
+    if os.environ.get("PYTEST_XDIST_WORKER") or config.getoption("collectonly", False):
+        return False
+    if choice in {"1", "true", "yes", "on"}:
+        return True
+    whole_suite = getattr(getattr(config, "ArgsSource", None), "TESTPATHS", None)
+    return whole_suite is not None and getattr(config, "args_source", None) == whole_suite
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m ngdn.suite_precompile", description=__doc__.split("\n")[0])
+    parser.add_argument("--unit", help="warm one unit in this process (kind:bucket:dtype)")
+    parser.add_argument("--list", action="store_true", help="print the units and exit")
+    parser.add_argument("--jobs", type=int, default=None, help="processes at a time (default: CPU count)")
+    parser.add_argument("--time-limit", type=float, default=240.0, help="seconds per unit")
+    args = parser.parse_args(argv)
+    if args.list:
+        print("\n".join(units()))
+        return 0
+    if args.unit:
+        warm(args.unit)
+        return 0
+    done = run_pool(jobs=args.jobs, time_limit=args.time_limit)
+    return 0 if all(status == "ok" for status, _ in done.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
