@@ -23,6 +23,7 @@ import argparse
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -101,10 +102,15 @@ def warm(unit: str, require_cuda: bool = True) -> None:
         fenwick_checks.optimized_vs_reference(shape, 0, dtype, log=False)
 
 
-def run_pool(names=None, jobs: int | None = None, time_limit: float = 240.0, log=print) -> dict:
-    """Warm the units in subprocesses, ``jobs`` at a time (default: the CPU count), each
-    stopped after ``time_limit`` seconds. Returns ``{unit: (status, seconds)}``; never raises
-    for a unit's failure."""
+def unit_command(name: str) -> list[str]:
+    return [sys.executable, "-m", "ngdn.suite_precompile", "--unit", name]
+
+
+def run_pool(names=None, jobs: int | None = None, time_limit: float = 240.0, log=print,
+             command=unit_command) -> dict:
+    """Warm the units in subprocesses (``command(unit)``), ``jobs`` at a time (default: the CPU
+    count), each stopped after ``time_limit`` seconds. Returns ``{unit: (status, seconds)}``;
+    never raises for a unit's failure."""
     names = list(units() if names is None else names)
     for name in names:
         parse_unit(name)
@@ -114,11 +120,12 @@ def run_pool(names=None, jobs: int | None = None, time_limit: float = 240.0, log
     while pending or running:
         while pending and len(running) < jobs:
             name = pending.pop(0)
-            proc = subprocess.Popen([sys.executable, "-m", "ngdn.suite_precompile", "--unit", name], cwd=ROOT,
-                                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-            running[name] = (proc, time.monotonic())
+            # stderr to a file, not a pipe: a unit that warns a lot must not block on a full pipe
+            err = tempfile.TemporaryFile(mode="w+")
+            proc = subprocess.Popen(command(name), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err, text=True)
+            running[name] = (proc, time.monotonic(), err)
         time.sleep(0.2)
-        for name, (proc, t0) in list(running.items()):
+        for name, (proc, t0, err) in list(running.items()):
             elapsed = time.monotonic() - t0
             if proc.poll() is None and elapsed <= time_limit:
                 continue
@@ -129,9 +136,10 @@ def run_pool(names=None, jobs: int | None = None, time_limit: float = 240.0, log
             elif proc.returncode == 0:
                 status = "ok"
             else:
-                err = (proc.stderr.read() or "").strip().splitlines()
-                status = f"failed: {err[-1] if err else f'exit {proc.returncode}'}"
-            proc.stderr.close()
+                err.seek(0)
+                lines = err.read().strip().splitlines()
+                status = f"failed: {lines[-1] if lines else f'exit {proc.returncode}'}"
+            err.close()
             done[name] = (status, elapsed)
             del running[name]
             log(f"[ngdn precompile] {len(done)}/{len(names)} {name}: {status} ({elapsed:.1f} s, "

