@@ -28,14 +28,14 @@ def _checks(module: str):
 
 def gdn2(dtype, seed, cuda):
     shape = GDN2Shape(B=2, T=300, H=2, K=64, V=64) if cuda else GDN2Shape(B=1, T=100, H=2, K=32, V=32)
-    return shape, _checks("gdn2_checks").optimized_vs_reference(shape, seed, dtype, log=False)
+    return shape, _checks("gdn2_checks").optimized_vs_reference(shape, seed, dtype, log=True)
 
 
 def fenwick(dtype, seed, cuda):
     from ngdn.fenwick_inputs import FenwickShape
 
     shape = FenwickShape(B=2, T=300, H=2, K=64, V=64) if cuda else FenwickShape(B=1, T=100, H=2, K=32, V=32)
-    return shape, _checks("fenwick_checks").optimized_vs_reference(shape, seed, dtype, log=False)
+    return shape, _checks("fenwick_checks").optimized_vs_reference(shape, seed, dtype, log=True)
 
 
 def tensor3d(mode):
@@ -45,7 +45,7 @@ def tensor3d(mode):
         shape = (Tensor3DShape(B=2, T=300, H=2, K=32, E=4, V=64) if cuda
                  else Tensor3DShape(B=1, T=100, H=1, K=16, E=4, V=32))
         config = dict(mode=mode, gate="channel", key_mode="sigmoid")
-        errors = _checks("tensor3d_checks").optimized_vs_reference(shape, seed, dtype, log=False, **config)
+        errors = _checks("tensor3d_checks").optimized_vs_reference(shape, seed, dtype, log=True, **config)
         return f"{shape} {config}", errors
     return run
 
@@ -57,7 +57,7 @@ def nested(dtype, seed, cuda):
     shape = (NestedShape(B=1, T=300, H=2, L=4, K=64, V=64) if cuda
              else NestedShape(B=1, T=200, H=1, L=3, K=16, V=16))
     case = checks.OptCase(shape=shape, seed=seed)
-    errors = checks.optimized_vs_reference(case, dtype, log=False)
+    errors = checks.optimized_vs_reference(case, dtype, log=True)
     # one row per tolerance quantity: the worst of its items (levels, parameters)
     worst = {}
     for label, (err, bound) in errors.items():

@@ -1,9 +1,14 @@
 """``ngdn``: the testbed's command line.
 
     ngdn check            agreement report, reference vs optimized, as a table
-                          (progress per component on stderr)
-    ngdn errors LOG       worst observed error per tolerance entry (from NGDN_ERROR_LOG)
+                          (progress per component on stderr; NGDN_ERROR_LOG=FILE logs
+                          every measured error; exit 1: out of tolerance, 2: usage)
+    ngdn errors LOG       worst observed error per tolerance entry (from NGDN_ERROR_LOG;
+                          exit 2 on a missing, empty or malformed log)
     ngdn bench ...        Nested vs flat GDN-2 benchmark (GPU; see bench/README.md)
+    ngdn scheme check FILE.py
+                          the promotion-scheme battery on the scheme FILE registers
+                          (ngdn/scheme_check.py; README "Adding a promotion scheme")
 """
 from __future__ import annotations
 
@@ -35,6 +40,9 @@ def check(args) -> int:
     mode = triton_mode.configure()
     from ngdn import agreement
 
+    unknown = sorted(set(args.only or ()) - set(agreement.COMPONENTS))
+    if unknown:     # a usage error (exit 2), not a tolerance failure (exit 1)
+        args.parser.error(f"unknown component(s) {unknown} for --only; have {sorted(agreement.COMPONENTS)}")
     dtype = getattr(torch, args.dtype)
     if dtype == torch.bfloat16 and mode != triton_mode.CUDA:
         print("bfloat16 kernels run on CUDA only; use --dtype float32 on CPU", file=sys.stderr)
@@ -54,21 +62,97 @@ def check(args) -> int:
     return 0 if ok else 1
 
 
+LOG_FIELDS = ("component", "mode", "dtype", "quantity", "error", "tolerance")
+
+
+def read_error_log(path: str):
+    """The records of one ``NGDN_ERROR_LOG`` file; a ``ValueError`` with a one-line reason
+    for a missing, unreadable, empty or malformed file."""
+    try:
+        with open(path) as f:
+            lines = f.read().splitlines()
+    except OSError as e:
+        raise ValueError(f"cannot read {path}: {e.strerror or e}") from None
+    records = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            r = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}:{number}: not a JSON line ({e.msg})") from None
+        missing = [k for k in LOG_FIELDS if not isinstance(r, dict) or k not in r]
+        if missing:
+            raise ValueError(f"{path}:{number}: not an error-log record (missing {', '.join(missing)})")
+        if not all(isinstance(r[k], (int, float)) and not isinstance(r[k], bool) for k in ("error", "tolerance")):
+            raise ValueError(f"{path}:{number}: error and tolerance must be numbers")
+        records.append(r)
+    if not records:
+        raise ValueError(f"{path}: no records (an empty error log; set NGDN_ERROR_LOG=FILE when running "
+                         "pytest or ngdn check to write one)")
+    return records
+
+
 def errors(args) -> int:
     worst = {}
     counts = defaultdict(int)
-    for path in args.logs:
-        with open(path) as f:
-            for line in f:
-                r = json.loads(line)
-                key = (r["component"], r["mode"], r["dtype"], r["quantity"])
-                counts[key] += 1
-                if key not in worst or r["error"] > worst[key][0]:
-                    worst[key] = (r["error"], r["tolerance"])
+    try:
+        records = [r for path in args.logs for r in read_error_log(path)]
+    except ValueError as e:
+        print(f"ngdn errors: {e}", file=sys.stderr)
+        return 2
+    for r in records:
+        key = (r["component"], r["mode"], r["dtype"], r["quantity"])
+        counts[key] += 1
+        if key not in worst or r["error"] > worst[key][0]:
+            worst[key] = (r["error"], r["tolerance"])
     rows = [(*k, counts[k], f"{e:.2e}", f"{t:.1e}", f"{t / e:.0f}x" if e > 0 else "inf")
             for k, (e, t) in sorted(worst.items())]
     print(_table(rows, ("component", "mode", "dtype", "quantity", "draws", "worst", "tolerance", "margin")))
     return 0
+
+
+def scheme_check(args) -> int:
+    import os
+
+    if args.device == "cpu":
+        os.environ["TRITON_INTERPRET"] = "1"
+    os.environ.setdefault("NGDN_PIN_AUTOTUNE", "1")
+    os.environ.setdefault("NGDN_IEEE_F32", "1")
+    import torch
+
+    from optimized import triton_mode
+
+    mode = triton_mode.configure()
+    if args.device == "cuda" and mode != triton_mode.CUDA:
+        print("--device cuda: no CUDA device (or TRITON_INTERPRET is set)", file=sys.stderr)
+        return 2
+    if mode != triton_mode.CUDA:
+        torch.set_num_threads(1)          # the per-token references: see conftest.py
+    from ngdn import scheme_check as battery
+
+    with battery.registry_restored():
+        try:
+            loaded = battery.load_scheme_file(args.file)
+            scheme = battery.pick_scheme(args.file, loaded, args.scheme)
+            only = args.only
+            draw = battery.parse_draw(args.draw) if args.draw is not None else None
+            if draw is not None and (not only or len(only) != 1):
+                raise ValueError("--draw reproduces one property: pass exactly one --only NAME")
+            for name in only or ():
+                battery.get_property(name)
+        except (ValueError, TypeError) as e:
+            print(f"ngdn scheme check: {e}", file=sys.stderr)
+            return 2
+        print(f"device mode: {mode}; examples: {args.examples}; stability threshold: {args.threshold}")
+        if draw is not None:
+            rows = [battery.run_property(battery.get_property(only[0]), scheme, args.examples, args.threshold, draw)]
+        else:
+            rows = battery.battery(scheme, args.examples, args.threshold, only=only,
+                                   cuda=mode == triton_mode.CUDA, progress=sys.stderr)
+        text, ok = battery.report(args.file, scheme, rows, args.threshold)
+    print(text)
+    return 0 if ok else 1
 
 
 def main(argv=None) -> int:
@@ -79,10 +163,25 @@ def main(argv=None) -> int:
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--only", action="append", help="run only these components (repeatable)")
-    p.set_defaults(func=check)
+    p.set_defaults(func=check, parser=p)
     p = sub.add_parser("errors", help="worst observed error per tolerance entry from NGDN_ERROR_LOG files")
     p.add_argument("logs", nargs="+")
     p.set_defaults(func=errors)
+    p = sub.add_parser("scheme", help="promotion schemes: `ngdn scheme check FILE.py` runs the battery")
+    scheme_sub = p.add_subparsers(dest="scheme_command", required=True)
+    p = scheme_sub.add_parser("check", help="run the scheme battery on the scheme FILE registers")
+    p.add_argument("file", metavar="FILE", help="a .py file that calls register_scheme (or a module, "
+                                                "e.g. reference.schemes, with --scheme)")
+    p.add_argument("--scheme", help="the scheme to check (default: the one FILE registers)")
+    p.add_argument("--examples", type=int, default=None, help="Hypothesis examples per property "
+                                                              "(default 30)")
+    p.add_argument("--device", choices=["cpu", "cuda"], default=None,
+                   help="cpu: the Triton interpreter; cuda: require a GPU (default: CUDA when present)")
+    p.add_argument("--threshold", type=float, default=None,
+                   help="growth factor above which a scheme is expansive (default 1.001)")
+    p.add_argument("--only", action="append", help="run only these properties (repeatable)")
+    p.add_argument("--draw", help="re-run --only PROPERTY on this draw (the reproduction command)")
+    p.set_defaults(func=scheme_check)
     sub.add_parser("bench", help="Nested vs flat GDN-2 benchmark (GPU); `ngdn bench --help` for its options")
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["bench"]:  # the benchmark parses its own options
@@ -90,6 +189,15 @@ def main(argv=None) -> int:
 
         return bench_main(argv[1:])
     args = parser.parse_args(argv)
+    if args.func is scheme_check:
+        from ngdn.scheme_check import DEFAULT_EXAMPLES, DEFAULT_THRESHOLD
+
+        args.examples = DEFAULT_EXAMPLES if args.examples is None else args.examples
+        args.threshold = DEFAULT_THRESHOLD if args.threshold is None else args.threshold
+        if args.examples < 1:
+            parser.error(f"--examples must be positive, got {args.examples}")
+        if not args.threshold >= 1.0:
+            parser.error(f"--threshold must be ≥ 1, got {args.threshold}")
     return args.func(args)
 
 

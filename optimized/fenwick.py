@@ -27,7 +27,7 @@ import warnings
 import torch
 import torch.nn.functional as F
 
-from optimized.gdn2 import KERNEL_DTYPES, check_kernel_device
+from optimized.checks import KERNEL_DTYPES, check_finite_activations, check_kernel_device, check_kernel_dtype
 from reference.fenwick import check_fenwick_inputs
 
 BLOCK_K = 64           # fla's log-linear chunk kernel works on K in blocks of 64
@@ -45,13 +45,17 @@ def padded_dims(K: int, V: int) -> tuple[int, int]:
 def chunk_fenwick(q, k, v, g, level_scales, scale=None):
     """Chunked Fenwick log-linear attention (fla). Shapes as in ``reference.fenwick.naive_fenwick``.
 
-    Inputs are float32, bfloat16 or float16 (one dtype) on the mode's device.
-    Returns ``o [B, T, H, V]`` in ``v``'s dtype. Differentiable in ``q, k, v, g, level_scales``.
+    Inputs are float32 or bfloat16 (one dtype; bfloat16 in cuda mode only), finite, on the
+    mode's device (``optimized.checks``). Returns ``(o [B, T, H, V] in v's dtype, None)``, like
+    every op's ``(o, final_state or None)``: fla's kernel keeps no final state (see above).
+    Differentiable in ``q, k, v, g, level_scales``.
     """
     B, T, H, K, V, L = check_fenwick_inputs(q, k, v, g, level_scales, scale, dtypes=KERNEL_DTYPES)
     if T > MAX_T:
         raise ValueError(f"q: fla's log-linear kernel needs T < 2**17, got T = {T}")
     check_kernel_device("q", q)
+    check_kernel_dtype("q", q)
+    check_finite_activations((("q", q), ("k", k), ("v", v), ("g", g), ("level_scales", level_scales)))
     scale = K ** -0.5 if scale is None else float(scale)
     K_pad, V_pad = padded_dims(K, V)
     if K_pad != K:
@@ -65,4 +69,4 @@ def chunk_fenwick(q, k, v, g, level_scales, scale=None):
         # fla warns on every call that Triton > 3.2 is slower for this kernel.
         warnings.filterwarnings("ignore", message="Triton>3.2.0 detected")
         o, _ = chunk_log_linear_attn(q, k, v, g, level_scales, scale=scale)
-    return o[..., :V]
+    return o[..., :V], None

@@ -7,35 +7,28 @@ from __future__ import annotations
 
 import torch
 
-from optimized import triton_mode
+from optimized.checks import (KERNEL_DTYPES, check_finite_activations, check_kernel_device,  # noqa: F401
+                              check_kernel_dtype)
 from reference.validation import check_gdn2_inputs
 
-KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_HEAD_DIM = 256  # fla's GDN-2 kernels support K <= 256
-
-
-def check_kernel_device(name: str, x: torch.Tensor):
-    """Kernels run on CUDA tensors in cuda mode and on CPU tensors under the interpreter."""
-    expected = triton_mode.device()
-    if x.device.type != expected:
-        raise ValueError(
-            f"{name} is on {x.device}, but optimized ops run on {expected} tensors in "
-            f"{triton_mode.MODE} mode"
-        )
 
 
 def chunk_gdn2(q, k, v, g, b, w, scale=None, initial_state=None, output_final_state=False):
     """Chunked GDN-2 (fla). Shapes as in ``reference.gdn2.naive_gdn2``.
 
-    Inputs are float32, bfloat16 or float16 (one dtype); ``initial_state`` is float32.
+    Inputs are float32 or bfloat16 (one dtype; bfloat16 in cuda mode only) and finite
+    (``optimized.checks``); ``initial_state`` is float32.
     Returns ``(o [B, T, H, V] in q's dtype, S_T [B, H, K, V] float32 or None)``.
     """
     B, T, H, K, V = check_gdn2_inputs(q, k, v, g, b, w, scale, initial_state, dtypes=KERNEL_DTYPES)
     if K > MAX_HEAD_DIM:
         raise ValueError(f"q: key dim K must be <= {MAX_HEAD_DIM} for fla's GDN-2 kernels, got {K}")
     check_kernel_device("q", q)
+    check_kernel_dtype("q", q)
     if initial_state is not None and initial_state.dtype != torch.float32:
         raise ValueError(f"initial_state must have dtype torch.float32, got {initial_state.dtype}")
+    check_finite_activations((("q", q), ("k", k), ("v", v), ("g", g), ("b", b), ("w", w)))
     from fla.ops.gdn2 import chunk_gdn2 as fla_chunk_gdn2
 
     return fla_chunk_gdn2(q, k, v, g, b, w, scale=scale, initial_state=initial_state,

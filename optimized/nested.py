@@ -42,14 +42,13 @@ from typing import Callable, Sequence
 import torch
 
 from optimized import triton_mode  # noqa: F401  (device mode before fla)
-from optimized.gdn2 import MAX_HEAD_DIM, check_kernel_device
+from optimized.checks import KERNEL_DTYPES, check_finite_activations, check_kernel_device, check_kernel_dtype
+from optimized.gdn2 import MAX_HEAD_DIM
 from optimized.level0 import CHUNK, chunk_end_states, level0_bwd, level0_fwd, Level0Saved
 from optimized.promote_scan import promote_scan_bwd, promote_scan_fwd, sum_partials
 from optimized.state_grad import state_grad_bwd
 from reference.nested import Level, validate_nested_inputs
 from reference.schemes import get_scheme, query_count
-
-KERNEL_DTYPES = (torch.bfloat16, torch.float32)
 
 
 # --- the schedule --------------------------------------------------------------------
@@ -382,11 +381,14 @@ class NestedGDN2Function(torch.autograd.Function):
 
 def _nested(q, k, v, g, b, w, r, levels, scale=None, initial_states=None, output_final_state=False,
             pieces: Pieces = DEFAULT_PIECES):
+    if isinstance(q, torch.Tensor):     # before the validation's finiteness sync (a meta q cannot sync)
+        check_kernel_device("q", q)
     B, T, H, L, K, V = validate_nested_inputs(q, k, v, g, b, w, r, levels, scale, initial_states,
                                               dtypes=KERNEL_DTYPES)
     if K > MAX_HEAD_DIM:
         raise ValueError(f"q: key dim K must be <= {MAX_HEAD_DIM} for fla's GDN-2 kernels, got {K}")
-    check_kernel_device("q", q)
+    check_kernel_dtype("q", q)
+    check_finite_activations((("q", q), ("k", k), ("v", v), ("g", g), ("b", b), ("w", w), ("r", r)))
     scale = K ** -0.5 if scale is None else float(scale)
     initial_states = [None if s is None else s.contiguous()
                       for s in ([None] * L if initial_states is None else initial_states)]
@@ -405,7 +407,8 @@ def chunk_nested_gdn2(q, k, v, g, b, w, r, levels, scale=None, initial_states=No
 
     Args:
         q: per-level read queries ``[B, T, H, L, K]``; k, g, b ``[B, T, H, K]``; v, w
-            ``[B, T, H, V]``; r router logits ``[B, T, H, L]`` (float32 or bfloat16, one dtype).
+            ``[B, T, H, V]``; r router logits ``[B, T, H, L]`` (float32 or bfloat16, one dtype;
+            bfloat16 in cuda mode only; finite: ``optimized.checks``).
         levels: ``L - 1`` ``reference.nested.Level`` (scheme, interval, params, reduction).
         scale: default ``K ** -0.5``.
         initial_states: None or L entries, each None or float32 ``[B, H, K, V]``.

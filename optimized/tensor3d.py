@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import torch
 
-from optimized.gdn2 import KERNEL_DTYPES, check_kernel_device
+from optimized.checks import KERNEL_DTYPES, check_finite_activations, check_kernel_device, check_kernel_dtype
 from reference.tensor3d import check_tensor3d_inputs
 
 MAX_DELTA_KEY_DIM = 256  # fla's chunk_kda supports key width <= 256
@@ -90,7 +90,8 @@ def chunk_tensor3d(q1, k1, q2, k2, v, g=None, beta=None, mode="gla", scale=None,
                    output_final_state=False):
     """Chunked 3D tensor state (fla). Shapes as in ``reference.tensor3d.naive_tensor3d``.
 
-    Inputs are float32, bfloat16 or float16 (one dtype); ``initial_state`` is float32.
+    Inputs are float32 or bfloat16 (one dtype; bfloat16 in cuda mode only) and finite
+    (``optimized.checks``); ``initial_state`` is float32.
     Returns ``(y [B, T, H, V] in q1's dtype, T_final [B, H, K, E, V] float32 or None)``.
     """
     B, T, H, K, E, V, kind = check_tensor3d_inputs(q1, k1, q2, k2, v, g, beta, mode, scale, initial_state,
@@ -99,8 +100,11 @@ def chunk_tensor3d(q1, k1, q2, k2, v, g=None, beta=None, mode="gla", scale=None,
         raise ValueError(f"q1, q2: the flattened key width K·E must be <= {MAX_DELTA_KEY_DIM} for fla's "
                          f"chunk_kda (mode 'delta'), got K·E = {K}·{E} = {K * E}")
     check_kernel_device("q1", q1)
+    check_kernel_dtype("q1", q1)
     if initial_state is not None and initial_state.dtype != torch.float32:
         raise ValueError(f"initial_state must have dtype torch.float32, got {initial_state.dtype}")
+    check_finite_activations((("q1", q1), ("k1", k1), ("q2", q2), ("k2", k2), ("v", v), ("g", g),
+                              ("beta", beta)))
     scale = K ** -0.5 if scale is None else float(scale)
 
     q = flatten_query(q1, q2)

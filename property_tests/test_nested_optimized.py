@@ -63,7 +63,7 @@ def opt_cases(draw, bucket=None, max_L=6):
             B = draw(st.integers(1, 2))
             H = 1 if B == 2 else draw(st.integers(1, 2))
     per_level = lambda s: st.lists(s, min_size=L - 1, max_size=L - 1).map(tuple)  # noqa: E731
-    schemes = ("learned", "merge")
+    schemes = ("learned", "merge", "bounded_erase")
     intervals = draw(st.none()                                              # the default ladder
                      | st.integers(1, 3).map(lambda f: (f,) * (L - 1))      # uniform
                      | per_level(st.integers(1, 4)))                        # anything, e.g. (1, 3)

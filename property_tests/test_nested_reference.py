@@ -21,7 +21,7 @@ CHUNK_SIZES = (64, 64, 16, 8)                  # 64 per SPEC; smaller ones fire 
 
 @st.composite
 def nested_cases(draw, min_L=1, max_L=6, seq_lens=SEQ_LENS, chunk_sizes=CHUNK_SIZES, min_H=1,
-                 schemes=("learned", "merge")):
+                 schemes=("learned", "merge", "bounded_erase")):
     L = draw(st.integers(min_L, max_L))
     K = draw(st.sampled_from((4, 8, 16)))
     V = draw(st.sampled_from((4, 8, 16)))

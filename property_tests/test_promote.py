@@ -10,6 +10,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 import nested_checks as checks
+from ngdn import scheme_check
 import nested_mutants as mutants
 from ngdn.strategies import examples, seeds
 from ngdn.tolerances import assert_passes, failures
@@ -22,7 +23,7 @@ D = checks.PromoteDraw
 
 
 @st.composite
-def promote_draws(draw, schemes=("learned", "merge"), min_n=1, scheme_n=True):
+def promote_draws(draw, schemes=("learned", "merge", "bounded_erase"), min_n=1, scheme_n=True):
     """Leading dims [B, H], K, V ∈ {4, 8, 16}; learned n ∈ [min_n, K] (merge: n = K); gate weights
     at ``make_levels``' scale or ``PROMOTE_LARGE_GATE_SCALE`` times it (gates out of their linear regime)."""
     K = draw(st.sampled_from((4, 8, 16)))
@@ -167,7 +168,7 @@ def test_probe_accepts_leading_batch_dims():
     """[B, F, H, K, V] snapshots give the per-firing results stacked (the batched optimized path)."""
     H, K, V = 2, 8, 4
     gen = torch.Generator().manual_seed(1)
-    for scheme in ("learned", "merge"):
+    for scheme in ("learned", "merge", "bounded_erase"):
         params = make_levels(2, H, K, V, scheme=scheme, query_counts=[3], generator=gen)[0].params
         M_below = torch.randn(2, 3, H, K, V, generator=gen, dtype=torch.float64)
         batched = get_scheme(scheme).probe(M_below, params)
@@ -176,6 +177,18 @@ def test_probe_accepts_leading_batch_dims():
                 single = get_scheme(scheme).probe(M_below[i, f], params)
                 for a, b in zip(batched, single):
                     torch.testing.assert_close(a[i, f], b, rtol=0, atol=0)
+
+
+@examples(scale=3)
+@example(d=scheme_check.STABILITY_SEEDS[0])
+@example(d=scheme_check.STABILITY_SEEDS[1])
+@given(d=scheme_check.stability_draws("bounded_erase"))
+def test_bounded_erase_never_expands_the_state(d):
+    """``bounded_erase`` (its docstring proves it): after any k ≤ 64 firings on any snapshot,
+    ``‖M_k‖ ≤ ‖M_0‖ + Σ_j ‖write_j‖`` (growth factor ≤ 1, up to float64 rounding), where
+    ``learned`` reaches 1e34 on the first explicit example."""
+    growth = scheme_check.growth_factor("bounded_erase", d)
+    assert growth <= 1 + 1e-12, (growth, d)
 
 
 # --- teeth: each property fails on a broken implementation -------------------------
@@ -244,3 +257,35 @@ def test_torch_vs_numpy_catches_a_linearised_gate_nonlinearity(name, caught_in, 
     bad = failures(checks.promote_torch_vs_numpy(d, numpy_probe=mutants.NUMPY_PROBE_MUTANTS[name](d.scheme),
                                                  log=False))
     assert caught_in in bad and "state" in bad
+
+
+def bounded_erase_without_overlap(M_below, params, reduction="mean"):
+    """MUTANT: ``bounded_erase`` with β_i = b_i (the division by max(1, Σ_j |κ_i·κ_j|) dropped)."""
+    κ, ν, β_channels, ω, γ = get_scheme("learned").probe(M_below, params, reduction)
+    return κ, ν, β_channels.mean(-1, keepdim=True).expand_as(κ), ω, γ
+
+
+def bounded_erase_numpy_without_overlap(M_below, params, reduction="mean"):
+    """MUTANT twin: ``bounded_erase_numpy`` without the overlap division."""
+    from reference.promote_numpy import learned_numpy
+    κ, ν, β_channels, ω, γ = learned_numpy(M_below, params, reduction)
+    return κ, ν, β_channels.mean(axis=1, keepdims=True).repeat(κ.shape[1], axis=1), ω, γ
+
+
+@pytest.mark.mutation
+def test_bounded_erase_stability_catches_the_overlap_division_dropped():
+    saved = dict(SCHEMES)
+    try:
+        register_scheme("bounded_erase", bounded_erase_without_overlap, SCHEMES["bounded_erase"].parameter_shapes,
+                        replace=True)
+        assert scheme_check.growth_factor("bounded_erase", scheme_check.STABILITY_SEEDS[0]) > 1e3
+    finally:
+        SCHEMES.clear()
+        SCHEMES.update(saved)
+
+
+@pytest.mark.mutation
+def test_torch_vs_numpy_catches_a_bounded_erase_twin_without_the_overlap_division():
+    d = MUTANT_DRAW._replace(scheme="bounded_erase")
+    bad = failures(checks.promote_torch_vs_numpy(d, numpy_probe=bounded_erase_numpy_without_overlap, log=False))
+    assert "beta" in bad and "state" in bad

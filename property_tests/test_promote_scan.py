@@ -26,7 +26,7 @@ DIMS = (16, 48, 80, 112) if on_cuda() else (8, 16, 20, 32, 40)
 @st.composite
 def scan_draws(draw):
     K, V = draw(st.sampled_from(DIMS)), draw(st.sampled_from(DIMS))
-    scheme = draw(st.sampled_from(("learned", "merge")))
+    scheme = draw(st.sampled_from(("learned", "merge", "bounded_erase")))
     # Large gates saturate β and ω. With many pairs the firing is then so ill-conditioned that
     # float32 loses the gradients of β and γ whatever the kernel does: on the H200, learned with
     # K = n = 112 lost dβ to 2e-3, merge with K = n = 112 to 6e-5 and with K = n = 48 dγ to 1.9e-5

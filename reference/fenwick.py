@@ -39,8 +39,9 @@ from __future__ import annotations
 import torch
 
 from reference.gdn2 import gdn2_read, gdn2_step
-from reference.validation import (FLOAT_DTYPES, check_gdn2_inputs, check_same_device, check_same_dtype,
-                                  check_scale, check_shape, check_tensor)
+from reference.validation import (FLOAT_DTYPES, check_dtype, check_gdn2_inputs, check_same_device,
+                                  check_same_dtype, check_scale, check_shape, check_sizes, check_tensor,
+                                  gdn2_sizes)
 
 
 # --- levels ---------------------------------------------------------------------------
@@ -97,9 +98,9 @@ def check_fenwick_inputs(q, k, v, g, level_scales, scale=None, dtypes=FLOAT_DTYP
     """SPEC section 5 shapes: q, k ``[B, T, H, K]``; v ``[B, T, H, V]``; g ``[B, T, H]``;
     level_scales ``[B, T, H, L]``. Returns ``(B, T, H, K, V, L)``."""
     for name, x in (("q", q), ("k", k), ("v", v)):
-        check_tensor(name, x, ndim=4, dtypes=dtypes)
-    check_tensor("g", g, ndim=3, dtypes=dtypes)
-    check_tensor("level_scales", level_scales, ndim=4, dtypes=dtypes)
+        check_tensor(name, x, ndim=4)
+    check_tensor("g", g, ndim=3)
+    check_tensor("level_scales", level_scales, ndim=4)
     B, T, H, K = q.shape
     V = v.shape[-1]
     if T == 0:
@@ -110,6 +111,8 @@ def check_fenwick_inputs(q, k, v, g, level_scales, scale=None, dtypes=FLOAT_DTYP
     L = check_level_scales(level_scales, B, T, H)
     named = (("q", q), ("k", k), ("v", v), ("g", g), ("level_scales", level_scales))
     check_same_dtype(named)
+    check_dtype("q", q, dtypes)
+    check_sizes(gdn2_sizes(B, T, H, K, V) + (("level_scales [B, T, H, L]", (B, T, H, L)),))
     check_same_device(named)
     check_scale(scale)
     return B, T, H, K, V, L

@@ -11,14 +11,25 @@ from __future__ import annotations
 
 import numpy as np
 
+from reference.fenwick import check_fenwick_gdn2_inputs, check_fenwick_inputs
+from reference.validation import as_array, as_checkable
+
 
 def fenwick_level_numpy(t: int, s: int) -> int:
     """``level(t, s) = 0 if s = t else 1 + floor(log2(t XOR s))``."""
     return 0 if s == t else 1 + int(np.floor(np.log2(t ^ s)))
 
 
-def _arrays(*xs):
-    return [np.asarray(x, dtype=np.float64) for x in xs]
+def _checked(q, k, v, g, level_scales, scale, b=None, w=None):
+    """The torch reference's checks (``check_fenwick_inputs``, or ``check_fenwick_gdn2_inputs``
+    with ``b, w``) on the arrays, then float64 copies ``[q, k, v, g, (b, w,) level_scales]``."""
+    views = {n: as_checkable(n, x) for n, x in (("q", q), ("k", k), ("v", v), ("g", g), ("b", b), ("w", w),
+                                                 ("level_scales", level_scales))}
+    if b is None and w is None:
+        check_fenwick_inputs(views["q"], views["k"], views["v"], views["g"], views["level_scales"], scale)
+        return [as_array(x) for x in (q, k, v, g, level_scales)]
+    check_fenwick_gdn2_inputs(*views.values(), scale)
+    return [as_array(x) for x in (q, k, v, g, b, w, level_scales)]
 
 
 def _carry(buckets: list) -> None:
@@ -44,7 +55,7 @@ def naive_fenwick_numpy(q, k, v, g, level_scales, scale=None):
 
     Returns ``(o [B, T, H, V], states [B, H, L, K, V])`` as float64 arrays.
     """
-    q, k, v, g, lam = _arrays(q, k, v, g, level_scales)
+    q, k, v, g, lam = _checked(q, k, v, g, level_scales, scale)
     B, T, H, K = q.shape
     V, L = v.shape[-1], lam.shape[-1]
     scale = K ** -0.5 if scale is None else scale
@@ -68,7 +79,7 @@ def naive_fenwick_gdn2_numpy(q, k, v, g, b, w, level_scales, scale=None):
 
     Returns ``(o [B, T, H, V], states [B, H, L, K, V])`` as float64 arrays.
     """
-    q, k, v, g, b, w, lam = _arrays(q, k, v, g, b, w, level_scales)
+    q, k, v, g, b, w, lam = _checked(q, k, v, g, level_scales, scale, b, w)
     B, T, H, K = q.shape
     V, L = v.shape[-1], lam.shape[-1]
     scale = K ** -0.5 if scale is None else scale
@@ -91,7 +102,7 @@ def naive_fenwick_gdn2_numpy(q, k, v, g, b, w, level_scales, scale=None):
 
 def quadratic_fenwick_numpy(q, k, v, g, level_scales, scale=None):
     """The masked ``T × T`` form, one pair ``(t, s)`` at a time. Returns ``o [B, T, H, V]``."""
-    q, k, v, g, lam = _arrays(q, k, v, g, level_scales)
+    q, k, v, g, lam = _checked(q, k, v, g, level_scales, scale)
     B, T, H, K = q.shape
     V = v.shape[-1]
     scale = K ** -0.5 if scale is None else scale

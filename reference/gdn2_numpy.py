@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from reference.validation import as_array, as_checkable, check_gdn2_inputs
+
 
 def gdn2_step_numpy(S, k, v, g, b, w):
     """One token on one head: ``S [K, V]``, ``k, g, b [K]``, ``v, w [V]``."""
@@ -18,13 +20,15 @@ def gdn2_step_numpy(S, k, v, g, b, w):
 def naive_gdn2_numpy(q, k, v, g, b, w, scale=None, initial_state=None):
     """Per-token GDN-2 on arrays shaped as in ``reference.gdn2.naive_gdn2``.
 
-    Returns ``(o [B, T, H, V], S_T [B, H, K, V])`` as float64 arrays.
+    Inputs are NumPy arrays or tensors, checked as the torch reference checks them
+    (``check_gdn2_inputs``, the same errors). Returns ``(o [B, T, H, V], S_T [B, H, K, V])``
+    as float64 arrays.
     """
-    q, k, v, g, b, w = (np.asarray(x, dtype=np.float64) for x in (q, k, v, g, b, w))
-    B, T, H, K = q.shape
-    V = v.shape[-1]
+    B, T, H, K, V = check_gdn2_inputs(*(as_checkable(n, x) for n, x in zip("qkvgbw", (q, k, v, g, b, w))),
+                                      scale, as_checkable("initial_state", initial_state))
+    q, k, v, g, b, w = (as_array(x) for x in (q, k, v, g, b, w))
     scale = K ** -0.5 if scale is None else scale
-    S = np.zeros((B, H, K, V)) if initial_state is None else np.array(initial_state, dtype=np.float64)
+    S = np.zeros((B, H, K, V)) if initial_state is None else as_array(initial_state)
     o = np.zeros((B, T, H, V))
     for i in range(B):
         for h in range(H):

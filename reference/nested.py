@@ -33,8 +33,9 @@ import torch
 from reference.gdn2 import gdn2_read, gdn2_step
 from reference.promote import promote
 from reference.schemes import check_reduction, check_scheme_params, get_scheme
-from reference.validation import (FLOAT_DTYPES, check_all_finite, check_same_device, check_same_dtype,
-                                  check_scale, check_shape, check_state_dtype, check_tensor)
+from reference.validation import (FLOAT_DTYPES, check_all_finite, check_dtype, check_same_device,
+                                  check_same_dtype, check_scale, check_shape, check_sizes, check_state_dtype,
+                                  check_tensor, gdn2_sizes)
 
 CHUNK_SIZE = 64
 
@@ -91,6 +92,17 @@ def make_levels(L, H, K, V, scheme="learned", intervals=None, query_counts=None,
                      ("reduction", reductions)):
         if len(xs) != L - 1:
             raise ValueError(f"{name} must have L - 1 = {L - 1} entries, got {len(xs)}")
+    for ℓ, (f, n) in enumerate(zip(intervals, query_counts), start=1):
+        if isinstance(f, bool) or not isinstance(f, int):
+            raise TypeError(f"intervals[{ℓ - 1}] (level ℓ = {ℓ}) must be an int, got {type(f).__name__}")
+        if f < 1:
+            raise ValueError(f"intervals[{ℓ - 1}] (level ℓ = {ℓ}) must be a positive number of chunks "
+                             f"(f_ℓ ≥ 1), got {f}")
+        if isinstance(n, bool) or not isinstance(n, int):
+            raise TypeError(f"query_counts[{ℓ - 1}] (level ℓ = {ℓ}) must be an int, got {type(n).__name__}")
+        if not 1 <= n <= K:
+            raise ValueError(f"query_counts[{ℓ - 1}] (level ℓ = {ℓ}) must be in 1..K = {K} (a query bank "
+                             f"larger than K is not allowed), got n = {n}")
 
     def randn(*shape, std):
         x = torch.randn(*shape, generator=generator, dtype=torch.float64) * std
@@ -117,12 +129,12 @@ def validate_nested_inputs(q, k, v, g, b, w, r, levels, scale=None, initial_stat
     states ``None`` or ``L`` entries, each ``None`` or ``[B, H, K, V]``. One dtype for
     the activations, one device for everything. Returns ``(B, T, H, L, K, V)``.
     """
-    check_tensor("q", q, ndim=5, dtypes=dtypes)
+    check_tensor("q", q, ndim=5)
     B, T, H, L, K = q.shape
     if T == 0:
         raise ValueError("q must hold at least one token, got T = 0")
     for name, x in (("k", k), ("v", v), ("g", g), ("b", b), ("w", w), ("r", r)):
-        check_tensor(name, x, ndim=4, dtypes=dtypes)
+        check_tensor(name, x, ndim=4)
     V = v.shape[-1]
     for name, x in (("k", k), ("g", g), ("b", b)):
         check_shape(name, x, (B, T, H, K), "[B, T, H, K]")
@@ -138,6 +150,8 @@ def validate_nested_inputs(q, k, v, g, b, w, r, levels, scale=None, initial_stat
                          f"(r.shape[-1] = L = len(levels) + 1 = {L}), got {tuple(r.shape)}")
     activations = (("q", q), ("k", k), ("v", v), ("g", g), ("b", b), ("w", w), ("r", r))
     check_same_dtype(activations)
+    check_dtype("q", q, dtypes)
+    check_sizes((("q [B, T, H, L, K]", (B, T, H, L, K)),) + gdn2_sizes(B, T, H, K, V))
     check_scale(scale)
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int):
         raise TypeError(f"chunk_size must be an int, got {type(chunk_size).__name__}")

@@ -6,17 +6,34 @@ begins; NumPy schemes and promote from ``reference.promote_numpy``.
 """
 from __future__ import annotations
 
+from typing import Sequence
+
 import numpy as np
 
 from reference.gdn2_numpy import gdn2_step_numpy
+from reference.nested import Level, validate_nested_inputs
 from reference.promote_numpy import SCHEMES_NUMPY, promote_numpy
+from reference.schemes import SCHEMES
+from reference.validation import as_array, as_checkable
 
 
-def as_array(x):
-    """float64 array from an array or a (possibly grad-tracking, any-device) torch tensor."""
-    if hasattr(x, "detach"):
-        x = x.detach().cpu().double().numpy()
-    return np.array(x, dtype=np.float64)
+def _checkable_levels(levels):
+    """``levels`` with NumPy parameters viewed as tensors, for ``validate_nested_inputs``; each
+    scheme must also have a NumPy twin."""
+    if not isinstance(levels, Sequence) or isinstance(levels, str):
+        return levels                                   # the shared check names the error
+    out = []
+    for i, level in enumerate(levels):
+        if isinstance(level, Level):
+            if isinstance(level.scheme, str) and level.scheme in SCHEMES and level.scheme not in SCHEMES_NUMPY:
+                raise ValueError(f"levels[{i}] (level ℓ = {i + 1}): scheme {level.scheme!r} has no NumPy twin "
+                                 f"in reference.promote_numpy.SCHEMES_NUMPY (have {sorted(SCHEMES_NUMPY)})")
+            params = level.params
+            if isinstance(params, dict):
+                params = {name: as_checkable(f"levels[{i}].params[{name!r}]", p) for name, p in params.items()}
+            level = Level(level.scheme, level.interval, params, level.reduction)
+        out.append(level)
+    return out
 
 
 def softmax(x):
@@ -27,13 +44,17 @@ def softmax(x):
 def naive_nested_gdn2_numpy(q, k, v, g, b, w, r, levels, scale=None, initial_states=None, chunk_size=64):
     """Per-token Nested GDN-2 on arrays shaped as in ``reference.nested.naive_nested_gdn2``.
 
-    ``levels``: ``L - 1`` objects with ``scheme``, ``interval``, ``params`` (per-head
-    arrays or tensors, leading dim H) and ``reduction``.
+    ``levels``: ``L - 1`` ``reference.nested.Level`` whose ``params`` are per-head arrays or
+    tensors (leading dim H), of a scheme with a NumPy twin (``SCHEMES_NUMPY``). Inputs are
+    NumPy arrays or tensors, checked as the torch reference checks them
+    (``validate_nested_inputs``, the same errors).
     Returns ``(o [B, T, H, V], [M_0, ..., M_{L-1}] each [B, H, K, V])`` as float64 arrays.
     """
+    named = tuple(as_checkable(n, x) for n, x in zip(("q", "k", "v", "g", "b", "w", "r"), (q, k, v, g, b, w, r)))
+    states = (initial_states if not isinstance(initial_states, (list, tuple))
+              else [as_checkable(f"initial_states[{ℓ}]", s) for ℓ, s in enumerate(initial_states)])
+    B, T, H, L, K, V = validate_nested_inputs(*named, _checkable_levels(levels), scale, states, chunk_size)
     q, k, v, g, b, w, r = (as_array(x) for x in (q, k, v, g, b, w, r))
-    B, T, H, L, K = q.shape
-    V = v.shape[-1]
     scale = K ** -0.5 if scale is None else scale
     C = chunk_size
     N = (T + C - 1) // C

@@ -48,7 +48,16 @@ def merge_numpy(M_below, params, reduction="mean"):
     return κ, ν, β, ω, γ
 
 
-SCHEMES_NUMPY = {"learned": learned_numpy, "merge": merge_numpy}
+def bounded_erase_numpy(M_below, params, reduction="mean"):
+    """``bounded_erase`` on one head: ``learned``'s ν, κ, ω, γ; one erase gate per pair,
+    ``β_i = mean_k σ(ν W_β)_ik / max(1, Σ_j |κ_i · κ_j|)`` on every channel."""
+    κ, ν, β_channels, ω, γ = learned_numpy(M_below, params, reduction)
+    overlap = np.abs(κ @ κ.T).sum(axis=1)
+    β_i = β_channels.mean(axis=1) / np.maximum(1.0, overlap)
+    return κ, ν, np.repeat(β_i[:, None], κ.shape[1], axis=1), ω, γ
+
+
+SCHEMES_NUMPY = {"learned": learned_numpy, "merge": merge_numpy, "bounded_erase": bounded_erase_numpy}
 
 
 def pair_log_decays_numpy(ν, params):

@@ -23,8 +23,12 @@ Adding a scheme is one function plus one registration::
 
     register_scheme("mine", my_scheme, my_parameter_shapes)
 
-``register_scheme`` returns the probe wrapped in the input checks (SPEC "Errors"),
-and ``get_scheme(name).probe`` is that checked probe. A scheme's query count ``n``
+``register_scheme`` returns the probe wrapped in the input and output checks (SPEC
+"Errors": outputs of the shapes above, errors naming the scheme; a taken name needs
+``replace=True``), and ``get_scheme(name).probe`` is that checked probe. ``ngdn scheme
+check FILE.py`` runs the property battery on a new scheme (``ngdn/scheme_check.py``).
+Registered here: ``learned`` and ``merge`` (SPEC section 2) and ``bounded_erase``
+(``learned``'s addresses with an erase that cannot expand the state; proof in its docstring). A scheme's query count ``n``
 is the number of rows of its parameter ``Q`` (``[H, n, K]``), or ``K`` when it has
 no ``Q`` (``merge``); ``n ≤ K`` is required.
 """
@@ -79,15 +83,31 @@ class Scheme(NamedTuple):
 SCHEMES: dict[str, Scheme] = {}
 
 
-def register_scheme(name: str, probe: Callable, parameter_shapes: Callable) -> Callable:
-    """Register ``probe`` under ``name``; returns the probe wrapped in input checks."""
+def register_scheme(name: str, probe: Callable, parameter_shapes: Callable, replace: bool = False) -> Callable:
+    """Register ``probe`` under ``name``; returns the probe wrapped in input and output checks.
+
+    A name already registered (the built-ins included) is refused unless ``replace=True``; a
+    ``probe`` or ``parameter_shapes`` that is not callable is refused at once. Every call of
+    the returned probe checks its inputs (``check_probe_inputs``) and its outputs against the
+    shapes of SPEC section 2 (``check_probe_outputs``); errors name the scheme.
+    """
     if not isinstance(name, str) or not name:
         raise TypeError(f"scheme name must be a non-empty str, got {name!r}")
+    for what, fn in (("probe", probe), ("parameter_shapes", parameter_shapes)):
+        if not callable(fn):
+            raise TypeError(f"scheme {name!r}: {what} must be callable, got {type(fn).__name__}")
+    if not isinstance(replace, bool):
+        raise TypeError(f"replace must be a bool, got {type(replace).__name__}")
+    if name in SCHEMES and not replace:
+        raise ValueError(f"scheme {name!r} is already registered; pass replace=True to replace it "
+                         f"(registered schemes: {sorted(SCHEMES)})")
 
     @functools.wraps(probe)
     def checked_probe(M_below, params, reduction="mean"):
         check_probe_inputs(name, M_below, params, reduction)
-        return probe(M_below, params, reduction)
+        outputs = probe(M_below, params, reduction)
+        check_probe_outputs(name, M_below, params, outputs)
+        return outputs
 
     SCHEMES[name] = Scheme(name, checked_probe, parameter_shapes)
     return checked_probe
@@ -163,6 +183,37 @@ def check_probe_inputs(scheme: str, M_below, params, reduction):
     check_reduction(reduction)
 
 
+PROBE_OUTPUTS = ("κ", "ν", "β", "ω", "γ")
+
+
+def check_probe_outputs(scheme: str, M_below, params, outputs):
+    """A probe's outputs (SPEC section 2): five tensors of ``M_below``'s dtype and device,
+    ``κ [..., H, n, K], ν [..., H, n, V], β [..., H, n, K], ω [..., H, n, V], γ [..., H, K]``
+    with ``M_below``'s leading dims and ``n = query_count(params, K)``. Errors name the scheme."""
+    where = f"scheme {scheme!r}: probe"
+    if not isinstance(outputs, (tuple, list)) or len(outputs) != 5:
+        got = f"a {type(outputs).__name__} of {len(outputs)}" if isinstance(outputs, (tuple, list)) else \
+            type(outputs).__name__
+        raise ValueError(f"{where} must return 5 tensors (κ, ν, β, ω, γ), got {got}")
+    *lead, H, K, V = M_below.shape
+    lead = tuple(lead)
+    n = query_count(params, K)
+    expected = {"κ": (lead + (H, n, K), "[..., H, n, K]"), "ν": (lead + (H, n, V), "[..., H, n, V]"),
+                "β": (lead + (H, n, K), "[..., H, n, K]"), "ω": (lead + (H, n, V), "[..., H, n, V]"),
+                "γ": (lead + (H, K), "[..., H, K]")}
+    for label, x in zip(PROBE_OUTPUTS, outputs):
+        if not isinstance(x, torch.Tensor):
+            raise ValueError(f"{where} output {label} must be a torch.Tensor, got {type(x).__name__}")
+        shape, layout = expected[label]
+        if tuple(x.shape) != shape:
+            raise ValueError(f"{where} output {label} must have shape {layout} = {shape} (n = {n}), "
+                             f"got {tuple(x.shape)}")
+        if x.dtype != M_below.dtype:
+            raise ValueError(f"{where} output {label} has dtype {x.dtype} but M_below has {M_below.dtype}")
+        if x.device != M_below.device:
+            raise ValueError(f"{where} output {label} is on {x.device} but M_below is on {M_below.device}")
+
+
 # --- the two schemes of SPEC section 2 ----------------------------------------------
 
 def learned_parameter_shapes(H, K, V, n):
@@ -193,5 +244,57 @@ def merge(M_below, params, reduction="mean"):
     return κ, ν, β, ω, γ
 
 
+# --- a stable scheme: learned addresses, erase bounded along overlapping keys -----------
+
+def bounded_erase_parameter_shapes(H, K, V, n):
+    return learned_parameter_shapes(H, K, V, n)
+
+
+def overlap(κ):
+    """``r_i = Σ_j |κ_i · κ_j|`` over the pairs of a firing: row i's absolute row sum of the
+    keys' Gram matrix ``G = κ κ^T`` (``κ [..., n, K]`` -> ``r [..., n, 1]``)."""
+    return (κ @ κ.transpose(-1, -2)).abs().sum(-1, keepdim=True)
+
+
+def bounded_erase(M_below, params, reduction="mean"):
+    """``bounded_erase``: ``learned``'s addresses with an erase that can never expand the state.
+
+    Parameters, ``ν``, ``κ``, ``ω`` and ``γ`` exactly as in ``learned``; the erase gate is one
+    number per pair, divided by how much that pair's key overlaps the others::
+
+        ν = Q M_below,  κ = l2norm(ν W_K),  ω = σ(ν W_ω),  γ = mean_i(-softplus(ν W_γ)_i)
+        b_i = mean_k σ(ν W_β)_ik                    # channel-uniform erase, in (0, 1)
+        r_i = Σ_j |κ_i · κ_j|                       # row i of |G|, G = κ κ^T (Gershgorin)
+        β_i = b_i / max(1, r_i) · 1_K               # erase gate [n, K]
+
+    Claim: for any snapshot and any parameters, ``‖M_new − κ^T (ω ⊙ ν)‖_F ≤ ‖M‖_F``; hence a
+    firing grows the state by at most its write, ``‖M_new‖_F ≤ ‖M‖_F + ‖κ^T (ω ⊙ ν)‖_F``, and
+    after k firings ``‖M_k‖_F ≤ ‖M_0‖_F + Σ_j ‖write_j‖_F`` (growth factor ≤ 1).
+
+    Proof. With channel-uniform β the erase is ``κ^T (β ⊙ κ) = κ^T C κ =: E``, ``C = diag(c)``,
+    ``c_i = b_i / max(1, r_i) ∈ [0, 1)``. E is symmetric positive semi-definite, and its
+    non-zero eigenvalues are those of ``C^½ G C^½``, which is similar to ``C G``. Every
+    eigenvalue of ``C G`` is at most its ∞-norm: ``max_i c_i Σ_j |G_ij| = max_i c_i r_i ≤
+    max_i b_i < 1`` (if ``r_i ≥ 1``, ``c_i r_i = b_i``; otherwise ``c_i r_i < b_i``). So
+    ``I − E`` is symmetric with eigenvalues in ``(0, 1]`` and ``‖(I − E) X‖_F ≤ ‖X‖_F``;
+    ``γ ≤ 0`` gives ``‖diag(e^γ) M‖_F ≤ ‖M‖_F``; and ``M_new − κ^T(ω ⊙ ν) = (I − E) diag(e^γ) M``. ∎
+
+    What it costs: nothing when the keys of a firing are orthonormal (``r_i = 1``: β_i = b_i,
+    the full erase); with n equal keys each β_i is divided by n, so the erase along that key
+    is ``Σ_i b_i / n ≤ 1`` instead of ``learned``'s ``Σ_i β_i`` (up to n; SPEC 2 "Hazard").
+    The erase is channel-uniform per pair (a per-channel ``β ⊙ κ`` makes E non-symmetric,
+    and ``I − E`` can then have a singular value above 1 even for one pair). ``r_i`` uses
+    ``|·|`` and ``max``, which have kinks only where a Gram entry is exactly 0 or r_i = 1.
+    """
+    ν = params["Q"] @ M_below                                  # ν = Q M_below      as in learned
+    κ = l2norm(ν @ params["W_K"])                              # κ = l2norm(ν W_K)  learned addresses
+    β_channels, ω, γ_i = gates(ν, params)
+    b = β_channels.mean(-1, keepdim=True)                      # b_i = mean_k σ(ν W_β)_ik
+    β = (b / overlap(κ).clamp(min=1.0)).expand_as(κ)           # β_i = b_i / max(1, r_i)
+    γ = reduce_log_decay(γ_i, reduction)
+    return κ, ν, β, ω, γ
+
+
 learned = register_scheme("learned", learned, learned_parameter_shapes)
 merge = register_scheme("merge", merge, merge_parameter_shapes)
+bounded_erase = register_scheme("bounded_erase", bounded_erase, bounded_erase_parameter_shapes)

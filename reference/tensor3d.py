@@ -33,11 +33,14 @@ from __future__ import annotations
 import torch
 
 from reference.validation import (
+    CHUNK,
     FLOAT_DTYPES,
+    check_dtype,
     check_same_device,
     check_same_dtype,
     check_scale,
     check_shape,
+    check_sizes,
     check_state_dtype,
     check_tensor,
 )
@@ -127,7 +130,7 @@ def check_tensor3d_inputs(q1, k1, q2, k2, v, g=None, beta=None, mode="gla", scal
     """
     _check_choice("mode", mode, MODES)
     for name, x in (("q1", q1), ("k1", k1), ("q2", q2), ("k2", k2), ("v", v)):
-        check_tensor(name, x, ndim=4, dtypes=dtypes)
+        check_tensor(name, x, ndim=4)
     B, T, H, K = q1.shape
     E, V = q2.shape[-1], v.shape[-1]
     if T == 0:
@@ -137,17 +140,20 @@ def check_tensor3d_inputs(q1, k1, q2, k2, v, g=None, beta=None, mode="gla", scal
     check_shape("k2", k2, (B, T, H, E), "[B, T, H, E]")
     check_shape("v", v, (B, T, H, V), "[B, T, H, V]")
     kind = gate_kind(g, B, T, H, K, E)
-    if g is not None:
-        check_tensor("g", g, dtypes=dtypes)
     if mode == "delta":
         if beta is None:
             raise ValueError("beta [B, T, H] is required in mode 'delta', got None")
-        check_tensor("beta", beta, ndim=3, dtypes=dtypes)
+        check_tensor("beta", beta, ndim=3)
         check_shape("beta", beta, (B, T, H), "[B, T, H]")
     elif beta is not None:
         raise ValueError("beta is only used in mode 'delta'; pass beta=None in mode 'gla'")
     named = (("q1", q1), ("k1", k1), ("q2", q2), ("k2", k2), ("v", v), ("g", g), ("beta", beta))
     check_same_dtype(named)
+    check_dtype("q1", q1, dtypes)
+    N = -(-T // CHUNK)
+    check_sizes((("q1 [B, T, H, K]", (B, T, H, K)), ("v [B, T, H, V]", (B, T, H, V)),
+                 ("the flattened key vec(k1 ⊗ k2) [B, T, H, K·E]", (B, T, H, K * E)),
+                 ("the per-chunk states [B, ceil(T/64), H, K·E, V]", (B, N, H, K * E, V))))
     check_same_device(named + (("initial_state", initial_state),))
     check_scale(scale)
     if initial_state is not None:

@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from reference.tensor3d import check_tensor3d_inputs
+from reference.validation import as_array, as_checkable
+
 
 def decay_grid_numpy(g_t, K: int, E: int) -> np.ndarray:
     """The per-``(i, j)`` log-decay ``[K, E]`` of one token on one head, by meaning."""
@@ -46,15 +49,19 @@ def tensor3d_step_numpy(S, k1, k2, v, decay, beta=None, mode="gla"):
 def naive_tensor3d_numpy(q1, k1, q2, k2, v, g=None, beta=None, mode="gla", scale=None, initial_state=None):
     """Per-token 3D tensor state on arrays shaped as in ``reference.tensor3d.naive_tensor3d``.
 
-    Returns ``(y [B, T, H, V], T_final [B, H, K, E, V])`` as float64 arrays.
+    Inputs are NumPy arrays or tensors, checked as the torch reference checks them
+    (``check_tensor3d_inputs``, the same errors). Returns ``(y [B, T, H, V], T_final [B, H, K, E, V])``
+    as float64 arrays.
     """
-    q1, k1, q2, k2, v = (np.asarray(x, dtype=np.float64) for x in (q1, k1, q2, k2, v))
-    g = None if g is None else np.asarray(g, dtype=np.float64)
-    beta = None if beta is None else np.asarray(beta, dtype=np.float64)
-    B, T, H, K = q1.shape
-    E, V = q2.shape[-1], v.shape[-1]
+    names = ("q1", "k1", "q2", "k2", "v", "g", "beta")
+    views = [as_checkable(n, x) for n, x in zip(names, (q1, k1, q2, k2, v, g, beta))]
+    B, T, H, K, E, V, _ = check_tensor3d_inputs(*views, mode=mode, scale=scale,
+                                                initial_state=as_checkable("initial_state", initial_state))
+    q1, k1, q2, k2, v = (as_array(x) for x in (q1, k1, q2, k2, v))
+    g = None if g is None else as_array(g)
+    beta = None if beta is None else as_array(beta)
     scale = K ** -0.5 if scale is None else scale
-    S = np.zeros((B, H, K, E, V)) if initial_state is None else np.array(initial_state, dtype=np.float64)
+    S = np.zeros((B, H, K, E, V)) if initial_state is None else as_array(initial_state)
     y = np.zeros((B, T, H, V))
     for b in range(B):
         for h in range(H):

@@ -6,11 +6,17 @@ kernel or an index expression.
 """
 from __future__ import annotations
 
+import warnings
 from typing import Iterable, Sequence
 
+import numpy as np
 import torch
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+# Kernels index their tensors with int32 offsets: no tensor a call creates or reads may hold
+# more elements than this (SPEC "Errors", sizes). The references share the limit (one rule).
+MAX_ELEMENTS = 2 ** 31 - 1
 
 
 def check_tensor(name: str, x, ndim: int | None = None, dtypes: Sequence[torch.dtype] = FLOAT_DTYPES):
@@ -21,6 +27,52 @@ def check_tensor(name: str, x, ndim: int | None = None, dtypes: Sequence[torch.d
         raise ValueError(f"{name} must have {ndim} dimensions, got shape {tuple(x.shape)}")
     if x.dtype not in dtypes:
         raise ValueError(f"{name} must have dtype in {[str(d) for d in dtypes]}, got {x.dtype}")
+
+
+def check_dtype(name: str, x: torch.Tensor, dtypes: Sequence[torch.dtype]):
+    """``x.dtype`` is one of ``dtypes`` (checked after ``check_same_dtype``, so a mixed-dtype
+    input gets the same message from every entry point, whatever dtypes it accepts)."""
+    if x.dtype not in dtypes:
+        raise ValueError(f"{name} must have dtype in {[str(d) for d in dtypes]}, got {x.dtype}")
+
+
+def check_sizes(sizes: Iterable[tuple[str, Sequence[int]]]):
+    """Every ``(what, shape)`` (a tensor the call reads or creates, named with its layout)
+    holds at most ``MAX_ELEMENTS`` elements; checked before any work or allocation."""
+    for what, shape in sizes:
+        n = 1
+        for d in shape:
+            n *= int(d)
+        if n > MAX_ELEMENTS:
+            raise ValueError(f"{what} = {tuple(int(d) for d in shape)} would hold {n} elements, more than "
+                             f"2**31 - 1 = {MAX_ELEMENTS} (kernels index with int32 offsets); "
+                             "split the batch or the sequence")
+
+
+def as_checkable(name: str, x):
+    """The NumPy twins' inputs, for the shared checks: a NumPy array becomes a torch view of
+    the same memory (no copy, any size), a tensor or ``None`` stays as it is. Anything else
+    is a ``TypeError`` naming the argument."""
+    if x is None or isinstance(x, torch.Tensor):
+        return x
+    if isinstance(x, np.ndarray):
+        if any(s < 0 for s in x.strides):
+            x = x.copy()
+        try:
+            with warnings.catch_warnings():     # a read-only (e.g. broadcast) array: only read here
+                warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+                return torch.from_numpy(x)
+        except TypeError:
+            raise ValueError(f"{name} must have dtype in {[str(d) for d in FLOAT_DTYPES]}, "
+                             f"got NumPy {x.dtype}") from None
+    raise TypeError(f"{name} must be a NumPy array or torch.Tensor, got {type(x).__name__}")
+
+
+def as_array(x) -> np.ndarray:
+    """A float64 NumPy copy of an array or a (possibly grad-tracking, any-device) tensor."""
+    if isinstance(x, torch.Tensor):
+        x = x.detach().cpu().double().numpy()
+    return np.array(x, dtype=np.float64)
 
 
 def check_shape(name: str, x: torch.Tensor, expected: Sequence[int], layout: str):
@@ -85,11 +137,20 @@ def check_scale(scale):
         raise ValueError(f"scale must be finite, got {scale}")
 
 
+CHUNK = 64  # the kernels' chunk: they keep one state per chunk (SPEC conventions)
+
+
+def gdn2_sizes(B, T, H, K, V):
+    """The largest tensors of a GDN-2 call: activations and output, and the per-chunk states."""
+    return (("q [B, T, H, K]", (B, T, H, K)), ("v [B, T, H, V]", (B, T, H, V)),
+            ("the per-chunk states [B, ceil(T/64), H, K, V]", (B, -(-T // CHUNK), H, K, V)))
+
+
 def check_gdn2_inputs(q, k, v, g, b, w, scale=None, initial_state=None, dtypes=FLOAT_DTYPES):
     """SPEC section 1 shapes: q, k, g, b ``[B, T, H, K]``; v, w ``[B, T, H, V]``;
     ``initial_state`` ``[B, H, K, V]``. Returns ``(B, T, H, K, V)``."""
     for name, x in (("q", q), ("k", k), ("v", v), ("g", g), ("b", b), ("w", w)):
-        check_tensor(name, x, ndim=4, dtypes=dtypes)
+        check_tensor(name, x, ndim=4)
     B, T, H, K = q.shape
     V = v.shape[-1]
     if T == 0:
@@ -99,6 +160,8 @@ def check_gdn2_inputs(q, k, v, g, b, w, scale=None, initial_state=None, dtypes=F
     check_shape("v", v, (B, T, H, V), "[B, T, H, V]")
     check_shape("w", w, (B, T, H, V), "[B, T, H, V]")
     check_same_dtype((("q", q), ("k", k), ("v", v), ("g", g), ("b", b), ("w", w)))
+    check_dtype("q", q, dtypes)
+    check_sizes(gdn2_sizes(B, T, H, K, V))
     check_same_device((("q", q), ("k", k), ("v", v), ("g", g), ("b", b), ("w", w),
                        ("initial_state", initial_state)))
     check_scale(scale)

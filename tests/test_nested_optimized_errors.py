@@ -97,14 +97,14 @@ def test_key_dim_above_fla_limit():
 
 
 def test_wrong_device_for_mode():
-    if DEV == "cpu":
-        pytest.skip("no CUDA device to put a mismatched tensor on (checked on GPU runs)")
-    with pytest.raises(ValueError, match="optimized ops run on cuda tensors in cuda mode"):
-        x = inputs()
-        x = {n: (t.cpu() if isinstance(t, torch.Tensor) else t) for n, t in x.items()}
-        x["levels"] = [Level(lv.scheme, lv.interval, {n: p.cpu() for n, p in lv.params.items()}, lv.reduction)
-                       for lv in x["levels"]]
-        x["initial_states"] = [s.cpu() for s in x["initial_states"]]
+    other = "meta" if DEV == "cpu" else "cpu"      # meta: a second device without CUDA, no memory
+    x = inputs()
+    x = {n: (t.to(other) if isinstance(t, torch.Tensor) else t) for n, t in x.items()}
+    x["levels"] = [Level(lv.scheme, lv.interval, {n: p.to(other) for n, p in lv.params.items()}, lv.reduction)
+                   for lv in x["levels"]]
+    x["initial_states"] = [s.to(other) for s in x["initial_states"]]
+    with pytest.raises(ValueError, match=f"q is on {other}, but optimized ops run on {DEV} tensors in "
+                                         f"{triton_mode.MODE} mode"):
         chunk_nested_gdn2(**x)
 
 

@@ -1,0 +1,85 @@
+"""Input checks of the optimized entry points beyond the references' (SPEC.md, "Errors").
+
+The shapes, dtypes and devices are checked by the references' validators
+(``reference.validation`` and friends, one validation for both paths); these are
+the checks only the kernels need, run in this order after them:
+
+1. ``check_kernel_device``: CUDA tensors in ``cuda`` mode, CPU tensors under the
+   interpreter.
+2. ``check_kernel_dtype``: one rule for every optimized op: float32 or bfloat16
+   inputs (float16 is accepted by none: no kernel is tested in it), and bfloat16
+   only in ``cuda`` mode. Under the Triton interpreter (``cpu-interpret``) bfloat16
+   dots come back as garbage (measured: outputs around 1e9-1e10 where the reference
+   gives about 1), so it is refused, never computed wrongly.
+3. ``check_finite_activations``: fla's chunk kernels mix every token of a 64-token
+   chunk (cumulative decays, triangular solves), so one NaN or inf at token t
+   poisons the outputs at earlier tokens of its chunk, and ``g = -inf`` (a full
+   forget) makes every output NaN (``exp(-G)`` of the cumulative decay overflows).
+   SPEC lets an op raise instead: one fused device reduction (a single host sync)
+   over the activations; only on failure the first bad (batch, token) is looked up.
+   ``g = -inf`` is refused too: clamping it to a finite log-decay whose ``exp``
+   underflows to 0 (``g >= -110``) keeps every output finite, but the cancellation
+   in fla's in-chunk cumulative sums then costs 3e-6 … 1e-5 relative error in
+   float32 (measured, T = 100, K = V = 16, 1-4 forgetting tokens) against 2.3e-7
+   without it, not the reference's answer to the usual margin. The references
+   compute ``g = -inf`` exactly (``exp(-inf) = 0``): use them, or a finite gate,
+   or split the sequence at the forgetting token (a fresh state).
+"""
+from __future__ import annotations
+
+from typing import Iterable
+
+import torch
+
+from optimized import triton_mode
+
+KERNEL_DTYPES = (torch.bfloat16, torch.float32)
+
+
+def check_kernel_device(name: str, x: torch.Tensor):
+    """Kernels run on CUDA tensors in cuda mode and on CPU tensors under the interpreter."""
+    expected = triton_mode.device()
+    if x.device.type != expected:
+        raise ValueError(
+            f"{name} is on {x.device}, but optimized ops run on {expected} tensors in "
+            f"{triton_mode.MODE} mode"
+        )
+
+
+def check_kernel_dtype(name: str, x: torch.Tensor):
+    """bfloat16 only where the kernels compute it (``cuda`` mode); float32 everywhere."""
+    if x.dtype == torch.bfloat16 and triton_mode.MODE != triton_mode.CUDA:
+        raise ValueError(
+            f"{name} is torch.bfloat16, which the Triton interpreter ({triton_mode.MODE} mode) does not "
+            "compute correctly; use float32 on the CPU (bfloat16 runs on CUDA)"
+        )
+
+
+def _first_bad(x: torch.Tensor) -> tuple[int, int, float]:
+    """``(batch, token, value)`` of the first non-finite entry of ``x [B, T, ...]`` (error path only)."""
+    bad = ~torch.isfinite(x)
+    bt = bad.flatten(2).any(-1) if bad.dim() > 2 else bad
+    b, t = (int(i) for i in bt.nonzero()[0])
+    value = x[b, t].flatten()[bad[b, t].flatten()][0].item()
+    return b, t, value
+
+
+def check_finite_activations(named: Iterable[tuple[str, torch.Tensor | None]]):
+    """Every activation ``[B, T, ...]`` is finite, with one host sync; a ``ValueError`` names
+    the first bad tensor, its batch index and token, and the value found."""
+    named = [(n, x) for n, x in named if x is not None]
+    if not named:
+        return
+    flags = torch.stack([torch.isfinite(x).all() for _, x in named])
+    if bool(flags.all()):
+        return
+    name, x = next((n, x) for (n, x), ok in zip(named, flags.tolist()) if not ok)
+    b, t, value = _first_bad(x)
+    hint = (" (g = -inf, a full forget, is computed by the references only: fla's chunk kernels turn it "
+            "into NaN; use a finite log-decay or start a new sequence there)" if value == float("-inf")
+            and name == "g" else "")
+    raise ValueError(
+        f"{name} holds a non-finite value ({value}) at batch {b}, token {t}: the optimized ops refuse "
+        f"non-finite activations (their chunk kernels would spread it to earlier tokens of its "
+        f"64-token chunk){hint}"
+    )

@@ -1,0 +1,294 @@
+"""Bad inputs of issue 15, across every public entry point (the table in README "Bad inputs"):
+bfloat16 under the interpreter, float16 and mixed dtypes (one rule, one message), non-finite
+activations (the optimized ops raise; the references stay causal), sizes past int32 offsets,
+the NumPy twins' checks, ``make_levels`` arguments and ``chunk_fenwick``'s return value.
+Every check fails before a kernel runs, so these tests are cheap."""
+import re
+
+import numpy as np
+import pytest
+import torch
+
+from ngdn.fenwick_inputs import FenwickShape, fenwick_inputs
+from ngdn.inputs import GDN2Shape, gdn2_inputs
+from ngdn.nested_inputs import NestedShape, cast_levels, nested_inputs
+from ngdn.tensor3d_inputs import Tensor3DShape, tensor3d_inputs
+from optimized import chunk_fenwick, chunk_gdn2, chunk_nested_gdn2, chunk_tensor3d, triton_mode
+from reference import (make_levels, naive_fenwick, naive_fenwick_gdn2_numpy, naive_fenwick_numpy, naive_gdn2,
+                       naive_gdn2_numpy, naive_nested_gdn2, naive_nested_gdn2_numpy, naive_tensor3d,
+                       naive_tensor3d_numpy, quadratic_fenwick, quadratic_fenwick_numpy)
+
+DEV = triton_mode.device()
+CPU = triton_mode.MODE != triton_mode.CUDA
+
+
+# --- one valid call per entry point ------------------------------------------------------------
+
+def gdn2_call(dtype=torch.float32, device=DEV):
+    x = gdn2_inputs(GDN2Shape(B=2, T=8, H=1, K=8, V=8), seed=0)
+    return {n: x[n].to(device, dtype) for n in ("q", "k", "v", "g", "b", "w")}
+
+
+def nested_call(dtype=torch.float32, device=DEV):
+    x = nested_inputs(NestedShape(B=2, T=8, H=1, L=2, K=8, V=8), seed=0)
+    args = {n: x[n].to(device, dtype) for n in ("q", "k", "v", "g", "b", "w", "r")}
+    args["levels"] = cast_levels(x["levels"], torch.float32 if dtype != torch.float64 else dtype, device)
+    return args
+
+
+def tensor3d_call(mode, dtype=torch.float32, device=DEV):
+    x = tensor3d_inputs(Tensor3DShape(B=2, T=8, H=1, K=4, E=2, V=8), 0, mode, "tile")
+    args = {n: x[n].to(device, dtype) for n in ("q1", "k1", "q2", "k2", "v", "g")}
+    args["beta"] = None if x["beta"] is None else x["beta"].to(device, dtype)
+    return dict(args, mode=mode)
+
+
+def fenwick_call(dtype=torch.float32, device=DEV):
+    x = fenwick_inputs(FenwickShape(B=2, T=8, H=1, K=8, V=8), seed=0)
+    return {n: x[n].to(device, dtype) for n in ("q", "k", "v", "g", "level_scales")}
+
+
+# (id, optimized op, reference op, inputs(dtype, device), first activation's name)
+OPS = [
+    ("gdn2", chunk_gdn2, naive_gdn2, gdn2_call, "q"),
+    ("nested", chunk_nested_gdn2, naive_nested_gdn2, nested_call, "q"),
+    ("tensor3d-gla", chunk_tensor3d, naive_tensor3d, lambda *a, **k: tensor3d_call("gla", *a, **k), "q1"),
+    ("tensor3d-delta", chunk_tensor3d, naive_tensor3d, lambda *a, **k: tensor3d_call("delta", *a, **k), "q1"),
+    ("fenwick", chunk_fenwick, naive_fenwick, fenwick_call, "q"),
+]
+OP_PARAMS = [pytest.param(*op[1:], id=op[0]) for op in OPS]
+
+
+# --- dtypes: bfloat16 under the interpreter, float16, mixed --------------------------------------
+
+@pytest.mark.skipif(not CPU, reason="bfloat16 is computed (and tested) in cuda mode")
+@pytest.mark.parametrize("opt, ref, call, first", OP_PARAMS)
+def test_bfloat16_refused_under_the_interpreter(opt, ref, call, first):
+    """Issue 15.1: bf16 CPU tensors came back as 1e9-1e10; now refused, naming the mode."""
+    with pytest.raises(ValueError, match=rf"{first} is torch.bfloat16, which the Triton interpreter "
+                                         r"\(cpu-interpret mode\) does not compute correctly; use float32 on "
+                                         r"the CPU \(bfloat16 runs on CUDA\)"):
+        opt(**call(torch.bfloat16))
+
+
+@pytest.mark.parametrize("opt, ref, call, first", OP_PARAMS)
+def test_float16_one_rule_for_every_optimized_op(opt, ref, call, first):
+    """Issue 15.8: every optimized op takes float32 and bfloat16, none float16 (no kernel is tested in it)."""
+    with pytest.raises(ValueError, match=rf"{first} must have dtype in \['torch.bfloat16', 'torch.float32'\], "
+                                         r"got torch.float16"):
+        opt(**call(torch.float16))
+
+
+@pytest.mark.parametrize("opt, ref, call, first", OP_PARAMS)
+def test_mixed_dtypes_one_message(opt, ref, call, first):
+    """Issue 15.8: the reference and the optimized op give the same message for one mixed input."""
+    messages = []
+    for op in (opt, ref):
+        args = call()
+        args["v"] = args["v"].half()
+        with pytest.raises(ValueError) as error:
+            op(**args)
+        messages.append(str(error.value))
+    assert messages[0] == messages[1] == f"v has dtype torch.float16 but {first} has torch.float32; " \
+                                         "inputs must share one dtype"
+
+
+# --- non-finite activations ---------------------------------------------------------------------
+
+def poisoned(call, name, value, b=1, t=5):
+    args = call()
+    x = args[name].clone()
+    x[b, t] = value
+    args[name] = x
+    return args
+
+
+@pytest.mark.parametrize("opt, ref, call, first", OP_PARAMS)
+@pytest.mark.parametrize("name, value", [("k", float("nan")), ("v", float("inf")), ("g", float("-inf")),
+                                         ("g", float("nan"))])
+def test_optimized_refuses_non_finite_activations(opt, ref, call, first, name, value):
+    """Issue 15.2: fla's chunk kernels spread a NaN/inf to earlier tokens of its chunk (and turn
+    g = -inf into NaN everywhere); the optimized ops raise instead, naming tensor, batch and token."""
+    if name == "k" and first == "q1":
+        name = "k1"
+    with pytest.raises(ValueError, match=rf"{name} holds a non-finite value \({value}\) at batch 1, token 5: "
+                                         r"the optimized ops refuse non-finite activations"):
+        opt(**poisoned(call, name, value))
+
+
+def test_optimized_g_minus_inf_error_says_what_to_do():
+    with pytest.raises(ValueError, match=r"g = -inf, a full forget, is computed by the references only"):
+        chunk_gdn2(**poisoned(gdn2_call, "g", float("-inf")))
+
+
+@pytest.mark.parametrize("opt, ref, call, first", OP_PARAMS)
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_reference_non_finite_never_reaches_earlier_tokens(opt, ref, call, first, value):
+    """SPEC "Errors": a NaN/inf at token t leaves every earlier output unchanged (the references)."""
+    name = "k1" if first == "q1" else "k"
+    clean = ref(**call(torch.float64, "cpu"))[0]
+    o = ref(**poisoned(lambda: call(torch.float64, "cpu"), name, value, t=5))[0]
+    assert torch.equal(o[:, :5], clean[:, :5])
+    assert not torch.isfinite(o[1, 5:]).all()
+
+
+@pytest.mark.parametrize("opt, ref, call, first", OP_PARAMS)
+def test_reference_g_minus_inf_is_a_full_forget(opt, ref, call, first):
+    """SPEC "Errors": g = -inf is finite in the references and forgets every earlier write: outputs from
+    that token on do not depend on the values before it (nested: level 0's; the upper levels keep theirs)."""
+    t = 5
+    args = poisoned(lambda: call(torch.float64, "cpu"), "g", float("-inf"), b=slice(None), t=t)
+    o = ref(**args)[0]
+    assert torch.isfinite(o).all()
+    if ref is naive_nested_gdn2:
+        return                 # T = 8 < 64: no level fires, yet the router reads level 1 (its initial zeros)
+    args["v"] = args["v"].clone()
+    args["v"][:, :t] += 1.0
+    assert torch.allclose(ref(**args)[0][:, t:], o[:, t:], rtol=0, atol=1e-12)
+
+
+# --- sizes past int32 offsets -------------------------------------------------------------------
+
+def huge(*shape, device=DEV):
+    """A zero-filled view of any size that allocates one element."""
+    return torch.zeros(1, device=device).expand(*shape)
+
+
+HUGE_T = 2 ** 31
+
+
+def huge_gdn2(device=DEV):
+    return dict(q=huge(1, HUGE_T, 1, 4, device=device), k=huge(1, HUGE_T, 1, 4, device=device),
+                v=huge(1, HUGE_T, 1, 4, device=device), g=huge(1, HUGE_T, 1, 4, device=device),
+                b=huge(1, HUGE_T, 1, 4, device=device), w=huge(1, HUGE_T, 1, 4, device=device))
+
+
+SIZE_MESSAGE = r"q \[B, T, H, K\] = \(1, 2147483648, 1, 4\) would hold 8589934592 elements, more than 2\*\*31 - 1"
+
+
+@pytest.mark.parametrize("op", [chunk_gdn2, naive_gdn2, naive_gdn2_numpy])
+def test_huge_sequence_refused_before_any_work(op):
+    """Issue 15.7: T = 2**31 ended in an allocator error inside fla; naive_gdn2 started looping."""
+    with pytest.raises(ValueError, match=SIZE_MESSAGE):
+        op(**huge_gdn2())
+
+
+def test_huge_per_chunk_states_refused():
+    T, K = 64 * 2 ** 16, 256           # q holds 2**30 elements, the per-chunk states 2**32
+    args = {n: huge(1, T, 1, K) for n in ("q", "k", "v", "g", "b", "w")}
+    with pytest.raises(ValueError, match=r"the per-chunk states \[B, ceil\(T/64\), H, K, V\] = "
+                                         r"\(1, 65536, 1, 256, 256\) would hold 4294967296 elements"):
+        chunk_gdn2(**args)
+
+
+def test_huge_sizes_refused_by_every_op():
+    x = huge_gdn2()
+    with pytest.raises(ValueError, match="more than 2\\*\\*31 - 1"):
+        chunk_fenwick(x["q"], x["k"], x["v"], huge(1, HUGE_T, 1), huge(1, HUGE_T, 1, 33))
+    with pytest.raises(ValueError, match="more than 2\\*\\*31 - 1"):
+        chunk_tensor3d(x["q"], x["k"], x["q"], x["k"], x["v"])
+    with pytest.raises(ValueError, match=r"q \[B, T, H, L, K\] = \(1, 2147483648, 1, 1, 4\) would hold"):
+        chunk_nested_gdn2(huge(1, HUGE_T, 1, 1, 4), x["k"], x["v"], x["g"], x["b"], x["w"], huge(1, HUGE_T, 1, 1), [])
+
+
+# --- NumPy twins: the torch references' checks ---------------------------------------------------
+
+def numpy_of(args):
+    return {n: (x.numpy() if isinstance(x, torch.Tensor) else x) for n, x in args.items()}
+
+
+TWINS = [
+    pytest.param(naive_gdn2_numpy, naive_gdn2, lambda: gdn2_call(torch.float64, "cpu"), id="gdn2"),
+    pytest.param(naive_tensor3d_numpy, naive_tensor3d, lambda: tensor3d_call("delta", torch.float64, "cpu"),
+                 id="tensor3d"),
+    pytest.param(naive_fenwick_numpy, naive_fenwick, lambda: fenwick_call(torch.float64, "cpu"), id="fenwick"),
+    pytest.param(quadratic_fenwick_numpy, quadratic_fenwick, lambda: fenwick_call(torch.float64, "cpu"),
+                 id="fenwick-quadratic"),
+    pytest.param(naive_nested_gdn2_numpy, naive_nested_gdn2, lambda: nested_call(torch.float64, "cpu"),
+                 id="nested"),
+]
+
+
+def same_error(twin, ref, args, error=ValueError):
+    with pytest.raises(error) as from_ref:
+        ref(**args)
+    with pytest.raises(error, match=re.escape(str(from_ref.value))):
+        twin(**numpy_of(args))
+    return str(from_ref.value)
+
+
+@pytest.mark.parametrize("twin, ref, call", TWINS)
+def test_numpy_twin_wrong_shape(twin, ref, call):
+    """Issue 15.6: a raw NumPy broadcast/IndexError before; now the torch reference's message."""
+    args = call()
+    args["v"] = args["v"][:, :3]
+    assert "v must have shape [B, T, H, V]" in same_error(twin, ref, args)
+
+
+@pytest.mark.parametrize("twin, ref, call", TWINS)
+def test_numpy_twin_empty_sequence(twin, ref, call):
+    args = {n: (x[:, :0] if isinstance(x, torch.Tensor) else x) for n, x in call().items()}
+    assert "at least one token, got T = 0" in same_error(twin, ref, args)
+
+
+@pytest.mark.parametrize("twin, ref, call", TWINS)
+def test_numpy_twin_mixed_dtypes_and_wrong_rank(twin, ref, call):
+    args = call()
+    args["v"] = args["v"].float()
+    assert "v has dtype torch.float32 but" in same_error(twin, ref, args)
+    args = call()
+    args["v"] = args["v"][0]
+    assert "v must have 4 dimensions" in same_error(twin, ref, args)
+
+
+def test_numpy_twin_not_an_array():
+    args = numpy_of(gdn2_call(torch.float64, "cpu"))
+    args["q"] = [[1.0]]
+    with pytest.raises(TypeError, match="q must be a NumPy array or torch.Tensor, got list"):
+        naive_gdn2_numpy(**args)
+    args["q"] = np.array(["a"], dtype=object)
+    with pytest.raises(ValueError, match="q must have dtype in .*, got NumPy object"):
+        naive_gdn2_numpy(**args)
+
+
+def test_numpy_twin_nested_query_bank_larger_than_k():
+    args = nested_call(torch.float64, "cpu")
+    level = args["levels"][0]
+    level.params = dict(level.params, Q=np.zeros((1, 9, 8)))
+    with pytest.raises(ValueError, match=r"holds n = 9 queries but K = 8: a query bank larger than K"):
+        naive_nested_gdn2_numpy(**numpy_of(args))
+
+
+def test_numpy_twin_fenwick_gdn2_checks():
+    x = numpy_of(gdn2_call(torch.float64, "cpu"))
+    with pytest.raises(ValueError, match=r"level_scales must have at least 1 \+ ceil\(log2 T\) = 4 levels"):
+        naive_fenwick_gdn2_numpy(**x, level_scales=np.ones((2, 8, 1, 3)))
+
+
+def test_numpy_twin_huge_sizes():
+    x = {n: np.broadcast_to(np.zeros(1), (1, HUGE_T, 1, 4)) for n in ("q", "k", "v", "g", "b", "w")}
+    with pytest.raises(ValueError, match=SIZE_MESSAGE):
+        naive_gdn2_numpy(**x)
+
+
+# --- make_levels ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kwargs, error, message", [
+    (dict(query_counts=[4, 9]), ValueError, r"query_counts\[1\] \(level ℓ = 2\) must be in 1\.\.K = 8 .*got n = 9"),
+    (dict(query_counts=[0, 4]), ValueError, r"query_counts\[0\] \(level ℓ = 1\) must be in 1\.\.K = 8"),
+    (dict(intervals=[1, 0]), ValueError, r"intervals\[1\] \(level ℓ = 2\) must be a positive number of chunks"),
+    (dict(intervals=[-1, 2]), ValueError, r"intervals\[0\] \(level ℓ = 1\) must be a positive number"),
+    (dict(intervals=[1, 2.0]), TypeError, r"intervals\[1\] \(level ℓ = 2\) must be an int, got float"),
+])
+def test_make_levels_refuses_bad_arguments_at_once(kwargs, error, message):
+    """Issue 15.5: these failed only when the levels were used."""
+    with pytest.raises(error, match=message):
+        make_levels(3, 1, 8, 8, **kwargs)
+
+
+# --- return values -------------------------------------------------------------------------------
+
+def test_chunk_fenwick_returns_output_and_none():
+    """Issue 15.8: ``o, _ = chunk_fenwick(...)`` kept batch 0 of a bare tensor; now ``(o, None)``."""
+    o, final = chunk_fenwick(**fenwick_call())
+    assert final is None and o.shape == (2, 8, 1, 8)
