@@ -1,4 +1,5 @@
-"""Executable spec: slow, readable per-token references of ../shared/SPEC.md.
+"""Executable spec: slow, readable per-token references of the contract in docs/CONTRACT.md
+(the project's restatement of ../shared/SPEC.md).
 
 PyTorch references are differentiable (autograd gives reference gradients);
 ``*_numpy`` twins compute in float64 with NumPy.
