@@ -180,9 +180,11 @@ def _patch_autotuner():
 
 
 def worker(spec_path: str, index: int) -> int:
-    from bench import nested_vs_flat as nvf
+    from bench.harness import CpuDevice, Hooks, prepare_environment
+    from bench.measure import build_flat, build_nested, param_dtypes
+    from bench.plan import Workload
 
-    nvf.prepare_environment()   # the benchmark process's environment: same compile cache keys
+    prepare_environment()   # the benchmark process's environment: same compile cache keys
     _patch_autotuner()
     import torch
 
@@ -190,19 +192,19 @@ def worker(spec_path: str, index: int) -> int:
         spec = json.load(f)
     args = types.SimpleNamespace(**spec["args"])
     # A CPU device only for tests of this path (the interpreter; nothing to precompile there).
-    hooks = nvf.Hooks(device=None if torch.cuda.is_available() else nvf.CpuDevice()).resolve(args)
+    hooks = Hooks(device=None if torch.cuda.is_available() else CpuDevice()).resolve(args)
     d = spec["groups"][index]
-    w = nvf.Workload(**(d | {"query_counts": tuple(d["query_counts"])}))
+    w = Workload(**(d | {"query_counts": tuple(d["query_counts"])}))
     t0 = time.perf_counter()
     try:
         if w.impl == "flat":
-            built = nvf.build_flat(w, args, hooks)
+            built = build_flat(w, args, hooks)
             o = built.forward()
         else:
-            dtypes = nvf.param_dtypes(args)   # as measure_workload: float32 if the op rejects bf16
+            dtypes = param_dtypes(args)   # as measure_workload: float32 if the op rejects bf16
             for dtype in dtypes:
                 try:
-                    built = nvf.build_nested(w, args, hooks, dtype)
+                    built = build_nested(w, args, hooks, dtype)
                     o = built.forward()
                     break
                 except (TypeError, ValueError) as e:

@@ -13,6 +13,10 @@ import torch
 
 from bench import floors
 from bench import nested_vs_flat as nvf
+from bench.harness import CpuDevice, Hooks, prepare_environment
+from bench.measure import param_dtypes
+from bench.plan import Workload, make_plan
+from bench.report import COLUMNS, TARGETS, _split_errors, write_plots
 
 GIB = 2 ** 30
 LAST = {"op": None}   # which stand-in ran last: the timer and device report per side
@@ -38,7 +42,7 @@ def stub_timer(fn):
     return {"nested": 3.0, "flat": 2.0, None: 1.0}[LAST["op"]]
 
 
-class FakeDevice(nvf.CpuDevice):
+class FakeDevice(CpuDevice):
     name = "Fake GPU 9000"
 
     def memory_begin(self):
@@ -57,7 +61,7 @@ def hooks(**kw):
     LAST["op"] = None
     base = dict(nested_op=nested_stub, flat_op=flat_stub, timer=stub_timer, device=FakeDevice(),
                 log=lambda m: None)
-    return nvf.Hooks(**(base | kw))
+    return Hooks(**(base | kw))
 
 
 def read_rows(path):
@@ -77,7 +81,7 @@ def test_smoke_run_writes_csv_markdown_plots(tmp_path, monkeypatch):
         assert field in text
     with open(out / "results.csv") as f:
         columns = next(csv.reader(line for line in f if not line.startswith("#")))
-    assert columns == nvf.COLUMNS
+    assert columns == COLUMNS
     # depth: L 2,4 x (nested, flat); batch: B 1,2 x 2; ladder: L 4 x (ladder, uniform16) (L 2 has
     # nothing to compare: both are 16 queries)
     assert len(rows) == 10
@@ -106,7 +110,7 @@ def test_smoke_run_writes_csv_markdown_plots(tmp_path, monkeypatch):
     md = (out / "results.md").read_text()
     for heading in ("## Targets", "## 1. Training cost vs depth", "## 2. Training cost vs batch",
                     "## 3. Peak memory", "## 4. Query ladder", "## Floors", "## Autotune / warm-up",
-                    "Fake GPU 9000", nvf.TARGETS[2], "| met |"):
+                    "Fake GPU 9000", TARGETS[2], "| met |"):
         assert heading in md
     assert (out / "meta.json").exists()
 
@@ -177,22 +181,22 @@ def test_resume_and_time_budget(tmp_path):
 def test_plots_skipped_with_a_warning_without_matplotlib(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     with pytest.warns(UserWarning, match="matplotlib is not installed"):
-        assert nvf.write_plots(tmp_path, [], ["h", "a", "b", "c"], lambda m: None) == []
+        assert write_plots(tmp_path, [], ["h", "a", "b", "c"], lambda m: None) == []
 
 
 def test_plan_quick_filter_and_list(capsys):
     from reference.nested import default_query_counts
 
-    quick = nvf.make_plan(nvf.parse_args(["--quick"]), default_query_counts)
+    quick = make_plan(nvf.parse_args(["--quick"]), default_query_counts)
     assert [c.id for c in quick] == ["depth-K128-L2", "depth-K128-L4", "batch-K128-L4-B2", "ladder-K128-L4"]
     assert quick[1].workloads[0].query_counts == (16, 32, 64) and quick[1].workloads[1].heads == 64
-    full = nvf.make_plan(nvf.parse_args([]), default_query_counts)
+    full = make_plan(nvf.parse_args([]), default_query_counts)
     assert len(full) == 10 + 5 + 8
     depth6 = next(c for c in full if c.id == "depth-K64-L6")
     assert depth6.workloads[0].query_counts == (16, 32, 64, 64, 64)     # ladder holds at K past the cap
     batch = [c for c in full if c.sweep == "batch"]
     assert [(c.B, c.T) for c in batch] == [(1, 32768), (2, 16384), (4, 8192), (8, 4096), (16, 2048)]
-    picked = nvf.make_plan(nvf.parse_args(["--configs", "depth-K128-*,batch-*-B16"]), default_query_counts)
+    picked = make_plan(nvf.parse_args(["--configs", "depth-K128-*,batch-*-B16"]), default_query_counts)
     assert [c.id for c in picked] == [f"depth-K128-L{L}" for L in range(2, 7)] + ["batch-K128-L4-B16"]
     assert nvf.main(["--list", "--quick"]) == 0
     assert "ladder-K128-L4" in capsys.readouterr().out
@@ -202,7 +206,7 @@ def test_prepare_environment_unsets_pins(monkeypatch):
     monkeypatch.setenv("NGDN_PIN_AUTOTUNE", "1")
     monkeypatch.setenv("NGDN_IEEE_F32", "1")
     monkeypatch.delenv("TRITON_CACHE_AUTOTUNING", raising=False)
-    notes = nvf.prepare_environment()
+    notes = prepare_environment()
     assert "NGDN_PIN_AUTOTUNE" not in os.environ and "NGDN_IEEE_F32" not in os.environ
     assert os.environ["TRITON_CACHE_AUTOTUNING"] == "1"
     assert any("NGDN_PIN_AUTOTUNE" in n for n in notes)
@@ -248,7 +252,7 @@ def default_plan_groups():
     """The compile groups of the default (full) plan."""
     from bench import precompile
 
-    plan = nvf.make_plan(nvf.parse_args([]), lambda L, K: [min(K, 16 * 2 ** i) for i in range(L - 1)])
+    plan = make_plan(nvf.parse_args([]), lambda L, K: [min(K, 16 * 2 ** i) for i in range(L - 1)])
     return precompile.compile_groups(list({w.key: w for c in plan for w in c.workloads}.values()))
 
 
@@ -262,7 +266,7 @@ def test_precompile_groups_one_per_kernel_specialisation():
     assert len(groups) == 10 + 10 + 8
     assert all(g["B"] == 1 for g in groups)
     assert groups[0]["L"] == 6 and groups[0]["K"] == 128
-    assert len({precompile.group_key(nvf.Workload(**(g | {"query_counts": tuple(g["query_counts"])})))
+    assert len({precompile.group_key(Workload(**(g | {"query_counts": tuple(g["query_counts"])})))
                 for g in groups}) == len(groups)
     assert precompile.default_workers(28) <= 12
 
@@ -270,9 +274,9 @@ def test_precompile_groups_one_per_kernel_specialisation():
 def test_error_messages_split_by_phase_not_by_every_semicolon():
     text = ("backward timing: RuntimeError: a; b; forward+backward timing: OOM (x); "
             "peak memory: RuntimeError: c")
-    assert nvf._split_errors(text) == ["backward timing: RuntimeError: a; b", "forward+backward timing: OOM (x)",
+    assert _split_errors(text) == ["backward timing: RuntimeError: a; b", "forward+backward timing: OOM (x)",
                                        "peak memory: RuntimeError: c"]
-    assert nvf._split_errors("") == [] and nvf._split_errors(None) == []
+    assert _split_errors("") == [] and _split_errors(None) == []
 
 
 class FakeProc:
@@ -330,9 +334,36 @@ def test_auto_param_dtype_retries_float32_once_when_the_op_rejects_bf16(tmp_path
         return nested_stub(q, k, v, g, b, w, r, levels, **kw)
 
     argv = [a if a != "float32" else "bfloat16" for a in TINY] + ["--out", str(tmp_path), "--sweeps", "depth"]
-    assert nvf.param_dtypes(nvf.parse_args(argv)) == [torch.bfloat16, torch.float32]
-    assert nvf.param_dtypes(nvf.parse_args(argv + ["--param-dtype", "run"])) == [torch.bfloat16]
+    assert param_dtypes(nvf.parse_args(argv)) == [torch.bfloat16, torch.float32]
+    assert param_dtypes(nvf.parse_args(argv + ["--param-dtype", "run"])) == [torch.bfloat16]
     assert nvf.run(nvf.parse_args(argv), hooks(nested_op=picky)) == 0
     _, rows = read_rows(tmp_path / "results.csv")
     nested = [r for r in rows if r["impl"] == "nested"]
     assert nested and all(r["param_dtype"] == "float32" and not r["error"] for r in nested)
+
+
+def test_bench_modules_import_no_circle():
+    """One file, one job; no import circles: no module of bench/ imports (at any depth, in any
+    function) a module that imports it back."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent / "bench"
+    names = {p.stem for p in root.glob("*.py")}
+    graph = {}
+    for p in root.glob("*.py"):
+        deps = set()
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module == "bench":
+                deps |= {a.name for a in node.names if a.name in names}
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("bench."):
+                deps.add(node.module.split(".")[1])
+            elif isinstance(node, ast.Import):
+                deps |= {a.name.split(".")[1] for a in node.names if a.name.startswith("bench.")}
+        graph[p.stem] = deps - {p.stem}
+
+    def reaches(start, target, seen=()):
+        return any(d == target or (d not in seen and reaches(d, target, (*seen, d))) for d in graph.get(start, ()))
+
+    assert graph["precompile"] & {"plan", "harness", "measure"} and "nested_vs_flat" not in graph["precompile"]
+    assert [m for m in graph if reaches(m, m)] == []
