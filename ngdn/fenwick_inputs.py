@@ -11,7 +11,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from ngdn.inputs import GDN2Shape, gdn2_inputs, generator, randn
+from ngdn.inputs import GDN2Shape, check_regime, extreme_log_decay, extreme_logits, gdn2_inputs, generator, randn
 from reference.fenwick import min_levels
 
 
@@ -28,12 +28,16 @@ class FenwickShape(NamedTuple):
         return min_levels(self.T) + self.extra_levels
 
 
-def level_scales(gen, B, T, H, L):
-    """Router weights ``λ ∈ (0, 1)``, one per token, head and level."""
-    return torch.sigmoid(randn(gen, B, T, H, L))
+def level_scales(gen, B, T, H, L, regime: str = "typical"):
+    """Router weights ``λ ∈ (0, 1)``, one per token, head and level (``regime="extreme"``:
+    then logits ±30 on some entries, i.e. ``λ = σ(±30)``, within 1e-13 of 0 or 1)."""
+    logits = randn(gen, B, T, H, L)
+    if regime == "extreme":
+        logits = extreme_logits(gen, logits)
+    return torch.sigmoid(logits)
 
 
-def fenwick_inputs(shape: FenwickShape, seed: int) -> dict:
+def fenwick_inputs(shape: FenwickShape, seed: int, regime: str = "typical") -> dict:
     """Scalar-decay inputs: ``q`` Gaussian, ``k`` unit-norm, ``v`` Gaussian,
     ``g ∈ (-1.5, 0)``-ish per token and head (``logsigmoid(N(2.5, 1))``), ``λ ∈ (0, 1)``,
     and an output cotangent ``do``. Bucket states stay bounded: each is a decayed sum
@@ -43,7 +47,12 @@ def fenwick_inputs(shape: FenwickShape, seed: int) -> dict:
     ``dq``, ``dk`` and ``dλ`` are each one multiple of the single dot product
     ``do_0 · v_0``; an independent draw can make it cancel (one seed in 300 gave
     ``cos(do, v) = 7e-5`` and a float32 relative error of 3e-4 in all three), so their
-    relative error is unbounded though the kernel is right. Correlated, it cannot cancel."""
+    relative error is unbounded though the kernel is right. Correlated, it cannot cancel.
+
+    ``regime="extreme"`` (``ngdn.inputs.REGIMES``): after the typical draw, from the same
+    generator, log-decays down to -20 and below on some tokens (and some near 0) and router
+    logits ±30 on some entries."""
+    check_regime(regime)
     B, T, H, K, V, _ = shape
     gen = generator(seed)
     x = {
@@ -54,17 +63,21 @@ def fenwick_inputs(shape: FenwickShape, seed: int) -> dict:
         "level_scales": level_scales(gen, B, T, H, shape.L),
     }
     x["do"] = x["v"] + 0.5 * randn(gen, B, T, H, V)
+    if regime == "extreme":
+        x["g"] = extreme_log_decay(gen, x["g"])
+        x["level_scales"] = torch.sigmoid(extreme_logits(gen, torch.logit(x["level_scales"])))
     return x
 
 
-def fenwick_gdn2_inputs(shape: FenwickShape, seed: int) -> dict:
+def fenwick_gdn2_inputs(shape: FenwickShape, seed: int, regime: str = "typical") -> dict:
     """GDN-2-variant inputs: ``ngdn.inputs.gdn2_inputs`` (no initial state) plus ``λ``
-    drawn from a second generator seeded from the same seed."""
+    drawn from a second generator seeded from the same seed (``regime`` applies to both)."""
+    check_regime(regime)
     B, T, H, K, V, _ = shape
-    x = gdn2_inputs(GDN2Shape(B, T, H, K, V), seed, initial_state=False)
+    x = gdn2_inputs(GDN2Shape(B, T, H, K, V), seed, initial_state=False, regime=regime)
     del x["initial_state"], x["dht"]
     gen = generator(seed ^ 0x5EED)
-    x["level_scales"] = level_scales(gen, B, T, H, shape.L)
+    x["level_scales"] = level_scales(gen, B, T, H, shape.L, regime)
     return x
 
 

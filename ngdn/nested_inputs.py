@@ -26,7 +26,8 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from ngdn.inputs import as_reference, cast, generator, randn
+from ngdn.inputs import (as_reference, cast, check_regime, extreme_erase, extreme_log_decay, extreme_logits,
+                         extreme_state, extreme_write, generator, randn)
 from reference.nested import Level, default_query_counts, make_levels
 
 
@@ -46,7 +47,8 @@ def bounded_query_counts(L: int, K: int, V: int) -> list[int]:
 
 
 def nested_inputs(shape: NestedShape, seed: int, scheme="learned", intervals=None, query_counts=None,
-                  reduction="mean", initial_states: bool = True, gate_scale: float = 1.0) -> dict:
+                  reduction="mean", initial_states: bool = True, gate_scale: float = 1.0,
+                  regime: str = "typical") -> dict:
     """Nested GDN-2 inputs in float64 from one seeded generator.
 
     ``scheme``/``reduction``: one name, or one per level ℓ = 1..L-1; ``intervals`` default
@@ -54,7 +56,11 @@ def nested_inputs(shape: NestedShape, seed: int, scheme="learned", intervals=Non
     Returns q ``[B,T,H,L,K]``, k, v, g, b, w, r ``[B,T,H,L]``, ``levels`` (float64 params),
     ``initial_states`` (L ``[B,H,K,V]`` or None) and cotangents ``do [B,T,H,V]``,
     ``dht`` (L ``[B,H,K,V]``) for a loss ``Σ o·do + Σ_ℓ M_ℓ·dht_ℓ``.
+    ``regime="extreme"`` (``ngdn.inputs.REGIMES``): after the typical draw, from the same
+    generator, level-0 gates as in ``gdn2_inputs``, router logits ±30 on some (token, level)
+    entries, and each level's initial state at entry scale 1e3 or 1e-6 (drawn per level).
     """
+    check_regime(regime)
     B, T, H, L, K, V = shape
     gen = generator(seed)
     query_counts = bounded_query_counts(L, K, V) if query_counts is None else query_counts
@@ -72,6 +78,13 @@ def nested_inputs(shape: NestedShape, seed: int, scheme="learned", intervals=Non
     x["initial_states"] = [0.5 * randn(gen, B, H, K, V) for _ in range(L)] if initial_states else None
     x["do"] = randn(gen, B, T, H, V)
     x["dht"] = [randn(gen, B, H, K, V) for _ in range(L)]
+    if regime == "extreme":
+        x["g"] = extreme_log_decay(gen, x["g"])
+        x["b"] = extreme_erase(gen, x["b"])
+        x["w"] = extreme_write(gen, x["w"])
+        x["r"] = extreme_logits(gen, x["r"])
+        if x["initial_states"] is not None:
+            x["initial_states"] = [extreme_state(gen, s) for s in x["initial_states"]]
     return x
 
 

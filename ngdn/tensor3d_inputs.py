@@ -14,7 +14,7 @@ from typing import NamedTuple
 
 import torch.nn.functional as F
 
-from ngdn.inputs import generator, rand, randn
+from ngdn.inputs import check_regime, extreme_erase, extreme_log_decay, extreme_state, generator, rand, randn
 from reference.tensor3d import GATE_KINDS, KEY_MODES, MODES, second_query_key
 
 NAMES = ("q1", "k1", "q2", "k2", "v")
@@ -36,13 +36,17 @@ def gate_shape(shape: Tensor3DShape, gate: str):
 
 
 def tensor3d_inputs(shape: Tensor3DShape, seed: int, mode: str = "gla", gate: str = "tile",
-                    key_mode: str = "sigmoid", initial_state: bool = True) -> dict:
+                    key_mode: str = "sigmoid", initial_state: bool = True, regime: str = "typical") -> dict:
     """3D tensor state inputs in float64.
 
     Keys: ``q1, k1, q2, k2, v, g`` (None for gate ``"none"``), ``beta`` (None in mode
     ``gla``), ``initial_state`` ``[B, H, K, E, V]`` (or None), and cotangents ``dy``,
     ``dht`` for a loss ``Σ y·dy + Σ T_final·dht``.
+    ``regime="extreme"`` (``ngdn.inputs.REGIMES``): after the typical draw, from the same
+    generator, log-decays down to -20 and below (and some near 0), ``β = 1 - 1e-6`` on some
+    tokens, and the initial state at entry scale 1e3 or 1e-6.
     """
+    check_regime(regime)
     if mode not in MODES or gate not in GATE_KINDS or key_mode not in KEY_MODES:
         raise ValueError(f"mode, gate, key_mode must be in {MODES}, {GATE_KINDS}, {KEY_MODES}; "
                          f"got {mode!r}, {gate!r}, {key_mode!r}")
@@ -64,4 +68,10 @@ def tensor3d_inputs(shape: Tensor3DShape, seed: int, mode: str = "gla", gate: st
         "dy": randn(gen, B, T, H, V),
         "dht": randn(gen, B, H, K, E, V),
     }
+    if regime == "extreme":
+        if x["g"] is not None:
+            x["g"] = extreme_log_decay(gen, x["g"])
+        if x["beta"] is not None:
+            x["beta"] = extreme_erase(gen, x["beta"])
+        x["initial_state"] = extreme_state(gen, x["initial_state"])
     return x

@@ -46,25 +46,38 @@ def paired(actual: dict, expected: dict) -> dict:
     return {q: (actual[q], expected[q]) for q in expected}
 
 
-def incremental_vs_quadratic(shape, seed, incremental=naive_fenwick, quadratic=quadratic_fenwick, log=True):
+def without_dg_if_extreme(pairs: dict, regime: str) -> dict:
+    """The pairs, less ``dg`` in the extreme regime. There the masked forms (``quadratic_fenwick``
+    and fla's ``naive_log_linear_attn``, both ``exp(G_t - G_s)`` through a cumulative sum ``G``)
+    get ``dg`` as a reverse cumulative sum of ``dG``, in which each diagonal term ``(t, t)`` (weight
+    ``e^0 = 1``) enters twice with opposite signs: what is left has an absolute error of about
+    1e-16 · |diagonal terms|, while under strong forgets (g ≈ -20 … -60) the true ``dg`` is of size
+    ``e^g``. Measured: relative ``dg`` error up to 9e-2 in both masked forms (they agree with each
+    other; the per-token ``naive_fenwick`` differentiates ``e^{g_t}`` directly and has no such
+    cancellation). Output, dq, dk, dv and dλ stay within 1.4e-14 and are still compared."""
+    return {q: p for q, p in pairs.items() if not (regime == "extreme" and q == "dg")}
+
+
+def incremental_vs_quadratic(shape, seed, incremental=naive_fenwick, quadratic=quadratic_fenwick, log=True, regime="typical"):
     """The per-token form (one state per level, binary-counter merges) equals the masked
     ``T × T`` form through ``level(t, s)``, in value and in all five gradients (float64)."""
-    x = fenwick_inputs(shape, seed)
+    x = fenwick_inputs(shape, seed, regime=regime)
     return compare("fenwick_incremental_vs_quadratic", torch.float64,
-                   paired(output_and_grads(incremental, x), output_and_grads(quadratic, x)), log=log)
+                   without_dg_if_extreme(paired(output_and_grads(incremental, x), output_and_grads(quadratic, x)),
+                                         regime), log=log)
 
 
 def torch_vs_numpy(shape, seed, incremental=naive_fenwick, quadratic=quadratic_fenwick,
-                   gdn2_variant=naive_fenwick_gdn2, log=True):
+                   gdn2_variant=naive_fenwick_gdn2, log=True, regime="typical"):
     """Each PyTorch reference equals its independently written NumPy float64 twin
     (outputs and per-level final states)."""
-    x = fenwick_inputs(shape, seed)
+    x = fenwick_inputs(shape, seed, regime=regime)
     ins = [x[n] for n in INPUTS]
     o, states = incremental(*ins, output_final_state=True)
     o_np, states_np = naive_fenwick_numpy(*(t.numpy() for t in ins))
     oq = quadratic(*ins)
     oq_np = quadratic_fenwick_numpy(*(t.numpy() for t in ins))
-    y = fenwick_gdn2_inputs(shape, seed)
+    y = fenwick_gdn2_inputs(shape, seed, regime=regime)
     gins = [y[n] for n in GDN2_INPUTS]
     o2, states2 = gdn2_variant(*gins, output_final_state=True)
     o2_np, states2_np = naive_fenwick_gdn2_numpy(*(t.numpy() for t in gins))
@@ -77,15 +90,16 @@ def torch_vs_numpy(shape, seed, incremental=naive_fenwick, quadratic=quadratic_f
     }, log=log)
 
 
-def reference_vs_fla_naive(shape, seed, reference=naive_fenwick, log=True):
+def reference_vs_fla_naive(shape, seed, reference=naive_fenwick, log=True, regime="typical"):
     """fla's ``naive_log_linear_attn`` (an oracle we did not write; plain torch ops, so it
     runs in float64 and autograd differentiates it) equals our reference in value and in
     all five gradients. fla's ``scale`` defaults to 1.0: ours is passed."""
-    x = fenwick_inputs(shape, seed)
+    x = fenwick_inputs(shape, seed, regime=regime)
     scale = shape.K ** -0.5
     return compare("fenwick_fla_naive", torch.float64,
-                   paired(output_and_grads(reference, x),
-                          output_and_grads(naive_log_linear_attn, x, scale=scale)), log=log)
+                   without_dg_if_extreme(paired(output_and_grads(reference, x),
+                                                output_and_grads(naive_log_linear_attn, x, scale=scale)), regime),
+                   log=log)
 
 
 def recurrent_gla(q, k, v, g, scale):
@@ -100,19 +114,19 @@ def recurrent_gla(q, k, v, g, scale):
     return torch.stack(o, dim=1)
 
 
-def gla_reduction(shape, seed, reference=naive_fenwick, log=True):
+def gla_reduction(shape, seed, reference=naive_fenwick, log=True, regime="typical"):
     """``λ ≡ 1``: every bucket is read with weight one, so the levels sum to the one gated
     linear-attention state; the output equals ``recurrent_gla`` (float64)."""
-    x = fenwick_inputs(shape, seed)
+    x = fenwick_inputs(shape, seed, regime=regime)
     o = output_of(reference(x["q"], x["k"], x["v"], x["g"], ones_level_scales(x)))
     o_gla = recurrent_gla(x["q"], x["k"], x["v"], x["g"], shape.K ** -0.5)
     return compare("fenwick_reductions", torch.float64, {"gla_output": (o, o_gla)}, log=log)
 
 
-def gdn2_reduction(shape, seed, reference=naive_fenwick_gdn2, log=True):
+def gdn2_reduction(shape, seed, reference=naive_fenwick_gdn2, log=True, regime="typical"):
     """GDN-2 variant with ``λ ≡ 1`` equals GDN-2 (``reference.naive_gdn2``): the output,
     and the bucket states summed over levels equal GDN-2's final state (float64)."""
-    y = fenwick_gdn2_inputs(shape, seed)
+    y = fenwick_gdn2_inputs(shape, seed, regime=regime)
     gates = [y[n] for n in GDN2_INPUTS[:-1]]
     o, states = reference(*gates, torch.ones_like(y["level_scales"]), output_final_state=True)
     o_gdn2, S = naive_gdn2(*gates, output_final_state=True)

@@ -22,8 +22,8 @@ def grad_or_zero(x: torch.Tensor) -> torch.Tensor:
     return x.grad if x.grad is not None else torch.zeros_like(x)
 
 
-def torch_vs_numpy(shape, seed, reference=naive_gdn2, log=True):
-    x = gdn2_inputs(shape, seed)
+def torch_vs_numpy(shape, seed, reference=naive_gdn2, log=True, regime="typical"):
+    x = gdn2_inputs(shape, seed, regime=regime)
     o, ht = reference(*(x[n] for n in GATES), initial_state=x["initial_state"], output_final_state=True)
     o_np, ht_np = naive_gdn2_numpy(*(x[n].numpy() for n in GATES), initial_state=x["initial_state"].numpy())
     return compare("gdn2_torch_vs_numpy", torch.float64,
@@ -31,9 +31,9 @@ def torch_vs_numpy(shape, seed, reference=naive_gdn2, log=True):
                    log=log)
 
 
-def reference_vs_fla_naive(shape, seed, reference=naive_gdn2, log=True):
+def reference_vs_fla_naive(shape, seed, reference=naive_gdn2, log=True, regime="typical"):
     """fla's ``naive_recurrent_gdn2`` computes in float32: compare at float32."""
-    x = gdn2_inputs(shape, seed)
+    x = gdn2_inputs(shape, seed, regime=regime)
     ins = [x[n].float() for n in GATES]
     h0 = x["initial_state"].float()
     o_fla, ht_fla = naive_recurrent_gdn2(*ins, initial_state=h0, output_final_state=True)
@@ -42,9 +42,9 @@ def reference_vs_fla_naive(shape, seed, reference=naive_gdn2, log=True):
                    {"output": (o_fla, o), "final_state": (ht_fla, ht)}, log=log)
 
 
-def kda_reduction(shape, seed, reference=naive_gdn2, log=True):
+def kda_reduction(shape, seed, reference=naive_gdn2, log=True, regime="typical"):
     """``b = w = β`` (one scalar per token) is KDA: fla's ``naive_recurrent_kda`` is the oracle."""
-    x = gdn2_inputs(shape, seed)
+    x = gdn2_inputs(shape, seed, regime=regime)
     beta = x["b"][..., 0]                                      # [B, T, H]
     b = beta[..., None].expand_as(x["k"])
     w = beta[..., None].expand_as(x["v"])

@@ -296,12 +296,13 @@ class NestedCase(NamedTuple):
     reduction: object = "mean"
     chunk_size: int = 64
     gate_scale: float = 1.0             # make_levels' gate_scale (NESTED_LARGE_GATE_SCALE: large gates)
+    regime: str = "typical"             # ngdn.inputs.REGIMES ("extreme": extreme gates and state norms)
 
 
 def case_inputs(case: NestedCase, initial_states=True) -> dict:
     return nested_inputs(case.shape, case.seed, scheme=case.scheme, intervals=case.intervals,
                          query_counts=case.query_counts, reduction=case.reduction,
-                         initial_states=initial_states, gate_scale=case.gate_scale)
+                         initial_states=initial_states, gate_scale=case.gate_scale, regime=case.regime)
 
 
 def run(reference, x, case, **overrides):

@@ -69,8 +69,8 @@ def vec_state(S: torch.Tensor) -> torch.Tensor:
 
 # --- reference properties (float64) -------------------------------------------------------------
 
-def torch_vs_numpy(shape, seed, mode, gate, key_mode, reference=naive_tensor3d, log=True):
-    x = tensor3d_inputs(shape, seed, mode, gate, key_mode)
+def torch_vs_numpy(shape, seed, mode, gate, key_mode, reference=naive_tensor3d, log=True, regime="typical"):
+    x = tensor3d_inputs(shape, seed, mode, gate, key_mode, regime=regime)
     y, ht = run(reference, x, mode)
     y_np, ht_np = naive_tensor3d_numpy(*(x[n].numpy() for n in NAMES),
                                        None if x["g"] is None else x["g"].numpy(),
@@ -94,11 +94,11 @@ def no_decay_parallel_form(shape, seed, key_mode, reference=naive_tensor3d, log=
     return compare(IDENTITIES, torch.float64, {"output": (y, expected)}, log=log)
 
 
-def one_hot_reduces_to_2d(shape, seed, mode, gate, reference=naive_tensor3d, log=True):
+def one_hot_reduces_to_2d(shape, seed, mode, gate, reference=naive_tensor3d, log=True, regime="typical"):
     """``q2 = k2 = e_j``: the output is 2D linear attention (gla) / the gated delta rule
     (delta) on ``(q1, k1, v)`` with tile ``j``'s decay and initial state, and tile ``j`` of
     the final state is the 2D final state. ``j = seed mod E``."""
-    x = tensor3d_inputs(shape, seed, mode, gate, "sigmoid")
+    x = tensor3d_inputs(shape, seed, mode, gate, "sigmoid", regime=regime)
     B, T, H, K, E, V = shape
     j = seed % E
     e_j = torch.zeros(B, T, H, E, dtype=torch.float64)
@@ -112,7 +112,7 @@ def one_hot_reduces_to_2d(shape, seed, mode, gate, reference=naive_tensor3d, log
                    log=log)
 
 
-def ones_is_e_times_2d(shape, seed, mode, gate, reference=naive_tensor3d, log=True):
+def ones_is_e_times_2d(shape, seed, mode, gate, reference=naive_tensor3d, log=True, regime="typical"):
     """``q2 = k2 = 1`` with one gate for the whole state (``gate`` none or head), zero start.
 
     gla: every tile holds the 2D state of ``(k1, v)`` and ``y = E · y_2D``.
@@ -122,7 +122,7 @@ def ones_is_e_times_2d(shape, seed, mode, gate, reference=naive_tensor3d, log=Tr
     """
     if gate not in ("none", "head"):
         raise ValueError(f"the ones identity needs one gate for the whole state, got gate {gate!r}")
-    x = tensor3d_inputs(shape, seed, mode, gate, "ones", initial_state=False)
+    x = tensor3d_inputs(shape, seed, mode, gate, "ones", initial_state=False, regime=regime)
     B, T, H, K, E, V = shape
     if mode == "delta":
         x["beta"] = x["beta"] / E
@@ -135,10 +135,10 @@ def ones_is_e_times_2d(shape, seed, mode, gate, reference=naive_tensor3d, log=Tr
                    {"output": (y, E * y2), "final_state": (ht, ht2[:, :, :, None].expand_as(ht))}, log=log)
 
 
-def flattened_equals_2d(shape, seed, mode, gate, key_mode, reference=naive_tensor3d, log=True):
+def flattened_equals_2d(shape, seed, mode, gate, key_mode, reference=naive_tensor3d, log=True, regime="typical"):
     """The 3D state flattened to ``[K·E, V]`` is the 2D state with key ``vec(k1 ⊗ k2)``,
     query ``vec(q1 ⊗ q2)``, the gate broadcast to K·E channels and ``scale = K ** -0.5``."""
-    x = tensor3d_inputs(shape, seed, mode, gate, key_mode)
+    x = tensor3d_inputs(shape, seed, mode, gate, key_mode, regime=regime)
     B, T, H, K, E, V = shape
     y, ht = run(reference, x, mode)
     g2 = torch.zeros(B, T, H, K * E, dtype=torch.float64) if x["g"] is None else decay_2d(x["g"], K, E)

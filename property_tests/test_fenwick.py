@@ -5,13 +5,14 @@ reference in value and in every gradient. Each property has a mutation test show
 on a broken implementation."""
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 import fenwick_checks as checks
 import fenwick_mutants as mutants
 from ngdn.compile_buckets import bucket_params, on_bucket
 from ngdn.fenwick_inputs import FenwickShape
+from ngdn.inputs import REGIMES
 from ngdn.strategies import CPU_SEQ_LENS, examples, seeds
 from ngdn.testing import kernel_dtypes, on_cuda
 from ngdn.tolerances import assert_passes, failures
@@ -40,39 +41,48 @@ def kernel_shapes(bucket=None):
 
 
 MUTANT_SHAPE = FenwickShape(B=1, T=20, H=2, K=8, V=8)
+# The extreme regime (ngdn.inputs.REGIMES: log-decays down to -60, λ = σ(±30), and for the GDN-2
+# variant b = 1 - 1e-6, w ∈ {0, 1}) as an explicit example of every reference property.
+EXTREME = dict(shape=FenwickShape(B=2, T=40, H=2, K=8, V=8, extra_levels=1), seed=0, regime="extreme")
+regimes = st.sampled_from(REGIMES)
 KERNEL_MUTANT_SHAPE = (FenwickShape(B=1, T=100, H=1, K=16, V=16) if not on_cuda() else   # CUDA: bucket a
                        on_bucket(FenwickShape(B=1, T=150, H=1, K=16, V=16), "fenwick"))
 
 
 @examples(scale=2)
-@given(shape=REFERENCE_SHAPES, seed=seeds())
-def test_incremental_equals_quadratic(shape, seed):
-    assert_passes(checks.incremental_vs_quadratic(shape, seed))
+@example(**EXTREME)
+@given(shape=REFERENCE_SHAPES, seed=seeds(), regime=regimes)
+def test_incremental_equals_quadratic(shape, seed, regime):
+    assert_passes(checks.incremental_vs_quadratic(shape, seed, regime=regime))
 
 
 @examples(scale=2)
-@given(shape=REFERENCE_SHAPES, seed=seeds())
-def test_torch_references_equal_numpy_references(shape, seed):
-    assert_passes(checks.torch_vs_numpy(shape, seed))
+@example(**EXTREME)
+@given(shape=REFERENCE_SHAPES, seed=seeds(), regime=regimes)
+def test_torch_references_equal_numpy_references(shape, seed, regime):
+    assert_passes(checks.torch_vs_numpy(shape, seed, regime=regime))
 
 
 @examples(scale=2)
-@given(shape=REFERENCE_SHAPES, seed=seeds())
-def test_reference_equals_fla_naive(shape, seed):
-    assert_passes(checks.reference_vs_fla_naive(shape, seed))
+@example(**EXTREME)
+@given(shape=REFERENCE_SHAPES, seed=seeds(), regime=regimes)
+def test_reference_equals_fla_naive(shape, seed, regime):
+    assert_passes(checks.reference_vs_fla_naive(shape, seed, regime=regime))
 
 
 @pytest.mark.parametrize("reference", [naive_fenwick, quadratic_fenwick], ids=["incremental", "quadratic"])
 @examples(scale=2)
-@given(shape=REFERENCE_SHAPES, seed=seeds())
-def test_uniform_router_is_gated_linear_attention(reference, shape, seed):
-    assert_passes(checks.gla_reduction(shape, seed, reference=reference))
+@example(**EXTREME)
+@given(shape=REFERENCE_SHAPES, seed=seeds(), regime=regimes)
+def test_uniform_router_is_gated_linear_attention(reference, shape, seed, regime):
+    assert_passes(checks.gla_reduction(shape, seed, reference=reference, regime=regime))
 
 
 @examples(scale=2)
-@given(shape=REFERENCE_SHAPES, seed=seeds())
-def test_gdn2_variant_with_uniform_router_is_gdn2(shape, seed):
-    assert_passes(checks.gdn2_reduction(shape, seed))
+@example(**EXTREME)
+@given(shape=REFERENCE_SHAPES, seed=seeds(), regime=regimes)
+def test_gdn2_variant_with_uniform_router_is_gdn2(shape, seed, regime):
+    assert_passes(checks.gdn2_reduction(shape, seed, regime=regime))
 
 
 @pytest.mark.parametrize("bucket", bucket_params("fenwick"))

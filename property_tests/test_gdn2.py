@@ -3,12 +3,12 @@ oracles; the optimized entry point matches the reference in value and gradient.
 Each property has a mutation test showing it fails on a broken implementation."""
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 import gdn2_checks as checks
 import mutants
-from ngdn.inputs import GDN2Shape
+from ngdn.inputs import REGIMES, GDN2Shape
 from ngdn.compile_buckets import bucket_params, on_bucket
 from ngdn.strategies import CPU_SEQ_LENS, examples, gdn2_shapes, seeds
 from ngdn.testing import kernel_dtypes
@@ -26,25 +26,31 @@ def kernel_shapes(bucket=None):
 
 
 MUTANT_SHAPE = GDN2Shape(B=1, T=20, H=2, K=8, V=8)
+# The extreme regime (ngdn.inputs.REGIMES) as an explicit example of every reference property, so
+# the derandomized ci profile reaches it: 40 tokens, B = H = 2, K != V.
+EXTREME = dict(shape=GDN2Shape(B=2, T=40, H=2, K=8, V=16), seed=0, regime="extreme")
 KERNEL_MUTANT_SHAPE = on_bucket(GDN2Shape(B=1, T=20, H=1, K=16, V=16))   # CUDA: bucket a's H, K, V
 
 
 @examples(scale=2)
-@given(shape=REFERENCE_SHAPES, seed=seeds())
-def test_torch_reference_equals_numpy_reference(shape, seed):
-    assert_passes(checks.torch_vs_numpy(shape, seed))
+@example(**EXTREME)
+@given(shape=REFERENCE_SHAPES, seed=seeds(), regime=st.sampled_from(REGIMES))
+def test_torch_reference_equals_numpy_reference(shape, seed, regime):
+    assert_passes(checks.torch_vs_numpy(shape, seed, regime=regime))
 
 
 @examples(scale=2)
-@given(shape=REFERENCE_SHAPES, seed=seeds())
-def test_reference_equals_fla_naive_recurrent(shape, seed):
-    assert_passes(checks.reference_vs_fla_naive(shape, seed))
+@example(**EXTREME)
+@given(shape=REFERENCE_SHAPES, seed=seeds(), regime=st.sampled_from(REGIMES))
+def test_reference_equals_fla_naive_recurrent(shape, seed, regime):
+    assert_passes(checks.reference_vs_fla_naive(shape, seed, regime=regime))
 
 
 @examples(scale=2)
-@given(shape=REFERENCE_SHAPES, seed=seeds())
-def test_scalar_erase_and_write_gates_reduce_to_kda(shape, seed):
-    assert_passes(checks.kda_reduction(shape, seed))
+@example(**EXTREME)
+@given(shape=REFERENCE_SHAPES, seed=seeds(), regime=st.sampled_from(REGIMES))
+def test_scalar_erase_and_write_gates_reduce_to_kda(shape, seed, regime):
+    assert_passes(checks.kda_reduction(shape, seed, regime=regime))
 
 
 @pytest.mark.parametrize("bucket", bucket_params("level0"))
@@ -70,6 +76,15 @@ def test_torch_vs_numpy_catches(mutant):
                                     mutants.naive_gdn2_write_gate_on_erase])
 def test_fla_oracle_catches(mutant):
     assert failures(checks.reference_vs_fla_naive(MUTANT_SHAPE, 0, reference=mutant, log=False))
+
+
+@pytest.mark.mutation
+def test_only_the_extreme_regime_catches_a_decay_clamped_at_minus_10():
+    """The draws have teeth: a log-decay clamped at -10 passes every typical draw (g > -10 there)
+    and fails the extreme one (strong forgets down to -60)."""
+    clamped = mutants.naive_gdn2_decay_clamped
+    assert not failures(checks.torch_vs_numpy(EXTREME["shape"], 0, reference=clamped, log=False))
+    assert failures(checks.torch_vs_numpy(EXTREME["shape"], 0, reference=clamped, log=False, regime="extreme"))
 
 
 @pytest.mark.mutation

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 import nested_checks as checks
 import nested_mutants as mutants
+from ngdn.inputs import REGIMES
 from ngdn.nested_inputs import NestedShape
 from ngdn.strategies import examples, seeds
 from ngdn.tolerances import assert_passes, failures
@@ -35,7 +36,8 @@ def nested_cases(draw, min_L=1, max_L=6, seq_lens=SEQ_LENS, chunk_sizes=CHUNK_SI
                 query_counts=draw(st.none() | per_level(st.integers(1, cap))),
                 reduction=draw(st.sampled_from(("mean", "sum")) | per_level(st.sampled_from(("mean", "sum")))),
                 chunk_size=draw(st.sampled_from(chunk_sizes)),
-                gate_scale=draw(st.sampled_from(checks.NESTED_GATE_SCALES)))
+                gate_scale=draw(st.sampled_from(checks.NESTED_GATE_SCALES)),
+                regime=draw(st.sampled_from(REGIMES)))
 
 
 # Fires everything at small cost: T = 4.5 chunks (partial last chunk), f = (1, 2, 1) so levels 1..3
@@ -51,23 +53,33 @@ LARGE_GATE_CASE = Case(shape=NestedShape(B=1, T=130, H=2, L=5, K=8, V=8), seed=1
                        scheme=("learned", "merge", "learned", "merge"), intervals=(1, 1, 2, 1),
                        query_counts=(4, 4, 4, 4), reduction=("mean", "mean", "sum", "sum"), chunk_size=8,
                        gate_scale=checks.NESTED_LARGE_GATE_SCALE)
+# The extreme regime (ngdn.inputs.REGIMES: level-0 log-decays down to -60 and near 0, b = 1 - 1e-6,
+# w ∈ {0, 1}, router logits ±30, each level's initial state at scale 1e3 or 1e-6), run by every
+# profile as an explicit example: all three schemes, both reductions, 8 full chunks of 16 and a
+# partial one, levels 1..3 firing together at chunks 2, 4, 6, 8.
+EXTREME_CASE = Case(shape=NestedShape(B=1, T=136, H=2, L=4, K=8, V=8), seed=3,
+                    scheme=("learned", "merge", "bounded_erase"), intervals=(1, 2, 1), query_counts=(4, 4, 4),
+                    reduction=("mean", "sum", "mean"), chunk_size=16, regime="extreme")
 LARGE_GRAD_CASE = GRAD_CASE._replace(reduction=("mean", "sum"), gate_scale=checks.NESTED_LARGE_GATE_SCALE)
 
 
 @examples(scale=2)
 @example(case=LARGE_GATE_CASE)
+@example(case=EXTREME_CASE)
 @given(case=nested_cases())
 def test_torch_reference_equals_numpy_reference(case):
     assert_passes(checks.nested_torch_vs_numpy(case))
 
 
 @examples(scale=2)
+@example(case=EXTREME_CASE)
 @given(case=nested_cases(max_L=1))
 def test_one_level_is_gdn2(case):
     assert_passes(checks.gdn2_reduction(case))
 
 
 @examples(scale=2)
+@example(case=EXTREME_CASE)
 @given(case=nested_cases(min_L=2))
 def test_router_weights_sum_to_one_per_token(case):
     assert_passes(checks.router_weights_sum_to_one(case))
@@ -75,6 +87,7 @@ def test_router_weights_sum_to_one_per_token(case):
 
 @examples(scale=2)
 @example(case=LARGE_GATE_CASE, where=0.3)
+@example(case=EXTREME_CASE, where=0.4)
 @given(case=nested_cases(min_L=2, seq_lens=(17, 100, 130)), where=st.floats(0.05, 0.95))
 def test_changing_later_tokens_changes_no_earlier_output(case, where):
     t0 = max(1, int(where * case.shape.T))
@@ -90,7 +103,9 @@ def test_a_level_reads_its_state_from_the_chunk_start_and_a_firing_shows_from_th
     assert_passes(checks.firing_timing(case, c, ℓ))
 
 
-@pytest.mark.parametrize("case", [MUTANT_CASE, LARGE_GATE_CASE], ids=["mutant_case", "large_gates"])
+# (The drawn timing test takes st.data(), which explicit examples cannot fill: the extreme case is pinned here.)
+@pytest.mark.parametrize("case", [MUTANT_CASE, LARGE_GATE_CASE, EXTREME_CASE],
+                         ids=["mutant_case", "large_gates", "extreme"])
 def test_a_firing_is_visible_exactly_from_the_next_chunk(case):
     """Pins the 'visible' half of the timing property to cases that exercise it."""
     for c, ℓ in ((1, 1), (2, 3), (3, 1)):
@@ -101,6 +116,7 @@ def test_a_firing_is_visible_exactly_from_the_next_chunk(case):
 
 @examples(scale=2)
 @example(case=LARGE_GATE_CASE)
+@example(case=EXTREME_CASE)
 @given(case=nested_cases(min_L=2, seq_lens=(17, 64, 100)))
 def test_a_partial_last_chunk_never_fires(case):
     assert_passes(checks.partial_chunk_never_fires(case))
@@ -108,6 +124,7 @@ def test_a_partial_last_chunk_never_fires(case):
 
 @examples(scale=2)
 @example(case=LARGE_GATE_CASE)
+@example(case=EXTREME_CASE)
 @given(case=nested_cases(seq_lens=(100, 130, 200)))
 def test_splitting_at_a_period_and_passing_states_equals_one_call(case):
     assert_passes(checks.state_passing(case))
@@ -115,6 +132,7 @@ def test_splitting_at_a_period_and_passing_states_equals_one_call(case):
 
 @examples(scale=2)
 @example(case=LARGE_GATE_CASE)
+@example(case=EXTREME_CASE._replace(scheme="learned"))
 @given(case=nested_cases(min_L=2, schemes=("learned",)))
 def test_permuting_every_query_bank_leaves_the_result_unchanged(case):
     assert_passes(checks.nested_pair_permutation(case))
@@ -124,15 +142,21 @@ def test_permuting_every_query_bank_leaves_the_result_unchanged(case):
 # Large gates in every profile, both merge reductions (learned has n = 1 here: mean = sum); fast
 # mode (random projections of the Jacobian, 10x cheaper) as these come on top of the budget.
 @example(seed=0, scheme=("learned", "merge"), reduction=("mean", "sum"), gate_scale=LARGE_GRAD_CASE.gate_scale,
-         fast_mode=True)
+         fast_mode=True, regime="typical")
 @example(seed=1, scheme=("merge", "learned"), reduction=("mean", "sum"), gate_scale=LARGE_GRAD_CASE.gate_scale,
-         fast_mode=True)
+         fast_mode=True, regime="typical")
+# The extreme input regime in every profile (strong forgets, b → 1, w ∈ {0, 1}, logits ±30, state scales
+# 1e3 / 1e-6); gradcheck's relative tolerance covers the large states.
+@example(seed=2, scheme=("learned", "merge"), reduction=("mean", "sum"), gate_scale=1.0, fast_mode=True,
+         regime="extreme")
 @given(seed=seeds(), scheme=st.sampled_from([("learned", "merge"), ("merge", "learned"), "learned"]),
        reduction=st.sampled_from(["mean", "sum", ("mean", "sum")]),
-       gate_scale=st.sampled_from(checks.NESTED_GATE_SCALES), fast_mode=st.just(False))
-def test_gradcheck_in_every_input_parameter_and_initial_state(seed, scheme, reduction, gate_scale, fast_mode):
+       gate_scale=st.sampled_from(checks.NESTED_GATE_SCALES), fast_mode=st.just(False),
+       regime=st.sampled_from(REGIMES))
+def test_gradcheck_in_every_input_parameter_and_initial_state(seed, scheme, reduction, gate_scale, fast_mode,
+                                                               regime):
     """Both gate regimes: at NESTED_LARGE_GATE_SCALE, softplus' and σ's derivatives are far from ½ and ¼."""
-    case = GRAD_CASE._replace(seed=seed, scheme=scheme, reduction=reduction, gate_scale=gate_scale)
+    case = GRAD_CASE._replace(seed=seed, scheme=scheme, reduction=reduction, gate_scale=gate_scale, regime=regime)
     assert_passes(checks.nested_gradcheck(case, fast_mode=fast_mode))
 
 

@@ -5,12 +5,13 @@ reference in value and every gradient. Each property has a mutation test showing
 it fails on a broken implementation."""
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 import tensor3d_checks as checks
 import tensor3d_mutants as mutants
 from ngdn.compile_buckets import bucket_params, on_bucket
+from ngdn.inputs import REGIMES
 from ngdn.strategies import CPU_SEQ_LENS, examples, seeds
 from ngdn.tensor3d_inputs import Tensor3DShape
 from ngdn.testing import kernel_dtypes
@@ -20,6 +21,7 @@ from reference.tensor3d import GATE_KINDS, KEY_MODES, MODES
 modes = st.sampled_from(MODES)
 gates = st.sampled_from(GATE_KINDS)
 key_modes = st.sampled_from(KEY_MODES)
+regimes = st.sampled_from(REGIMES)
 
 # Reference shapes: K != E in general, E = 1 included, B·H up to 4.
 REFERENCE_SHAPES = st.builds(Tensor3DShape, B=st.integers(1, 2), T=st.sampled_from((1, 5, 17, 40)),
@@ -45,14 +47,22 @@ MUTANT_SHAPE = Tensor3DShape(B=1, T=12, H=2, K=4, E=4, V=4)          # K == E: t
 KERNEL_MUTANT_SHAPE = on_bucket(Tensor3DShape(B=1, T=20, H=1, K=8, E=2, V=16), "tensor3d")   # CUDA: bucket a
 
 
+# The extreme regime (ngdn.inputs.REGIMES: log-decays down to -60, β = 1 - 1e-6, initial states at
+# scale 1e3 or 1e-6) as an explicit example of every reference property that draws gates, so the
+# derandomized ci profile reaches it; mode delta (β) with a per-channel gate.
+EXTREME_SHAPE = Tensor3DShape(B=2, T=40, H=2, K=4, E=3, V=8)
+
 # --- reference properties -------------------------------------------------------------------------
 
 @examples(scale=3)
-@given(shape=REFERENCE_SHAPES, seed=seeds(), mode=modes, gate=gates, key_mode=key_modes)
-def test_torch_reference_equals_numpy_reference(shape, seed, mode, gate, key_mode):
-    assert_passes(checks.torch_vs_numpy(shape, seed, mode, gate, key_mode))
+@example(shape=EXTREME_SHAPE, seed=0, mode="delta", gate="channel", key_mode="softmax", regime="extreme")
+@given(shape=REFERENCE_SHAPES, seed=seeds(), mode=modes, gate=gates, key_mode=key_modes, regime=regimes)
+def test_torch_reference_equals_numpy_reference(shape, seed, mode, gate, key_mode, regime):
+    assert_passes(checks.torch_vs_numpy(shape, seed, mode, gate, key_mode, regime=regime))
 
 
+# No extreme regime here: this identity has no gate, no β and a zero initial state, so the regime
+# would change nothing.
 @examples(scale=2)
 @given(shape=REFERENCE_SHAPES, seed=seeds(), key_mode=key_modes)
 def test_gla_without_decay_equals_parallel_form(shape, seed, key_mode):
@@ -60,23 +70,27 @@ def test_gla_without_decay_equals_parallel_form(shape, seed, key_mode):
 
 
 @examples(scale=3)
-@given(shape=REFERENCE_SHAPES, seed=seeds(), mode=modes, gate=gates)
-def test_one_hot_second_key_reduces_to_2d(shape, seed, mode, gate):
-    assert_passes(checks.one_hot_reduces_to_2d(shape, seed, mode, gate))
+@example(shape=EXTREME_SHAPE, seed=1, mode="delta", gate="channel", regime="extreme")
+@given(shape=REFERENCE_SHAPES, seed=seeds(), mode=modes, gate=gates, regime=regimes)
+def test_one_hot_second_key_reduces_to_2d(shape, seed, mode, gate, regime):
+    assert_passes(checks.one_hot_reduces_to_2d(shape, seed, mode, gate, regime=regime))
 
 
 @examples(scale=2)
-@given(shape=REFERENCE_SHAPES, seed=seeds(), mode=modes, gate=st.sampled_from(("none", "head")))
-def test_ones_mode_is_e_times_2d(shape, seed, mode, gate):
-    assert_passes(checks.ones_is_e_times_2d(shape, seed, mode, gate))
+@example(shape=EXTREME_SHAPE, seed=2, mode="delta", gate="head", regime="extreme")
+@given(shape=REFERENCE_SHAPES, seed=seeds(), mode=modes, gate=st.sampled_from(("none", "head")), regime=regimes)
+def test_ones_mode_is_e_times_2d(shape, seed, mode, gate, regime):
+    assert_passes(checks.ones_is_e_times_2d(shape, seed, mode, gate, regime=regime))
 
 
 @examples(scale=3)
-@given(shape=REFERENCE_SHAPES, seed=seeds(), mode=modes, gate=gates, key_mode=key_modes)
-def test_flattened_state_equals_2d_state(shape, seed, mode, gate, key_mode):
-    assert_passes(checks.flattened_equals_2d(shape, seed, mode, gate, key_mode))
+@example(shape=EXTREME_SHAPE, seed=3, mode="delta", gate="tile", key_mode="sigmoid", regime="extreme")
+@given(shape=REFERENCE_SHAPES, seed=seeds(), mode=modes, gate=gates, key_mode=key_modes, regime=regimes)
+def test_flattened_state_equals_2d_state(shape, seed, mode, gate, key_mode, regime):
+    assert_passes(checks.flattened_equals_2d(shape, seed, mode, gate, key_mode, regime=regime))
 
 
+# No extreme regime: the helpers take raw projections (drawn at scale 3 here), no gate or state.
 @examples(scale=2)
 @given(shape=REFERENCE_SHAPES, seed=seeds(), key_mode=key_modes)
 def test_second_query_key_modes_match_formulas(shape, seed, key_mode):

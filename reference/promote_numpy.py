@@ -13,7 +13,10 @@ from reference.gdn2_numpy import gdn2_step_numpy
 
 
 def sigmoid(x):
-    return 1.0 / (1.0 + np.exp(-x))
+    # e^-x overflows to inf for x < -709 (large states, e.g. 1e3-scale ones times W_β); 1/(1 + inf) = 0
+    # is then the right value (σ(x) < 1e-308), so the overflow warning is silenced, not the value changed.
+    with np.errstate(over="ignore"):
+        return 1.0 / (1.0 + np.exp(-x))
 
 
 def softplus(x):
