@@ -21,7 +21,7 @@ Every bucket covers every blocking path of the kernels it reaches (``covered_pat
 ``tests/test_compile_buckets.py`` asserts it): more than one block and a ragged last block along
 V (our ``BV = 32``; fla's V blocks), K not a power of two (masked columns; fla's K blocks of 64
 at ``K > 64``), a ragged last chunk, and room for a ``learned`` firing with more pairs than one
-pair block (``n > BN = 32``, ragged). Both schemes are drawn in every bucket.
+pair block (``n > BN = 32``, ragged). Every scheme is drawn in every bucket.
 
 Under the interpreter nothing compiles: one bucket, ``cpu``, means "the CPU menu" (small
 sizes, drawn freely), and the covering cases shrink the block sizes instead (``BV = BN = 16``).
@@ -71,9 +71,7 @@ FENWICK = (
 )
 FAMILIES = {"level0": LEVEL0, "tensor3d": TENSOR3D, "fenwick": FENWICK}
 
-# Block sizes our kernels use by default (optimized.promote_scan / state_grad.block_sizes, K ≤ 128)
-# and the smaller ones the CPU covering cases ask for.
-DEFAULT_BV, DEFAULT_BN = 32, 32
+# The block size the CPU covering cases ask of the scan (its defaults: promote_scan.block_sizes).
 CPU_BLOCK = 16
 
 

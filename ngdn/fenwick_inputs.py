@@ -28,13 +28,15 @@ class FenwickShape(NamedTuple):
         return min_levels(self.T) + self.extra_levels
 
 
-def level_scales(gen, B, T, H, L, regime: str = "typical"):
-    """Router weights ``λ ∈ (0, 1)``, one per token, head and level (``regime="extreme"``:
-    then logits ±30 on some entries, i.e. ``λ = σ(±30)``, within 1e-13 of 0 or 1)."""
-    logits = randn(gen, B, T, H, L)
-    if regime == "extreme":
-        logits = extreme_logits(gen, logits)
-    return torch.sigmoid(logits)
+def level_scales(gen, B, T, H, L):
+    """Router weights ``λ ∈ (0, 1)``, one per token, head and level."""
+    return torch.sigmoid(randn(gen, B, T, H, L))
+
+
+def extreme_level_scales(gen, λ: torch.Tensor) -> torch.Tensor:
+    """``λ`` with logits ±30 on some entries (``ngdn.inputs.extreme_logits``): ``λ = σ(±30)``,
+    within 1e-13 of 0 or 1."""
+    return torch.sigmoid(extreme_logits(gen, torch.logit(λ)))
 
 
 def fenwick_inputs(shape: FenwickShape, seed: int, regime: str = "typical") -> dict:
@@ -65,7 +67,7 @@ def fenwick_inputs(shape: FenwickShape, seed: int, regime: str = "typical") -> d
     x["do"] = x["v"] + 0.5 * randn(gen, B, T, H, V)
     if regime == "extreme":
         x["g"] = extreme_log_decay(gen, x["g"])
-        x["level_scales"] = torch.sigmoid(extreme_logits(gen, torch.logit(x["level_scales"])))
+        x["level_scales"] = extreme_level_scales(gen, x["level_scales"])
     return x
 
 
@@ -77,7 +79,9 @@ def fenwick_gdn2_inputs(shape: FenwickShape, seed: int, regime: str = "typical")
     x = gdn2_inputs(GDN2Shape(B, T, H, K, V), seed, initial_state=False, regime=regime)
     del x["initial_state"], x["dht"]
     gen = generator(seed ^ 0x5EED)
-    x["level_scales"] = level_scales(gen, B, T, H, shape.L, regime)
+    x["level_scales"] = level_scales(gen, B, T, H, shape.L)
+    if regime == "extreme":
+        x["level_scales"] = extreme_level_scales(gen, x["level_scales"])
     return x
 
 

@@ -373,25 +373,25 @@ def firing_timing(scheme: str, d: NestedDraw) -> Measured:
     return from_errors(checks.firing_timing(nested_case(scheme, d), c, min(d.level, d.L - 1)))
 
 
-def optimized(scheme: str, d: OptimizedDraw) -> Measured:
+def optimized_case(scheme: str, d: OptimizedDraw):
+    """The optimized op's case for one draw (every level fires each chunk, bounded query counts)."""
     from ngdn.nested_inputs import NestedShape, bounded_query_counts
 
     _, opt = _checks()
     n = [query_count_for(scheme, d.K, q) for q in bounded_query_counts(d.L, d.K, d.V)]
-    case = opt.OptCase(NestedShape(B=1, T=d.T, H=1, L=d.L, K=d.K, V=d.V), d.seed, scheme=scheme,
+    return opt.OptCase(NestedShape(B=1, T=d.T, H=1, L=d.L, K=d.K, V=d.V), d.seed, scheme=scheme,
                        intervals=(1,) * (d.L - 1), query_counts=tuple(n), reduction=d.reduction,
                        gate_scale=d.gate_scale)
-    return from_errors(opt.optimized_vs_reference(case, torch.float32, log=False))
+
+
+def optimized(scheme: str, d: OptimizedDraw) -> Measured:
+    _, opt = _checks()
+    return from_errors(opt.optimized_vs_reference(optimized_case(scheme, d), torch.float32, log=False))
 
 
 def bitwise(scheme: str, d: OptimizedDraw) -> Measured:
-    from ngdn.nested_inputs import NestedShape, bounded_query_counts
-
     _, opt = _checks()
-    n = [query_count_for(scheme, d.K, q) for q in bounded_query_counts(d.L, d.K, d.V)]
-    case = opt.OptCase(NestedShape(B=1, T=d.T, H=1, L=d.L, K=d.K, V=d.V), d.seed, scheme=scheme,
-                       intervals=(1,) * (d.L - 1), query_counts=tuple(n), reduction=d.reduction)
-    return from_errors(opt.bitwise_reproducible(case, torch.float32))
+    return from_errors(opt.bitwise_reproducible(optimized_case(scheme, d), torch.float32))
 
 
 def growth_factor(scheme: str, d: StabilityDraw) -> float:

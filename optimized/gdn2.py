@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from optimized.checks import (KERNEL_DTYPES, check_finite_activations, check_kernel_device,  # noqa: F401
-                              check_kernel_dtype)
+from optimized.checks import KERNEL_DTYPES, check_finite_activations, check_kernel_device, check_kernel_dtype
 from reference.validation import check_gdn2_inputs
 
 MAX_HEAD_DIM = 256  # fla's GDN-2 kernels support K <= 256

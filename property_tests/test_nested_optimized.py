@@ -139,7 +139,7 @@ def test_optimized_covers_every_blocking_path(dtype, bucket):
 
 def covering_paths(bucket) -> dict:
     case, pieces = covering_case(bucket), covering_pieces(bucket)
-    _, K, V, n = case.shape.H, case.shape.K, case.shape.V, max(case.query_counts)
+    K, V, n = case.shape.K, case.shape.V, max(case.query_counts)
     _, BN, BV = scan_block_sizes(K, V, n, pieces.block_v, pieces.block_n)
     return covered_paths(V=V, BV=BV, n=n, BN=BN, T=case.shape.T, K=K)
 
