@@ -1,0 +1,43 @@
+"""Production Nested GDN-2 (SPEC sections 2 and 3): ``chunk_nested_gdn2``.
+
+Layout (fla's op shape): ``plan`` (the schedule), ``probe``, ``reads_torch`` / ``reads_fwd`` /
+``reads_bwd`` (the upper levels' reads and the router), ``fwd`` and ``bwd`` (launch functions),
+``function`` (input checks and the autograd Function), ``pieces`` (swappable parts for the
+mutation tests).
+
+Computes exactly what ``reference.nested.naive_nested_gdn2`` computes (chunk size 64),
+stage by stage, level by level (level ℓ depends only on level ℓ-1):
+
+1. Level 0 (``optimized.level0``): fla-core's chunked GDN-2 on ``q[..., 0, :]``; keeps
+   the state at the end of every chunk (the snapshots level 1 probes).
+2. Probe (plain PyTorch, cuBLAS): for level ℓ ≥ 1 gather the snapshots of level ℓ-1
+   at all of ℓ's firings and run the registered scheme's probe on all of them at once
+   (``reference.schemes.get_scheme(name).probe`` on ``[B, F, H, K, V]``). The forward
+   runs it without a graph; the backward replays it with gradients on and
+   differentiates it (one extra probe forward), so any registered scheme works.
+3. Update (``optimized.promote_scan``): a Triton scan over ℓ's firings, one stored
+   state per firing; a hand-written reverse scan for the backward.
+4. Reads and router: token t of chunk c reads level 0 after its own write (fla's
+   output) and level ℓ ≥ 1 as it stood when chunk c began (after ``⌊(c-1)/f_ℓ⌋``
+   firings), ``o_t = Σ_ℓ softmax(r_t)_ℓ · scale · M_ℓ^T q_t^(ℓ)``.
+
+Schedule (host integers only): ``N = ⌈T/64⌉`` chunks, ``N_full = ⌊T/64⌋`` full ones;
+level ℓ fires at chunks ``c = m·f_ℓ ≤ N_full`` (``m = 1..F_ℓ``, 1-based), probing
+level ℓ-1 as it stands after chunk c: for ℓ = 1 the level-0 state at the end of
+chunk c, for ℓ ≥ 2 level ℓ-1's state after ``⌊c / f_{ℓ-1}⌋`` firings.
+
+Backward, top level first: read and final-state gradients land on ℓ's stored
+states, the reverse scan turns them into gradients of the pairs and of ℓ's initial
+state, the probe replay into gradients of the scheme parameters and of the
+snapshots, which are added to the stored states of level ℓ-1 (for level 0: injected
+into the state-gradient recurrence of ``optimized.state_grad``). No atomics and no
+scatter with repeated indices anywhere: two runs give bitwise-identical results.
+
+States are float32; inputs float32 or bfloat16 (level 0 computes in the inputs'
+dtype as fla does; probes, scan and reads in float32; the output is cast to q's dtype).
+"""
+from optimized.nested.function import NestedGDN2Function, _nested, chunk_nested_gdn2
+from optimized.nested.pieces import DEFAULT_PIECES, Pieces
+from optimized.nested.plan import Plan, make_plan
+
+__all__ = ["chunk_nested_gdn2", "make_plan", "Plan", "Pieces", "DEFAULT_PIECES", "NestedGDN2Function", "_nested"]

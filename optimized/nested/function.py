@@ -1,0 +1,107 @@
+"""``chunk_nested_gdn2``: input checks and the thin autograd Function over ``fwd`` / ``bwd``."""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from optimized import triton_mode  # noqa: F401  (device mode before fla)
+from optimized.checks import KERNEL_DTYPES, check_finite_activations, check_kernel_device, check_kernel_dtype
+from optimized.gdn2 import MAX_HEAD_DIM
+from optimized.nested.bwd import nested_bwd
+from optimized.nested.fwd import nested_fwd
+from optimized.nested.pieces import DEFAULT_PIECES, Pieces
+from reference.nested import validate_nested_inputs
+
+
+def _device_of(x: torch.Tensor):
+    """Launch on ``x``'s GPU (Triton launches on the current device), as fla's input_guard does."""
+    return torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext()
+
+
+def _graph_kept() -> bool:
+    """Whether the running backward was asked to keep the graph (``retain_graph=True``).
+    The saved state is a Python object, not ``save_for_backward`` tensors, so autograd does
+    not free it; we free it ourselves unless the graph is kept. Without the (private) query
+    we keep it: correct, just held until the graph is dropped."""
+    query = getattr(torch._C._autograd, "_get_current_graph_task_keep_graph", None)
+    return True if query is None else bool(query())
+
+
+class NestedGDN2Function(torch.autograd.Function):
+    """Thin autograd wrapper: inputs are flattened to tensors (initial states, then every
+    level's parameters in ``levels`` order)."""
+
+    @staticmethod
+    def forward(ctx, meta, q, k, v, g, b, w, r, *flat):
+        levels, scale, pieces, L = meta["levels"], meta["scale"], meta["pieces"], meta["L"]
+        initial_states = list(flat[:L])
+        o, finals, saved = nested_fwd(q, k, v, g, b, w, r, levels, scale, initial_states, pieces)
+        ctx.saved = saved
+        ctx.meta = meta
+        ctx.set_materialize_grads(False)
+        return (o, *finals)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, do, *dfinals):
+        saved, meta = ctx.saved, ctx.meta
+        if saved is None:
+            raise RuntimeError("chunk_nested_gdn2: backward through the same graph a second time, but the "
+                               "saved tensors were freed after the first; pass retain_graph=True to the "
+                               "first backward")
+        q = saved.q
+        if do is None:
+            do = torch.zeros(q.shape[:3] + (saved.o0.shape[-1],), dtype=torch.float32, device=q.device)
+        with _device_of(q):
+            dq, dk, dv, dg, db, dw, dr, dinit, dparams = nested_bwd(saved, do, list(dfinals))
+        ins = meta["inputs"]
+        cast = lambda gr, like: None if (gr is None or like is None) else gr.to(like.dtype)  # noqa: E731
+        flat = [cast(dinit[ℓ], ins["initial_states"][ℓ]) for ℓ in range(meta["L"])]
+        for ℓ, level in enumerate(saved.levels, start=1):
+            flat += [dparams[ℓ][n].to(p.dtype) for n, p in level.params.items()]
+        if not _graph_kept():
+            ctx.saved = None   # as autograd frees saved tensors: nothing outlives a plain backward
+        return (None, dq.to(q.dtype), dk.to(q.dtype), dv.to(q.dtype), dg.to(q.dtype), db.to(q.dtype),
+                dw.to(q.dtype), dr.to(saved.r.dtype), *flat)
+
+
+def _nested(q, k, v, g, b, w, r, levels, scale=None, initial_states=None, output_final_state=False,
+            pieces: Pieces = DEFAULT_PIECES):
+    if isinstance(q, torch.Tensor):     # before the validation's finiteness sync (a meta q cannot sync)
+        check_kernel_device("q", q)
+    B, T, H, L, K, V = validate_nested_inputs(q, k, v, g, b, w, r, levels, scale, initial_states,
+                                              dtypes=KERNEL_DTYPES)
+    if K > MAX_HEAD_DIM:
+        raise ValueError(f"q: key dim K must be <= {MAX_HEAD_DIM} for fla's GDN-2 kernels, got {K}")
+    check_kernel_dtype("q", q)
+    check_finite_activations((("q", q), ("k", k), ("v", v), ("g", g), ("b", b), ("w", w), ("r", r)))
+    scale = K ** -0.5 if scale is None else float(scale)
+    initial_states = [None if s is None else s.contiguous()
+                      for s in ([None] * L if initial_states is None else initial_states)]
+    k, v, g, b, w = (x.contiguous() for x in (k, v, g, b, w))
+    meta = {"levels": list(levels), "scale": scale, "pieces": pieces, "L": L,
+            "inputs": {"initial_states": initial_states}}
+    flat = list(initial_states) + [p for lv in levels for p in lv.params.values()]
+    with _device_of(q):
+        o, *finals = NestedGDN2Function.apply(meta, q, k, v, g, b, w, r, *flat)
+    return o, (finals if output_final_state else None)
+
+
+def chunk_nested_gdn2(q, k, v, g, b, w, r, levels, scale=None, initial_states=None, output_final_state=False):
+    """Nested GDN-2 on Triton kernels; same contract as ``reference.nested.naive_nested_gdn2``
+    (without ``chunk_size``: always 64).
+
+    Args:
+        q: per-level read queries ``[B, T, H, L, K]``; k, g, b ``[B, T, H, K]``; v, w
+            ``[B, T, H, V]``; r router logits ``[B, T, H, L]`` (float32 or bfloat16, one dtype;
+            bfloat16 in cuda mode only; finite: ``optimized.checks``).
+        levels: ``L - 1`` ``reference.nested.Level`` (scheme, interval, params, reduction).
+        scale: default ``K ** -0.5``.
+        initial_states: None or L entries, each None or float32 ``[B, H, K, V]``.
+        output_final_state: also return the L final states.
+
+    Returns ``(o [B, T, H, V] in q's dtype, [M_0, ..., M_{L-1}] float32 or None)``. Gradients
+    flow to every input, router logit, scheme parameter and initial state.
+    """
+    return _nested(q, k, v, g, b, w, r, levels, scale, initial_states, output_final_state)

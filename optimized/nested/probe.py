@@ -1,0 +1,29 @@
+"""The probes of levels 1..L-1: the registered scheme's probe on every firing's snapshot at once."""
+from __future__ import annotations
+
+import torch
+
+from optimized.level0 import chunk_end_states
+from optimized.nested.plan import Plan
+from reference.nested import Level
+from reference.schemes import get_scheme, query_count
+
+
+def _probe(level: Level, snaps: torch.Tensor, params: dict, H: int, K: int, V: int):
+    """The scheme's probe on ``snaps [B, F, H, K, V]`` (float32), outputs contiguous float32."""
+    B, F = snaps.shape[:2]
+    if F == 0:
+        n = query_count(params, K)
+        z = snaps.new_zeros
+        return z(B, 0, H, n, K), z(B, 0, H, n, V), z(B, 0, H, n, K), z(B, 0, H, n, V), z(B, 0, H, K)
+    outs = get_scheme(level.scheme).probe(snaps, params, level.reduction)
+    return tuple(x.contiguous() for x in outs)
+
+
+def _snapshots(plan: Plan, ℓ: int, below_states: torch.Tensor | None, h=None, ht0=None) -> torch.Tensor:
+    """The states of level ℓ-1 that level ℓ's firings probe: ``[B, F_ℓ, H, K, V]`` float32."""
+    if ℓ == 1:
+        return chunk_end_states(h, ht0, plan.sources[1])
+    if not plan.sources[ℓ]:
+        return below_states[:, :0]
+    return below_states.index_select(1, torch.tensor(plan.sources[ℓ], device=below_states.device))

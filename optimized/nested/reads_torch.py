@@ -1,0 +1,77 @@
+"""The upper levels' reads in plain PyTorch (einsum per level): the reference-shaped
+implementation the Triton reads kernel (``reads_fwd`` / ``reads_bwd``) replaced; kept for the
+schedules the kernel does not take and as its test oracle."""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from optimized.level0 import CHUNK
+
+
+def _token_groups(x: torch.Tensor, f: int, G: int) -> torch.Tensor:
+    """``[B, T, H, D] -> [B, G, f·C, H, D]``, zero-padded at the end."""
+    B, T, H, D = x.shape
+    pad = G * f * CHUNK - T
+    if pad:
+        x = torch.cat([x, x.new_zeros(B, pad, H, D)], dim=1)
+    return x.view(B, G, f * CHUNK, H, D)
+
+
+def read_fwd(states: torch.Tensor, q: torch.Tensor, read_index: Sequence[int], group: int | None,
+             scale: float) -> torch.Tensor:
+    """``o[t] = scale · states[read_index[chunk(t)]]^T q[t]``: ``[B, T, H, V]`` float32.
+
+    With the SPEC schedule (``group = f``: chunk j reads state ``⌊j/f⌋``) groups of ``f``
+    chunks share a state and one batched matmul per level does every read; any other
+    schedule (``group = None``) falls back to one gathered state per chunk.
+    """
+    B, T, H, K = q.shape
+    f = group
+    if f is not None:
+        G = -(-len(read_index) // f)
+        o = torch.einsum("bgthk,bghkv->bgthv", _token_groups(q.float(), f, G), states[:, :G])
+        return scale * o.reshape(B, -1, H, states.shape[-1])[:, :T]
+    index = torch.tensor(read_index, device=states.device)
+    o = torch.einsum("bnthk,bnhkv->bnthv", _token_groups(q.float(), 1, len(read_index)),
+                     states.index_select(1, index))
+    return scale * o.reshape(B, -1, H, states.shape[-1])[:, :T]
+
+
+def read_bwd(states: torch.Tensor, q: torch.Tensor, do: torch.Tensor, read_index: Sequence[int],
+             group: int | None, scale: float):
+    """Gradients of ``read_fwd``: ``(dq [B, T, H, K], dstates like states)`` float32.
+
+    ``dstates[s] = scale · Σ_{t reading s} q[t] ⊗ do[t]``: a contraction over the tokens
+    of each group (no scatter)."""
+    B, T, H, K = q.shape
+    f = group
+    dstates = torch.zeros_like(states)
+    if f is not None:
+        G = -(-len(read_index) // f)
+        qg, dog = _token_groups(q.float(), f, G), _token_groups(do, f, G)
+        dq = torch.einsum("bgthv,bghkv->bgthk", dog, states[:, :G])
+        dstates[:, :G] = scale * torch.einsum("bgthk,bgthv->bghkv", qg, dog)
+        return scale * dq.reshape(B, -1, H, K)[:, :T], dstates
+    N = len(read_index)
+    index = torch.tensor(read_index, device=states.device)
+    qg, dog = _token_groups(q.float(), 1, N), _token_groups(do, 1, N)
+    dq = torch.einsum("bnthv,bnhkv->bnthk", dog, states.index_select(1, index))
+    per_chunk = scale * torch.einsum("bnthk,bnthv->bnhkv", qg, dog)
+    _add_rows(dstates, list(read_index), per_chunk)
+    return scale * dq.reshape(B, -1, H, K)[:, :T], dstates
+
+
+def _add_rows(dst: torch.Tensor, index: Sequence[int], src: torch.Tensor) -> None:
+    """``dst[:, index[i]] += src[:, i]`` along dim 1, deterministically: repeated targets are
+    added in rounds in which every target appears at most once (in increasing i); no
+    atomics, no accumulating scatter."""
+    rank, seen = [], {}
+    for s in index:
+        rank.append(seen.get(s, 0))
+        seen[s] = rank[-1] + 1
+    for r in range(max(rank, default=-1) + 1):
+        sel = [i for i, k in enumerate(rank) if k == r]
+        tgt = torch.tensor([index[i] for i in sel], device=dst.device)
+        dst[:, tgt] = dst[:, tgt] + src[:, torch.tensor(sel, device=dst.device)]
