@@ -24,9 +24,18 @@ the checks only the kernels need, run in this order after them:
    without it, not the reference's answer to the usual margin. The references
    compute ``g = -inf`` exactly (``exp(-inf) = 0``): use them, or a finite gate,
    or split the sequence at the forgetting token (a fresh state).
+
+   The reduction also covers the scheme parameters where the op has them (the
+   references' validators check those with a sync of their own; the optimized ops fold
+   them into this one). ``NGDN_CHECK_FINITE=0`` in the environment, or
+   ``with optimized.checks.finite_checks(False):``, skips the check and its host sync (for
+   production loops and benchmarks whose inputs are known finite); the ops are then
+   undefined on non-finite input (NaN may reach earlier tokens of its chunk, as above).
 """
 from __future__ import annotations
 
+import contextlib
+import os
 from typing import Iterable
 
 import torch
@@ -34,6 +43,23 @@ import torch
 from optimized import triton_mode
 
 KERNEL_DTYPES = (torch.bfloat16, torch.float32)
+
+_finite_checks = os.environ.get("NGDN_CHECK_FINITE", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def finite_checks_enabled() -> bool:
+    return _finite_checks
+
+
+@contextlib.contextmanager
+def finite_checks(enabled: bool):
+    """Turn the finiteness check of the optimized ops on or off inside a ``with`` block."""
+    global _finite_checks
+    before, _finite_checks = _finite_checks, bool(enabled)
+    try:
+        yield
+    finally:
+        _finite_checks = before
 
 
 def check_kernel_device(name: str, x: torch.Tensor):
@@ -64,16 +90,24 @@ def _first_bad(x: torch.Tensor) -> tuple[int, int, float]:
     return b, t, value
 
 
-def check_finite_activations(named: Iterable[tuple[str, torch.Tensor | None]]):
-    """Every activation ``[B, T, ...]`` is finite, with one host sync; a ``ValueError`` names
-    the first bad tensor, its batch index and token, and the value found."""
-    named = [(n, x) for n, x in named if x is not None]
-    if not named:
+def check_finite_activations(named: Iterable[tuple[str, torch.Tensor | None]],
+                             params: Iterable[tuple[str, torch.Tensor]] = ()):
+    """Every activation ``[B, T, ...]`` and every parameter is finite, with one host sync; a
+    ``ValueError`` names the first bad tensor (for an activation, its batch index and token,
+    and the value found). Skipped when ``finite_checks_enabled()`` is False."""
+    if not _finite_checks:
         return
-    flags = torch.stack([torch.isfinite(x).all() for _, x in named])
+    named = [(n, x) for n, x in named if x is not None]
+    params = list(params)
+    if not named and not params:
+        return
+    flags = torch.stack([torch.isfinite(x).all() for _, x in named + params])
     if bool(flags.all()):
         return
-    name, x = next((n, x) for (n, x), ok in zip(named, flags.tolist()) if not ok)
+    bad = [i for i, ok in enumerate(flags.tolist()) if not ok][0]
+    if bad >= len(named):
+        raise ValueError(f"{params[bad - len(named)][0]} contains non-finite values (nan or inf)")
+    name, x = named[bad]
     b, t, value = _first_bad(x)
     hint = (" (g = -inf, a full forget, is computed by the references only: fla's chunk kernels turn it "
             "into NaN; use a finite log-decay or start a new sequence there)" if value == float("-inf")

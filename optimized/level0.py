@@ -72,21 +72,25 @@ def level0_fwd(q, k, v, g, b, w, scale: float, initial_state=None):
     return o, final_state, h, saved
 
 
-def chunk_end_states(h: torch.Tensor, final_state: torch.Tensor, chunks) -> torch.Tensor:
+def chunk_end_states(h: torch.Tensor, final_state: torch.Tensor, chunks, index=None,
+                     includes_final=None) -> torch.Tensor:
     """The float32 states at the end of the given 0-based chunks (increasing),
     ``[B, len(chunks), H, K, V]``.
 
     The end of chunk ``c`` is the start of chunk ``c + 1`` (``h[:, c + 1]``, in fla's
     dtype, upcast); the end of the last chunk is the final state (float32).
+    ``index`` (long, on h's device: the ``c + 1 < N``) and ``includes_final`` may be given
+    precomputed (``optimized.nested.plan.device_tables``), saving a host-to-device copy.
     """
     N = h.shape[1]
-    chunks = list(chunks)
-    if chunks != sorted(set(chunks)) or (chunks and not 0 <= chunks[0] <= chunks[-1] < N):
-        raise ValueError(f"chunks must be distinct increasing chunk indices in [0, {N}), got {chunks}")
-    inner = [c + 1 for c in chunks if c + 1 < N]
-    index = torch.tensor(inner, device=h.device, dtype=torch.long)
+    if index is None:
+        chunks = list(chunks)
+        if chunks != sorted(set(chunks)) or (chunks and not 0 <= chunks[0] <= chunks[-1] < N):
+            raise ValueError(f"chunks must be distinct increasing chunk indices in [0, {N}), got {chunks}")
+        index = torch.tensor([c + 1 for c in chunks if c + 1 < N], device=h.device, dtype=torch.long)
+        includes_final = bool(chunks) and chunks[-1] == N - 1
     ends = h.index_select(1, index).float()
-    if chunks and chunks[-1] == N - 1:
+    if includes_final:
         ends = torch.cat([ends, final_state[:, None].float()], dim=1)
     return ends
 
@@ -101,10 +105,12 @@ def injection_slots(num_chunks: int, chunks, device) -> torch.Tensor:
     return torch.tensor(slots, dtype=torch.int32, device=device)
 
 
-def level0_bwd(saved: Level0Saved, do, dht=None, d_ends=None, end_chunks=None, state_grad=state_grad_bwd):
+def level0_bwd(saved: Level0Saved, do, dht=None, d_ends=None, end_chunks=None, state_grad=state_grad_bwd,
+               slots=None):
     """Gradients of level 0 given ``do [B, T, H, V]``, the final-state gradient ``dht``
     (float32 or None) and ``d_ends [B, S, H, K, V]`` (float32), the gradients of the
-    states at the end of chunks ``end_chunks`` (S distinct 0-based chunk indices).
+    states at the end of chunks ``end_chunks`` (S distinct 0-based chunk indices; or their
+    ``injection_slots`` precomputed as ``slots``).
 
     Returns ``dq, dk, dv, dg, db, dw`` (float32, shaped like the inputs) and ``dh0``
     (float32, or None without an initial state).
@@ -117,11 +123,10 @@ def level0_bwd(saved: Level0Saved, do, dht=None, d_ends=None, end_chunks=None, s
     s = saved
     do = do.to(s.v.dtype).contiguous()
     N = s.h.shape[1]
-    slots = None
     if d_ends is not None and d_ends.shape[1] > 0:
-        slots = injection_slots(N, end_chunks, do.device)
+        slots = injection_slots(N, end_chunks, do.device) if slots is None else slots
     else:
-        d_ends = None
+        d_ends, slots = None, None
 
     dAqk, dv = chunk_kda_bwd_dAv(q=s.q, k=s.k, v=s.v_new, do=do, A=s.Aqk, scale=s.scale, chunk_size=CHUNK)
     dh, dh0, dv = state_grad(s.qg, s.kg, s.w_wy, s.g_cumsum, do, dv, s.scale, dht=dht, ds=d_ends,

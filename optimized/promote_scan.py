@@ -36,10 +36,10 @@ import triton.language as tl
 # F (firings) and N (pairs per firing) are runtime sizes, not specialised: a new level
 # depth, schedule or query count reuses the compiled kernel (only H, K, V and the blocks
 # pick a variant).
-@triton.jit(do_not_specialize=["F", "N"])
+@triton.jit(do_not_specialize=["F", "N", "stride_sb"])
 def promote_scan_fwd_kernel(
     m0, kappa, nu, beta, omega, gamma, states,
-    F, N,
+    F, N, stride_sb,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, BN: tl.constexpr, BV: tl.constexpr,
     HAS_M0: tl.constexpr,
@@ -69,7 +69,7 @@ def promote_scan_fwd_kernel(
     b_m = tl.zeros([BK, BV], dtype=tl.float32)
     if HAS_M0:
         b_m += tl.load(m0 + i_bh.to(tl.int64) * K * V + o_kv, mask=m_kv, other=0.0)
-    tl.store(states + (i_b.to(tl.int64) * (F + 1) * H + i_h) * K * V + o_kv, b_m, mask=m_kv)
+    tl.store(states + i_b.to(tl.int64) * stride_sb + i_h * K * V + o_kv, b_m, mask=m_kv)
 
     for m in range(0, F):
         i_f = (i_b.to(tl.int64) * F + m) * H + i_h          # firing m of this (batch, head)
@@ -90,14 +90,14 @@ def promote_scan_fwd_kernel(
             # ω ⊙ ν - (β ⊙ κ) M'
             b_d = b_omega * b_nu - tl.dot(b_beta * b_kappa, b_md, input_precision="ieee")
             b_m += tl.dot(tl.trans(b_kappa), b_d, input_precision="ieee")
-        tl.store(states + ((i_b.to(tl.int64) * (F + 1) + m + 1) * H + i_h) * K * V + o_kv, b_m, mask=m_kv)
+        tl.store(states + i_b.to(tl.int64) * stride_sb + ((m + 1) * H + i_h) * K * V + o_kv, b_m, mask=m_kv)
 
 
-@triton.jit(do_not_specialize=["F", "B", "N"])
+@triton.jit(do_not_specialize=["F", "B", "N", "stride_sb", "stride_db"])
 def promote_scan_bwd_kernel(
     states, kappa, nu, beta, omega, gamma, dstates,
     dm0, dkappa_part, dnu, dbeta_part, domega, dgamma_part,
-    F, B, N,
+    F, B, N, stride_sb, stride_db,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, BN: tl.constexpr, BV: tl.constexpr,
 ):
@@ -126,12 +126,12 @@ def promote_scan_bwd_kernel(
     m_kv = m_k[:, None] & m_v[None, :]
     part = i_v.to(tl.int64) * B * F * H        # this V block's partial buffer, counted in firings
 
-    b_dm = tl.load(dstates + ((i_b.to(tl.int64) * (F + 1) + F) * H + i_h) * K * V + o_kv, mask=m_kv, other=0.0)
+    b_dm = tl.load(dstates + i_b.to(tl.int64) * stride_db + (F * H + i_h) * K * V + o_kv, mask=m_kv, other=0.0)
     for i in range(0, F):
         m = F - 1 - i
         i_f = (i_b.to(tl.int64) * F + m) * H + i_h
         b_decay = tl.exp(tl.load(gamma + i_f * K + o_k, mask=m_k, other=0.0))
-        b_m = tl.load(states + ((i_b.to(tl.int64) * (F + 1) + m) * H + i_h) * K * V + o_kv, mask=m_kv, other=0.0)
+        b_m = tl.load(states + i_b.to(tl.int64) * stride_sb + (m * H + i_h) * K * V + o_kv, mask=m_kv, other=0.0)
         b_md = b_m * b_decay[:, None]                                   # M'
         b_dmd = b_dm                                                    # dM', accumulated over pairs
         for i_n in range(0, tl.cdiv(N, BN)):
@@ -159,7 +159,7 @@ def promote_scan_bwd_kernel(
         tl.store(dgamma_part + (part + i_f) * K + o_k, tl.sum(b_dmd * b_md, axis=1), mask=m_k)
 
         b_dm = b_dmd * b_decay[:, None]
-        b_dm += tl.load(dstates + ((i_b.to(tl.int64) * (F + 1) + m) * H + i_h) * K * V + o_kv,
+        b_dm += tl.load(dstates + i_b.to(tl.int64) * stride_db + (m * H + i_h) * K * V + o_kv,
                         mask=m_kv, other=0.0)
     tl.store(dm0 + i_bh.to(tl.int64) * K * V + o_kv, b_dm, mask=m_kv)
 
@@ -199,21 +199,42 @@ def _check(M0, kappa, nu, beta, omega, gamma):
 
 
 def promote_scan_fwd(M0, kappa, nu, beta, omega, gamma, block_v: int | None = None,
-                     block_n: int | None = None):
+                     block_n: int | None = None, out: torch.Tensor | None = None):
     """All firings of one level: ``states [B, F+1, H, K, V]`` (``states[:, 0]`` = ``M0`` or 0).
 
     ``M0 [B, H, K, V]`` or None; pairs and decays from the probes (layouts in the module
     docstring), all float32. ``F = 0`` is allowed (no firing: just the initial state).
+    ``out``: write into this tensor instead (e.g. a slice ``buf[:, a:b]`` of a buffer holding
+    several levels' states: only the batch stride may differ from a contiguous tensor's).
     """
     B, F, H, n, K, V = _check(M0, kappa, nu, beta, omega, gamma)
     BK, BN, BV = block_sizes(K, V, n, block_v, block_n)
-    states = kappa.new_empty(B, F + 1, H, K, V)
+    states = kappa.new_empty(B, F + 1, H, K, V) if out is None else _check_states("out", out, (B, F + 1, H, K, V))
+    if not _batch_strided(states):
+        raise ValueError(f"out must be contiguous but for its batch stride (a slice along dim 1 of a "
+                         f"contiguous buffer), got strides {states.stride()}")
     grid = (triton.cdiv(V, BV), B * H)
     promote_scan_fwd_kernel[grid](
         M0.contiguous() if M0 is not None else None, kappa.contiguous(), nu.contiguous(), beta.contiguous(),
-        omega.contiguous(), gamma.contiguous(), states, F, n,
+        omega.contiguous(), gamma.contiguous(), states, F, n, states.stride(0),
         H=H, K=K, V=V, BK=BK, BN=BN, BV=BV, HAS_M0=M0 is not None, num_warps=num_warps(BK, BV))
     return states
+
+
+def _check_states(name: str, x: torch.Tensor, shape: tuple) -> torch.Tensor:
+    """``x`` float32 of ``shape`` ``[B, F+1, H, K, V]``."""
+    if tuple(x.shape) != shape:
+        raise ValueError(f"{name} must have shape {shape} (one state per firing and the initial one), "
+                         f"got {tuple(x.shape)}")
+    if x.dtype != torch.float32:
+        raise ValueError(f"{name} must be float32, got {x.dtype}")
+    return x
+
+
+def _batch_strided(x: torch.Tensor) -> bool:
+    """Contiguous but for the batch stride (e.g. a slice along dim 1 of a contiguous buffer)."""
+    _, F1, H, K, V = x.shape
+    return x.stride()[1:] == (H * K * V, K * V, V, 1) and x.stride(0) >= F1 * H * K * V
 
 
 def sum_partials(partials: torch.Tensor, blocks: int | None = None) -> torch.Tensor:
@@ -230,11 +251,8 @@ def promote_scan_bwd(states, kappa, nu, beta, omega, gamma, dstates, block_v: in
     """
     B, F, H, n, K, V = _check(None, kappa, nu, beta, omega, gamma)
     for name, x in (("states", states), ("dstates", dstates)):
-        if tuple(x.shape) != (B, F + 1, H, K, V):
-            raise ValueError(f"{name} must have shape {(B, F + 1, H, K, V)} (one state per firing and the "
-                             f"initial one), got {tuple(x.shape)}")
-        if x.dtype != torch.float32:
-            raise ValueError(f"{name} must be float32, got {x.dtype}")
+        _check_states(name, x, (B, F + 1, H, K, V))
+    states, dstates = (x if _batch_strided(x) else x.contiguous() for x in (states, dstates))
     BK, BN, BV = block_sizes(K, V, n, block_v, block_n)
     NV = triton.cdiv(V, BV)
     dm0 = states.new_empty(B, H, K, V)
@@ -245,9 +263,9 @@ def promote_scan_bwd(states, kappa, nu, beta, omega, gamma, dstates, block_v: in
     dgamma_part = kappa.new_empty(NV, B, F, H, K)
     grid = (NV, B * H)
     promote_scan_bwd_kernel[grid](
-        states.contiguous(), kappa.contiguous(), nu.contiguous(), beta.contiguous(), omega.contiguous(),
-        gamma.contiguous(), dstates.contiguous(),
-        dm0, dkappa_part, dnu, dbeta_part, domega, dgamma_part, F, B, n,
+        states, kappa.contiguous(), nu.contiguous(), beta.contiguous(), omega.contiguous(),
+        gamma.contiguous(), dstates,
+        dm0, dkappa_part, dnu, dbeta_part, domega, dgamma_part, F, B, n, states.stride(0), dstates.stride(0),
         H=H, K=K, V=V, BK=BK, BN=BN, BV=BV, num_warps=num_warps(BK, BV))
     return (dm0, reduce_partials(dkappa_part), dnu, reduce_partials(dbeta_part), domega,
             reduce_partials(dgamma_part))

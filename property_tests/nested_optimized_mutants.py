@@ -39,7 +39,8 @@ def sum_outer_partials(partials: torch.Tensor) -> torch.Tensor:
     return partials[0] + partials[-1] if partials.shape[0] > 1 else partials[0]
 
 
-def promote_scan_fwd_blocks_in_sequence(M0, kappa, nu, beta, omega, gamma, block_v=None, block_n=None):
+def promote_scan_fwd_blocks_in_sequence(M0, kappa, nu, beta, omega, gamma, block_v=None, block_n=None,
+                                        out=None):
     """Applies a firing's pairs block by block, each block erasing from the state the previous
     blocks left (not from ``M'``), as the kernel would if it updated ``M'`` between pair
     blocks. Within a block the pairs act at once. Equal to the scan when ``n ≤ BN`` or when
@@ -56,7 +57,8 @@ def promote_scan_fwd_blocks_in_sequence(M0, kappa, nu, beta, omega, gamma, block
             d = omega[:, m, :, lo:lo + BN] * nu[:, m, :, lo:lo + BN] - (b * k) @ M
             M = M + k.transpose(-1, -2) @ d
         states.append(M)
-    return torch.stack(states, dim=1)
+    states = torch.stack(states, dim=1)
+    return states if out is None else out.copy_(states)
 
 
 def promote_scan_fwd_sequential(M0, kappa, nu, beta, omega, gamma, block_v=None):

@@ -120,7 +120,7 @@ def make_levels(L, H, K, V, scheme="learned", intervals=None, query_counts=None,
 
 
 def validate_nested_inputs(q, k, v, g, b, w, r, levels, scale=None, initial_states=None,
-                           chunk_size=CHUNK_SIZE, dtypes=FLOAT_DTYPES):
+                           chunk_size=CHUNK_SIZE, dtypes=FLOAT_DTYPES, check_params_finite=True):
     """Every SPEC "Errors" check for Nested GDN-2 (shared with ``optimized.nested``).
 
     q ``[B, T, H, L, K]``; k, g, b ``[B, T, H, K]``; v, w ``[B, T, H, V]``; r ``[B, T, H, L]``;
@@ -128,6 +128,8 @@ def validate_nested_inputs(q, k, v, g, b, w, r, levels, scale=None, initial_stat
     (``n ≤ K``, finite), a positive integer interval and a known reduction; initial
     states ``None`` or ``L`` entries, each ``None`` or ``[B, H, K, V]``. One dtype for
     the activations, one device for everything. Returns ``(B, T, H, L, K, V)``.
+    ``check_params_finite=False``: the caller checks the parameters' finiteness itself (the
+    optimized op folds it into its one fused check).
     """
     check_tensor("q", q, ndim=5)
     B, T, H, L, K = q.shape
@@ -186,8 +188,9 @@ def validate_nested_inputs(q, k, v, g, b, w, r, levels, scale=None, initial_stat
             check_state_dtype(f"initial_states[{ℓ}]", state, q.dtype)
             tensors.append((f"initial_states[{ℓ}]", state))
     check_same_device(tensors)
-    check_all_finite((f"levels[{i}].params[{key!r}]", p)                   # after the device check:
-                     for i, level in enumerate(levels) for key, p in level.params.items())  # one sync
+    if check_params_finite:
+        check_all_finite((f"levels[{i}].params[{key!r}]", p)                   # after the device check:
+                         for i, level in enumerate(levels) for key, p in level.params.items())  # one sync
     return B, T, H, L, K, V
 
 

@@ -6,7 +6,6 @@ import torch
 from optimized.level0 import level0_bwd
 from optimized.nested.fwd import NestedSaved
 from optimized.nested.probe import _probe, _snapshots
-from optimized.nested.reads_torch import _add_rows, read_bwd, read_fwd
 from optimized.promote_scan import promote_scan_bwd
 
 
@@ -18,23 +17,17 @@ def nested_bwd(saved: NestedSaved, do, dfinals):
     q, r = s.q, s.r
     B, T, H, L, K = q.shape
     V = s.o0.shape[-1]
-    do = do.float()
-    p = torch.softmax(r.float(), dim=-1)
+    tables = s.tables
 
-    # reads and router
-    dq = torch.zeros(B, T, H, L, K, dtype=torch.float32, device=q.device)
-    dp = torch.empty_like(p)
-    dp[..., 0] = (do * s.o0.float()).sum(-1)
-    dstates = [None]
+    # reads and router: dq of levels ≥ 1 written in place, dstates [B, S, H, K, V]
+    dq = torch.empty(B, T, H, L, K, dtype=torch.float32, device=q.device)
+    dr, do0, dstates = s.pieces.reads_bwd(do, q, r, s.o0, s.states, plan, tables, s.scale, dq,
+                                         block_v=s.pieces.block_v)
+    level_dstates = [None] + [dstates[:, tables.row_offset[ℓ]:tables.row_offset[ℓ] + plan.firings(ℓ) + 1]
+                              for ℓ in range(1, L)]
     for ℓ in range(1, L):
-        o_l = read_fwd(s.states[ℓ], q[:, :, :, ℓ], plan.read_index[ℓ], plan.read_group[ℓ], s.scale)
-        dp[..., ℓ] = (do * o_l).sum(-1)
-        dq[:, :, :, ℓ], d_st = read_bwd(s.states[ℓ], q[:, :, :, ℓ], p[..., ℓ, None] * do,
-                                        plan.read_index[ℓ], plan.read_group[ℓ], s.scale)
         if dfinals[ℓ] is not None:
-            d_st[:, -1] += dfinals[ℓ].float()
-        dstates.append(d_st)
-    dr = p * (dp - (p * dp).sum(-1, keepdim=True))
+            level_dstates[ℓ][:, -1] += dfinals[ℓ].float()
 
     # levels L-1 .. 1: reverse scan, probe replay, gradients to the level below
     dinit = [None] * L
@@ -43,16 +36,16 @@ def nested_bwd(saved: NestedSaved, do, dfinals):
     h, ht0 = s.level0.h, s.h_final0
     for ℓ in range(L - 1, 0, -1):
         level = s.levels[ℓ - 1]
-        snaps = _snapshots(plan, ℓ, s.states[ℓ - 1], h, ht0).detach().requires_grad_()
+        snaps = _snapshots(plan, tables, ℓ, s.states, h, ht0).detach().requires_grad_()
         leaves = {n: t.detach().float().requires_grad_() for n, t in s.params[ℓ].items()}
         with torch.enable_grad():
             pairs = _probe(level, snaps, leaves, H, K, V)
         F = plan.firings(ℓ)
         if F == 0:
-            dM0 = dstates[ℓ][:, 0]
+            dM0 = level_dstates[ℓ][:, 0]
             d_pairs = None
         else:
-            dM0, *d_pairs = promote_scan_bwd(s.states[ℓ], *(x.detach() for x in pairs), dstates[ℓ],
+            dM0, *d_pairs = promote_scan_bwd(s.level_states(ℓ), *(x.detach() for x in pairs), level_dstates[ℓ],
                                              block_v=s.pieces.block_v, block_n=s.pieces.block_n,
                                              reduce_partials=s.pieces.reduce_partials)
         dinit[ℓ] = dM0 if s.has_initial[ℓ] else None
@@ -70,12 +63,15 @@ def nested_bwd(saved: NestedSaved, do, dfinals):
         if ℓ == 1:
             d_ends = d_snaps
         elif plan.sources[ℓ]:
-            _add_rows(dstates[ℓ - 1], plan.sources[ℓ], d_snaps)
+            for targets, rows in tables.add_rounds[ℓ]:     # repeated targets: one round each
+                below = level_dstates[ℓ - 1]
+                below[:, targets] = below[:, targets] + d_snaps[:, rows]
 
     # level 0: fla's backward with the injected end-of-chunk gradients
     dq0, dk, dv, dg, db, dw, dh0 = level0_bwd(
-        s.level0, p[..., 0, None] * do, dht=None if dfinals[0] is None else dfinals[0].float().contiguous(),
-        d_ends=d_ends, end_chunks=plan.sources[1] if L > 1 else (), state_grad=s.pieces.state_grad)
+        s.level0, do0, dht=None if dfinals[0] is None else dfinals[0].float().contiguous(),
+        d_ends=d_ends, end_chunks=plan.sources[1] if L > 1 else (), state_grad=s.pieces.state_grad,
+        slots=tables.slots)
     dq[:, :, :, 0] = dq0
     dinit[0] = dh0 if s.has_initial[0] else None
     return dq, dk, dv, dg, db, dw, dr, dinit, dparams

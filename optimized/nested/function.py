@@ -71,11 +71,13 @@ def _nested(q, k, v, g, b, w, r, levels, scale=None, initial_states=None, output
     if isinstance(q, torch.Tensor):     # before the validation's finiteness sync (a meta q cannot sync)
         check_kernel_device("q", q)
     B, T, H, L, K, V = validate_nested_inputs(q, k, v, g, b, w, r, levels, scale, initial_states,
-                                              dtypes=KERNEL_DTYPES)
+                                              dtypes=KERNEL_DTYPES, check_params_finite=False)
     if K > MAX_HEAD_DIM:
         raise ValueError(f"q: key dim K must be <= {MAX_HEAD_DIM} for fla's GDN-2 kernels, got {K}")
     check_kernel_dtype("q", q)
-    check_finite_activations((("q", q), ("k", k), ("v", v), ("g", g), ("b", b), ("w", w), ("r", r)))
+    check_finite_activations((("q", q), ("k", k), ("v", v), ("g", g), ("b", b), ("w", w), ("r", r)),
+                             params=((f"levels[{i}].params[{key!r}]", p) for i, level in enumerate(levels)
+                                     for key, p in level.params.items()))
     scale = K ** -0.5 if scale is None else float(scale)
     initial_states = [None if s is None else s.contiguous()
                       for s in ([None] * L if initial_states is None else initial_states)]

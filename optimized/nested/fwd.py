@@ -7,25 +7,30 @@ import torch
 
 from optimized.level0 import Level0Saved, level0_fwd
 from optimized.nested.pieces import DEFAULT_PIECES, Pieces
-from optimized.nested.plan import Plan
+from optimized.nested.plan import DeviceTables, Plan, device_tables
 from optimized.nested.probe import _probe, _snapshots
-from optimized.nested.reads_torch import read_fwd
 
 
 @dataclass
 class NestedSaved:
     plan: Plan
+    tables: DeviceTables
     levels: list
     scale: float
     level0: Level0Saved
     h_final0: torch.Tensor
-    states: list                    # per level ℓ ≥ 1: [B, F_ℓ + 1, H, K, V] float32 (index 0: None)
+    states: torch.Tensor            # [B, S, H, K, V] float32: every upper level's stored states
     o0: torch.Tensor
     q: torch.Tensor
     r: torch.Tensor
     params: list                    # per level ℓ ≥ 1: {name: tensor} as given (index 0: None)
     has_initial: list
     pieces: Pieces = field(default_factory=Pieces)
+
+    def level_states(self, ℓ: int) -> torch.Tensor:
+        """Level ℓ's stored states ``[B, F_ℓ + 1, H, K, V]`` (a view of ``states``)."""
+        off = self.tables.row_offset[ℓ]
+        return self.states[:, off:off + self.plan.firings(ℓ) + 1]
 
 
 def nested_fwd(q, k, v, g, b, w, r, levels, scale, initial_states, pieces: Pieces = DEFAULT_PIECES):
@@ -34,25 +39,24 @@ def nested_fwd(q, k, v, g, b, w, r, levels, scale, initial_states, pieces: Piece
     B, T, H, L, K = q.shape
     V = v.shape[-1]
     plan = pieces.plan(T, tuple(lv.interval for lv in levels))
-    q0 = q[:, :, :, 0].contiguous()
-    o0, ht0, h, saved0 = level0_fwd(q0, k, v, g, b, w, scale, initial_states[0])
-    states = [None]
+    tables = device_tables(plan, q.device)
+    q0 = q[:, :, :, 0]
+    o0, ht0, h, saved0 = level0_fwd(q0 if q0.is_contiguous() else q0.contiguous(), k, v, g, b, w, scale,
+                                    initial_states[0])
+    states = q.new_empty(B, tables.S, H, K, V, dtype=torch.float32)
     params = [None] + [lv.params for lv in levels]
     for ℓ in range(1, L):
         p32 = {n: p.detach().float() for n, p in params[ℓ].items()}
-        snaps = _snapshots(plan, ℓ, states[ℓ - 1], h, ht0)
+        snaps = _snapshots(plan, tables, ℓ, states, h, ht0)
         with torch.no_grad():
             pairs = _probe(levels[ℓ - 1], snaps, p32, H, K, V)
         M0 = initial_states[ℓ]
-        states.append(pieces.scan_fwd(None if M0 is None else M0.detach().float(), *pairs,
-                                      block_v=pieces.block_v, block_n=pieces.block_n))
-    p = torch.softmax(r.float(), dim=-1)
-    o = p[..., 0, None] * o0.float()
-    for ℓ in range(1, L):
-        o_l = read_fwd(states[ℓ], q[:, :, :, ℓ], plan.read_index[ℓ], plan.read_group[ℓ], scale)
-        o = o + p[..., ℓ, None] * o_l
+        off = tables.row_offset[ℓ]
+        pieces.scan_fwd(None if M0 is None else M0.detach().float(), *pairs, block_v=pieces.block_v,
+                        block_n=pieces.block_n, out=states[:, off:off + plan.firings(ℓ) + 1])
+    o = pieces.reads_fwd(q, r, o0, states, plan, tables, scale, block_v=pieces.block_v)
     # fresh tensors: outputs must not alias what the backward keeps (no reference cycles)
-    finals = [ht0.clone()] + [states[ℓ][:, -1].clone() for ℓ in range(1, L)]
-    saved = NestedSaved(plan, list(levels), scale, saved0, ht0, states, o0, q, r, params,
+    finals = [ht0.clone()] + [states[:, tables.row_offset[ℓ] + plan.firings(ℓ)].clone() for ℓ in range(1, L)]
+    saved = NestedSaved(plan, tables, list(levels), scale, saved0, ht0, states, o0, q, r, params,
                         [s is not None for s in initial_states], pieces)
-    return o.to(q.dtype), finals, saved
+    return o, finals, saved

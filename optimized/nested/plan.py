@@ -53,3 +53,85 @@ def make_plan(T: int, intervals: tuple, delay: int = 0) -> Plan:
         read_group.append(f if all(s == j // f for j, s in enumerate(reads)) else None)
     return Plan(T, N, L, tuple(intervals), tuple(fire_chunks), tuple(sources), tuple(read_index),
                 tuple(read_group))
+
+
+# --- the schedule on the device ---------------------------------------------------------
+
+@dataclass(frozen=True)
+class DeviceTables:
+    """The plan's index tensors on one device, built once per (plan, device) and cached, so a
+    step makes no host-to-device copies (each would stall the host on the stream).
+
+    Upper levels' stored states live in one buffer ``[B, S, H, K, V]``: level ℓ's ``F_ℓ + 1``
+    states at rows ``row_offset[ℓ] .. row_offset[ℓ] + F_ℓ`` (``row_offset[0] = 0`` unused).
+    ``read_row [L, N]`` int32: the row chunk j reads for level ℓ ≥ 1 (row 0 for ℓ = 0, unused).
+    ``row_level``, ``row_chunk_lo``, ``row_chunk_hi`` ``[S]`` int32: the level of row s and the
+    chunks ``[lo, hi)`` that read it (``read_index`` is nondecreasing: one contiguous range).
+    ``sources[ℓ]`` (long): what level ℓ's firings probe (for ℓ = 1 the level-0 chunk-end
+    indices into fla's ``h``, ``end_index``, and whether the last one is the final state).
+    ``add_rounds[ℓ]``: the deterministic rounds of ``dstates[ℓ-1][sources[ℓ]] += d_snaps``
+    (each round a (targets, rows) pair with distinct targets).
+    ``slots`` int32 ``[N]``: the level-0 injection slots of level 1's snapshots.
+    """
+    S: int
+    row_offset: tuple
+    read_row: object
+    row_level: object
+    row_chunk_lo: object
+    row_chunk_hi: object
+    sources: tuple
+    end_index: object
+    end_includes_final: bool
+    add_rounds: tuple
+    slots: object
+
+
+def _add_rounds(index, device):
+    """Split ``dst[index[i]] += src[i]`` into rounds in which every target appears once."""
+    import torch
+
+    rank, seen = [], {}
+    for s in index:
+        rank.append(seen.get(s, 0))
+        seen[s] = rank[-1] + 1
+    rounds = []
+    for r in range(max(rank, default=-1) + 1):
+        sel = [i for i, k in enumerate(rank) if k == r]
+        rounds.append((torch.tensor([index[i] for i in sel], device=device),
+                       torch.tensor(sel, device=device)))
+    return tuple(rounds)
+
+
+@functools.lru_cache(maxsize=64)
+def device_tables(plan: Plan, device) -> DeviceTables:
+    import torch
+
+    N, L = plan.N, plan.L
+    row_offset, S = [0], 0
+    for ℓ in range(1, L):
+        row_offset.append(S)
+        S += plan.firings(ℓ) + 1
+    read_row = [[0] * N] + [[row_offset[ℓ] + plan.read_index[ℓ][j] for j in range(N)] for ℓ in range(1, L)]
+    row_level, lo, hi = [0] * S, [0] * S, [0] * S
+    for ℓ in range(1, L):
+        for m in range(plan.firings(ℓ) + 1):
+            s = row_offset[ℓ] + m
+            row_level[s] = ℓ
+            chunks = [j for j in range(N) if plan.read_index[ℓ][j] == m]
+            lo[s], hi[s] = (chunks[0], chunks[-1] + 1) if chunks else (0, 0)
+    i32 = dict(dtype=torch.int32, device=device)
+    sources = [None] + [torch.tensor(plan.sources[ℓ], dtype=torch.long, device=device) for ℓ in range(1, L)]
+    ends = list(plan.sources[1]) if L > 1 else []
+    inner = [c + 1 for c in ends if c + 1 < N]
+    slots = [-1] * N
+    for i, c in enumerate(ends):
+        slots[c] = i
+    rounds = [None, None] + [_add_rounds(plan.sources[ℓ], device) for ℓ in range(2, L)]
+    return DeviceTables(
+        S=S, row_offset=tuple(row_offset),
+        read_row=torch.tensor(read_row, **i32).reshape(L, N),
+        row_level=torch.tensor(row_level, **i32), row_chunk_lo=torch.tensor(lo, **i32),
+        row_chunk_hi=torch.tensor(hi, **i32), sources=tuple(sources),
+        end_index=torch.tensor(inner, dtype=torch.long, device=device),
+        end_includes_final=bool(ends) and ends[-1] == N - 1,
+        add_rounds=tuple(rounds), slots=torch.tensor(slots, **i32))

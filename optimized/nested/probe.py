@@ -20,10 +20,13 @@ def _probe(level: Level, snaps: torch.Tensor, params: dict, H: int, K: int, V: i
     return tuple(x.contiguous() for x in outs)
 
 
-def _snapshots(plan: Plan, ℓ: int, below_states: torch.Tensor | None, h=None, ht0=None) -> torch.Tensor:
-    """The states of level ℓ-1 that level ℓ's firings probe: ``[B, F_ℓ, H, K, V]`` float32."""
+def _snapshots(plan: Plan, tables, ℓ: int, states: torch.Tensor | None, h=None, ht0=None) -> torch.Tensor:
+    """The states of level ℓ-1 that level ℓ's firings probe: ``[B, F_ℓ, H, K, V]`` float32
+    (``states``: the ``[B, S, H, K, V]`` buffer of every upper level's stored states)."""
     if ℓ == 1:
-        return chunk_end_states(h, ht0, plan.sources[1])
+        return chunk_end_states(h, ht0, plan.sources[1], index=tables.end_index,
+                                includes_final=tables.end_includes_final)
+    below = states[:, tables.row_offset[ℓ - 1]:tables.row_offset[ℓ - 1] + plan.firings(ℓ - 1) + 1]
     if not plan.sources[ℓ]:
-        return below_states[:, :0]
-    return below_states.index_select(1, torch.tensor(plan.sources[ℓ], device=below_states.device))
+        return below[:, :0]
+    return below.index_select(1, tables.sources[ℓ])

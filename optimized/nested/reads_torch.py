@@ -75,3 +75,36 @@ def _add_rows(dst: torch.Tensor, index: Sequence[int], src: torch.Tensor) -> Non
         sel = [i for i, k in enumerate(rank) if k == r]
         tgt = torch.tensor([index[i] for i in sel], device=dst.device)
         dst[:, tgt] = dst[:, tgt] + src[:, torch.tensor(sel, device=dst.device)]
+
+
+# --- the reads and router with the Triton kernels' signatures (``Pieces.reads``) ----------
+
+def reads_router_fwd_torch(q, r, o0, states, plan, tables, scale, block_v=None):
+    """``o = p_0 · o0 + Σ_{ℓ≥1} p_ℓ · read_ℓ`` with ``p = softmax(r)``, in q's dtype; ``states``
+    the ``[B, S, H, K, V]`` buffer of ``plan.device_tables``."""
+    p = torch.softmax(r.float(), dim=-1)
+    o = p[..., 0, None] * o0.float()
+    for ℓ in range(1, plan.L):
+        off = tables.row_offset[ℓ]
+        level = states[:, off:off + plan.firings(ℓ) + 1]
+        o = o + p[..., ℓ, None] * read_fwd(level, q[:, :, :, ℓ], plan.read_index[ℓ], plan.read_group[ℓ], scale)
+    return o.to(q.dtype)
+
+
+def reads_router_bwd_torch(do, q, r, o0, states, plan, tables, scale, dq, block_v=None):
+    """Gradients of ``reads_router_fwd_torch``: writes ``dq[:, :, :, 1:]``; returns ``(dr, do0 =
+    p_0 · do, dstates [B, S, H, K, V])``, float32."""
+    do = do.float()
+    p = torch.softmax(r.float(), dim=-1)
+    dp = torch.empty_like(p)
+    dp[..., 0] = (do * o0.float()).sum(-1)
+    dstates = torch.zeros_like(states)
+    for ℓ in range(1, plan.L):
+        off = tables.row_offset[ℓ]
+        rows = slice(off, off + plan.firings(ℓ) + 1)
+        o_l = read_fwd(states[:, rows], q[:, :, :, ℓ], plan.read_index[ℓ], plan.read_group[ℓ], scale)
+        dp[..., ℓ] = (do * o_l).sum(-1)
+        dq[:, :, :, ℓ], dstates[:, rows] = read_bwd(states[:, rows], q[:, :, :, ℓ], p[..., ℓ, None] * do,
+                                                    plan.read_index[ℓ], plan.read_group[ℓ], scale)
+    dr = p * (dp - (p * dp).sum(-1, keepdim=True))
+    return dr, p[..., 0, None] * do, dstates

@@ -1,0 +1,69 @@
+"""The nested op's hot path (issue 12 item 3): no host syncs with the finiteness check off,
+the schedule's index tensors built once per (T, intervals, device), and the check's flag."""
+import pytest
+import torch
+
+from ngdn.compile_buckets import on_bucket
+from ngdn.nested_inputs import NestedShape, nested_inputs
+from optimized import chunk_nested_gdn2, triton_mode
+from optimized.checks import finite_checks, finite_checks_enabled
+from optimized.nested.plan import device_tables, make_plan
+from reference.nested import Level
+
+NAMES = ("q", "k", "v", "g", "b", "w", "r")
+DEV = triton_mode.device()
+
+
+def inputs(shape, dtype=torch.float32):
+    x = nested_inputs(shape, seed=0)
+    args = {n: x[n].to(DEV, dtype).requires_grad_() for n in NAMES}
+    args["levels"] = [Level(lv.scheme, lv.interval, {n: p.to(DEV, torch.float32) for n, p in lv.params.items()},
+                            lv.reduction) for lv in x["levels"]]
+    return args
+
+
+def test_device_tables_are_built_once_per_plan_and_device():
+    plan = make_plan(300, (1, 2))
+    assert device_tables(plan, torch.device(DEV)) is device_tables(plan, torch.device(DEV))
+    t = device_tables(plan, torch.device(DEV))
+    # every chunk of level ℓ reads a row of level ℓ; every row's chunk range reads that row
+    for ℓ in range(1, plan.L):
+        rows = t.read_row[ℓ].tolist()
+        assert rows == [t.row_offset[ℓ] + i for i in plan.read_index[ℓ]]
+    for s in range(t.S):
+        lo, hi, ℓ = int(t.row_chunk_lo[s]), int(t.row_chunk_hi[s]), int(t.row_level[s])
+        assert all(int(t.read_row[ℓ, j]) == s for j in range(lo, hi))
+        assert sum(int(t.read_row[ℓ, j]) == s for j in range(plan.N)) == hi - lo
+
+
+def test_finite_check_flag_skips_the_check():
+    args = inputs(NestedShape(B=1, T=8, H=2, L=3, K=16, V=16))
+    args["v"] = args["v"].detach().clone()
+    args["v"][0, 3, 0, 0] = float("nan")
+    assert finite_checks_enabled()
+    with pytest.raises(ValueError, match="v holds a non-finite value"):
+        chunk_nested_gdn2(**args)
+    with finite_checks(False):
+        assert not finite_checks_enabled()
+        o, _ = chunk_nested_gdn2(**args)          # undefined output, but no error
+    assert finite_checks_enabled()
+
+
+@pytest.mark.skipif(triton_mode.MODE != triton_mode.CUDA, reason="host syncs exist only against a GPU stream")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_forward_and_backward_make_no_host_sync(dtype):
+    """With the finiteness check off (its one sync is the documented price of the check) a
+    forward and backward never wait for the GPU: ``torch.cuda.set_sync_debug_mode('error')``
+    raises at any synchronising call."""
+    shape = on_bucket(NestedShape(B=1, T=200, H=2, L=3, K=16, V=16))
+    args = inputs(shape, dtype)
+    with finite_checks(False):
+        o, _ = chunk_nested_gdn2(**args)      # first call: compile, autotune, build the tables
+        o.float().sum().backward()
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            o, _ = chunk_nested_gdn2(**args)
+            o.float().sum().backward()
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
