@@ -1,13 +1,34 @@
 """The pluggable pieces of the nested op (the mutation tests swap one for a broken twin)."""
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Callable
 
 from optimized.nested.plan import make_plan
+from optimized.nested.reads_bwd import reads_bwd
+from optimized.nested.reads_fwd import reads_fwd
 from optimized.nested.reads_torch import reads_router_bwd_torch, reads_router_fwd_torch
 from optimized.promote_scan import promote_scan_fwd, sum_partials
 from optimized.state_grad import state_grad_bwd
+
+
+def reads_router_fwd(q, r, o0, states, plan, tables, scale, block_v=None):
+    """The reads and router kernel (``reads_fwd``) on the plan's device tables."""
+    return reads_fwd(q, r, o0, states, tables.read_row, scale, block_v=block_v)
+
+
+def reads_router_bwd(do, q, r, o0, states, plan, tables, scale, dq, block_v=None):
+    """Its backward (``reads_bwd``): ``dq`` levels ≥ 1 in place; ``(dr, do0, dstates)``."""
+    return reads_bwd(do.to(q.dtype), q, r, o0, states, tables.read_row, tables.row_level, tables.row_chunk_lo,
+                     tables.row_chunk_hi, scale, dq, block_v=block_v)
+
+
+# ``NGDN_NESTED_READS=torch`` selects the PyTorch reads (einsum per level, the pre-kernel
+# path), for side-by-side benchmarks; the default is the Triton kernels.
+READS = os.environ.get("NGDN_NESTED_READS", "triton").strip().lower()
+if READS not in ("triton", "torch"):
+    raise ValueError(f"NGDN_NESTED_READS must be 'triton' or 'torch', got {READS!r}")
 
 
 @dataclass(frozen=True)
@@ -16,8 +37,8 @@ class Pieces:
     state_grad: Callable = state_grad_bwd
     reduce_partials: Callable = sum_partials
     scan_fwd: Callable = promote_scan_fwd
-    reads_fwd: Callable = reads_router_fwd_torch      # reads and router, forward and backward
-    reads_bwd: Callable = reads_router_bwd_torch
+    reads_fwd: Callable = reads_router_fwd if READS == "triton" else reads_router_fwd_torch
+    reads_bwd: Callable = reads_router_bwd if READS == "triton" else reads_router_bwd_torch
     block_v: int | None = None      # the scan's V block and pair block (None: promote_scan's
     block_n: int | None = None      # defaults); tests shrink them to reach several blocks
 

@@ -106,20 +106,18 @@ def _add_rounds(index, device):
 def device_tables(plan: Plan, device) -> DeviceTables:
     import torch
 
+    from optimized.nested.reads_fwd import read_tables
+
     N, L = plan.N, plan.L
-    row_offset, S = [0], 0
-    for ℓ in range(1, L):
-        row_offset.append(S)
-        S += plan.firings(ℓ) + 1
-    read_row = [[0] * N] + [[row_offset[ℓ] + plan.read_index[ℓ][j] for j in range(N)] for ℓ in range(1, L)]
-    row_level, lo, hi = [0] * S, [0] * S, [0] * S
-    for ℓ in range(1, L):
-        for m in range(plan.firings(ℓ) + 1):
-            s = row_offset[ℓ] + m
-            row_level[s] = ℓ
-            chunks = [j for j in range(N) if plan.read_index[ℓ][j] == m]
-            lo[s], hi[s] = (chunks[0], chunks[-1] + 1) if chunks else (0, 0)
     i32 = dict(dtype=torch.int32, device=device)
+    if L >= 2:
+        reads = read_tables(plan.read_index, [0] + [plan.firings(ℓ) + 1 for ℓ in range(1, L)], device)
+        S, row_offset = reads.row_offset[-1], reads.row_offset[:L]
+        read_row, row_level, lo, hi = reads.read_row, reads.row_level, reads.row_chunk_lo, reads.row_chunk_hi
+    else:
+        S, row_offset = 0, (0,)
+        read_row = torch.zeros(1, N, **i32)
+        row_level, lo, hi = (torch.zeros(0, **i32) for _ in range(3))
     sources = [None] + [torch.tensor(plan.sources[ℓ], dtype=torch.long, device=device) for ℓ in range(1, L)]
     ends = list(plan.sources[1]) if L > 1 else []
     inner = [c + 1 for c in ends if c + 1 < N]
@@ -128,10 +126,8 @@ def device_tables(plan: Plan, device) -> DeviceTables:
         slots[c] = i
     rounds = [None, None] + [_add_rounds(plan.sources[ℓ], device) for ℓ in range(2, L)]
     return DeviceTables(
-        S=S, row_offset=tuple(row_offset),
-        read_row=torch.tensor(read_row, **i32).reshape(L, N),
-        row_level=torch.tensor(row_level, **i32), row_chunk_lo=torch.tensor(lo, **i32),
-        row_chunk_hi=torch.tensor(hi, **i32), sources=tuple(sources),
+        S=S, row_offset=tuple(row_offset), read_row=read_row, row_level=row_level, row_chunk_lo=lo,
+        row_chunk_hi=hi, sources=tuple(sources),
         end_index=torch.tensor(inner, dtype=torch.long, device=device),
         end_includes_final=bool(ends) and ends[-1] == N - 1,
         add_rounds=tuple(rounds), slots=torch.tensor(slots, **i32))

@@ -1,0 +1,164 @@
+"""Side by side in one run: the nested op with its upper-level reads and router in PyTorch
+(einsum per level, the path before issue 12) and in the Triton kernels
+(``optimized.nested.reads_fwd`` / ``reads_bwd``), next to flat GDN-2 with ``L·H`` heads.
+
+For each depth: forward and forward+backward times (``triton.testing.do_bench`` medians,
+autotuners tuned: one warm step first), the nested/flat ratios, peak memory of one step,
+and, with ``--profile``, the torch.profiler kernel table of one nested step for both read
+paths (the stage-by-stage account). The finiteness check is off for every op
+(``optimized.checks.finite_checks(False)``: the benchmark's inputs are finite) except the
+row ``triton+check``, which shows what the check's one host sync costs.
+
+    python -m bench.reads_ab --out results/DIR [--levels 4 6] [--profile]
+
+Writes ``DIR/reads_ab.csv``, ``DIR/reads_ab.md`` and ``DIR/profile_L<L>_<reads>.txt``.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+from bench.harness import prepare_environment
+
+
+def _log(message: str):
+    print(f"[reads_ab] {message}", file=sys.stderr, flush=True)
+
+
+def _inputs(B, T, H, K, V, L, dtype, seed, nested: bool):
+    import torch.nn.functional as F
+
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+
+    def rnd(*shape):
+        return torch.randn(*shape, generator=gen, device="cuda", dtype=torch.float32)
+
+    def leaf(x):
+        return x.to(dtype).detach().requires_grad_(True)
+
+    q_shape = (B, T, H, L, K) if nested else (B, T, H, K)
+    x = {"q": leaf(rnd(*q_shape)), "k": leaf(F.normalize(rnd(B, T, H, K), dim=-1)), "v": leaf(rnd(B, T, H, V)),
+         "g": leaf(F.logsigmoid(rnd(B, T, H, K) + 2.5)), "b": leaf(torch.sigmoid(rnd(B, T, H, K))),
+         "w": leaf(torch.sigmoid(rnd(B, T, H, V)))}
+    if nested:
+        x["r"] = leaf(rnd(B, T, H, L))
+    return x, rnd(B, T, H, V).to(dtype)
+
+
+def _ops(B, T, H, K, V, L, dtype, seed):
+    """name -> (step inputs, forward closure, do)."""
+    from optimized import chunk_gdn2
+    from optimized.nested import Pieces, _nested
+    from optimized.nested.reads_torch import reads_router_bwd_torch, reads_router_fwd_torch
+    from reference.nested import make_levels
+
+    x, do = _inputs(B, T, H * L, K, V, L, dtype, seed, nested=False)
+    ops = {"flat": (list(x.values()), lambda x=x: chunk_gdn2(**x)[0], do)}
+    xn, don = _inputs(B, T, H, K, V, L, dtype, seed + 1, nested=True)
+    levels = make_levels(L, H, K, V, generator=torch.Generator().manual_seed(seed + 2))
+    for lv in levels:
+        for n in lv.params:
+            lv.params[n] = lv.params[n].to("cuda", torch.float32).requires_grad_(True)
+    params = [p for lv in levels for p in lv.params.values()]
+    torch_reads = Pieces(reads_fwd=reads_router_fwd_torch, reads_bwd=reads_router_bwd_torch)
+    for name, pieces in (("torch", torch_reads), ("triton", Pieces())):
+        ops[name] = (list(xn.values()) + params,
+                     lambda pieces=pieces: _nested(levels=levels, pieces=pieces, **xn)[0], don)
+    ops["triton+check"] = ops["triton"]
+    return ops
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--levels", type=int, nargs="+", default=[4, 6])
+    parser.add_argument("-B", type=int, default=8)
+    parser.add_argument("-T", type=int, default=4096)
+    parser.add_argument("-H", type=int, default=16)
+    parser.add_argument("-K", type=int, default=128)
+    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        parser.error("needs a GPU")
+    prepare_environment()
+    import triton
+
+    from optimized.checks import finite_checks
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    dtype = getattr(torch, args.dtype)
+    rows = []
+    B, T, H, K = args.B, args.T, args.H, args.K
+    for L in args.levels:
+        ops = _ops(B, T, H, K, K, L, dtype, args.seed)
+        for name, (leaves, forward, do) in ops.items():
+            check = name == "triton+check"
+
+            def step(forward=forward, do=do):
+                forward().backward(do)
+
+            with finite_checks(check):
+                step()                                   # compile, autotune, tables
+                torch.cuda.synchronize()
+                fwd = triton.testing.do_bench(forward, warmup=25, rep=200, grad_to_none=leaves)
+                fwdbwd = triton.testing.do_bench(step, warmup=25, rep=200, grad_to_none=leaves)
+                for t in leaves:
+                    t.grad = None
+                torch.cuda.synchronize()
+                torch.cuda.reset_peak_memory_stats()
+                base = torch.cuda.memory_allocated()
+                step()
+                torch.cuda.synchronize()
+                peak = (torch.cuda.max_memory_allocated() - base) / 2 ** 30
+                for t in leaves:
+                    t.grad = None
+                if args.profile and name in ("torch", "triton") and L == args.levels[0]:
+                    from torch.profiler import ProfilerActivity, profile
+
+                    with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
+                        step()
+                        torch.cuda.synchronize()
+                    table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=30)
+                    (out / f"profile_L{L}_{name}.txt").write_text(table)
+                    for t in leaves:
+                        t.grad = None
+            row = {"L": L, "op": name, "B": B, "T": T, "H": H, "K": K, "dtype": args.dtype,
+                   "fwd_ms": round(fwd, 3), "fwdbwd_ms": round(fwdbwd, 3), "peak_extra_gib": round(peak, 3)}
+            rows.append(row)
+            _log(str(row))
+        del ops
+        torch.cuda.empty_cache()
+    flat = {r["L"]: r for r in rows if r["op"] == "flat"}
+    for r in rows:
+        f = flat[r["L"]]
+        r["fwd_vs_flat"] = round(r["fwd_ms"] / f["fwd_ms"], 3)
+        r["fwdbwd_vs_flat"] = round(r["fwdbwd_ms"] / f["fwdbwd_ms"], 3)
+        r["peak_vs_flat"] = round(r["peak_extra_gib"] / f["peak_extra_gib"], 3) if f["peak_extra_gib"] else ""
+    with open(out / "reads_ab.csv", "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    lines = [f"# Nested reads: PyTorch vs Triton, beside flat GDN-2 ({torch.cuda.get_device_name()}, "
+             f"torch {torch.__version__}, triton {triton.__version__})", "",
+             f"B={B}, T={T}, H={H} per level (flat: L·H heads), K=V={K}, {args.dtype}; do_bench medians; "
+             f"finiteness check off except `triton+check`; `peak` = memory one step allocates on top of its inputs.",
+             "", "| L | op | fwd ms | fwd+bwd ms | fwd / flat | fwd+bwd / flat | peak GiB | peak / flat |",
+             "|---|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['L']} | {r['op']} | {r['fwd_ms']} | {r['fwdbwd_ms']} | {r['fwd_vs_flat']} | "
+              f"{r['fwdbwd_vs_flat']} | {r['peak_extra_gib']} | {r['peak_vs_flat']} |" for r in rows]
+    (out / "reads_ab.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    sys.exit(main())

@@ -1,0 +1,197 @@
+"""Nested GDN-2's reads and router, backward, in two Triton kernels (SPEC section 3).
+
+Forward (``reads_fwd``): ``p_t = softmax(r_t)``, ``o_t = p_t,0 o0_t + Σ_{ℓ≥1} p_t,ℓ o_t,ℓ`` with
+``o_t,ℓ = scale · M_ℓ,j^T q_t^(ℓ)`` and ``M_ℓ,j = states[read_row[ℓ, j]]`` (t in chunk j).
+Given ``do = ∂loss/∂o``:
+
+    u_t,ℓ      = M_ℓ,j do_t                                   [K]   (= (do @ M^T)_t)
+    dp_t,0     = do_t · o0_t
+    dp_t,ℓ     = do_t · o_t,ℓ = scale · q_t^(ℓ) · u_t,ℓ       (no read recomputed)
+    dr_t       = p_t ⊙ (dp_t - Σ_ℓ p_t,ℓ dp_t,ℓ)                    (softmax backward)
+    dq_t^(ℓ)   = p_t,ℓ · scale · u_t,ℓ                          ℓ ≥ 1
+    do0_t      = p_t,0 · do_t
+    dstates[s] = scale · Σ_{t reading s} (p_t,ℓ q_t^(ℓ)) ⊗ do_t   ℓ = row_level[s]
+
+Kernel A (``reads_bwd_tokens_kernel``) owns one chunk and makes every per-token gradient;
+kernel B (``reads_bwd_states_kernel``) owns one stored row and contracts over the chunks
+``[row_chunk_lo[s], row_chunk_hi[s])`` that read it (each row is read by one contiguous
+chunk range, since ``read_row`` is nondecreasing in the chunk): a fixed loop order, no
+atomics, no scatter, bitwise reproducible. Rows read by no chunk get zeros.
+
+Precision as in ``reads_fwd``: float32 accumulators; float32 inputs use IEEE dots;
+bfloat16 inputs use two bf16 dots per product with the float32 operand (the state, or
+``p ⊙ q``) split into bf16 ``hi + lo``, the other operand (``do``, in q's dtype) exact.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from optimized.nested.reads_fwd import (_expect, block_sizes, check_reads, dot_exact_a, dot_exact_b,
+                                        level_column, mutant_code, num_warps, router_probs)
+
+
+# T, N, S, L are runtime sizes (see reads_fwd_kernel).
+@triton.jit(do_not_specialize=["T", "N", "S", "L"])
+def reads_bwd_tokens_kernel(
+    do, q, r, o0, states, read_row, dq, dr, do0,
+    scale, T, N, S, L,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BT: tl.constexpr, BKA: tl.constexpr, BV: tl.constexpr, BL: tl.constexpr,
+    SPLIT: tl.constexpr, MUTANT: tl.constexpr,
+):
+    """One (chunk j, batch·head) program, all ``BT = 64`` tokens; K visited in blocks of ``BKA``
+    and V in blocks of ``BV`` (``u`` is made one key block at a time):
+
+        p      = softmax(r[tokens])                                       [BT, BL]
+        dp0    = Σ_blocks rowsum(do ⊙ o0);   do0 = p[:, 0] ⊙ do            (per V block)
+        for ℓ in 1 .. L-1, with M = states[read_row[ℓ, j]]:
+            for each key block kb:
+                u  = Σ_{V blocks vb} do[:, vb] @ M[kb, vb]^T              [BT, BKA]
+                dp_ℓ += scale · rowsum(q[tokens, ℓ, kb] ⊙ u)
+                dq[tokens, ℓ, kb] = p[:, ℓ] ⊙ scale · u
+        dr     = p ⊙ (dp - rowsum(p ⊙ dp))
+
+    ``dq[:, :, :, 0]`` is not touched. Tokens ≥ T, columns ≥ K, V, L are masked.
+    """
+    i_c, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = i_bh // H, i_bh % H
+
+    o_t = i_c * BT + tl.arange(0, BT)
+    o_l = tl.arange(0, BL)
+    m_t, m_l = o_t < T, o_l < L
+    tok = (i_b.to(tl.int64) * T + o_t.to(tl.int64)) * H + i_h            # [BT] (b, t, h) index
+
+    b_p = router_probs(r, i_b, i_h, o_t, m_t, T, L, H, BL)
+    b_p0 = level_column(b_p, 0, BL)
+
+    # level 0: dp_0 = do · o0, do0 = p_0 do
+    b_dp0 = tl.zeros([BT], dtype=tl.float32)
+    for i_v in range(0, tl.cdiv(V, BV)):
+        o_v = i_v * BV + tl.arange(0, BV)
+        m_tv = m_t[:, None] & (o_v < V)[None, :]
+        b_do = tl.load(do + tok[:, None] * V + o_v[None, :], mask=m_tv, other=0.0).to(tl.float32)
+        b_o0 = tl.load(o0 + tok[:, None] * V + o_v[None, :], mask=m_tv, other=0.0).to(tl.float32)
+        b_dp0 += tl.sum(b_do * b_o0, axis=1)
+        tl.store(do0 + tok[:, None] * V + o_v[None, :], b_p0[:, None] * b_do, mask=m_tv)
+    if MUTANT == 2:                                                      # 2: forgets level 0
+        b_dp0 = b_dp0 * 0.0
+    b_dp = tl.where(o_l[None, :] == 0, b_dp0[:, None], 0.0)
+
+    for l in range(1, L):
+        i_row = tl.load(read_row + l * N + i_c)
+        p_m = states + ((i_b.to(tl.int64) * S + i_row) * H + i_h) * K * V
+        b_pl = level_column(b_p, l, BL)
+        b_dpl = tl.zeros([BT], dtype=tl.float32)
+        for i_k in range(0, tl.cdiv(K, BKA)):                            # key blocks: fewer registers
+            o_k = i_k * BKA + tl.arange(0, BKA)
+            m_k = o_k < K
+            b_u = tl.zeros([BT, BKA], dtype=tl.float32)
+            for i_v in range(0, tl.cdiv(V, BV)):
+                o_v = i_v * BV + tl.arange(0, BV)
+                m_v = o_v < V
+                b_do = tl.load(do + tok[:, None] * V + o_v[None, :], mask=m_t[:, None] & m_v[None, :], other=0.0)
+                b_m = tl.load(p_m + o_k[:, None] * V + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0.0)
+                b_u += dot_exact_a(b_do, tl.trans(b_m), SPLIT)            # [BT, BV] @ [BV, BKA]
+            m_tk = m_t[:, None] & m_k[None, :]
+            b_q = tl.load(q + (tok * L + l)[:, None] * K + o_k[None, :], mask=m_tk, other=0.0).to(tl.float32)
+            b_dpl += scale * tl.sum(b_q * b_u, axis=1)
+            tl.store(dq + (tok * L + l)[:, None] * K + o_k[None, :], (b_pl * scale)[:, None] * b_u, mask=m_tk)
+        b_dp += tl.where(o_l[None, :] == l, b_dpl[:, None], 0.0)
+
+    if MUTANT == 3:                                                      # 3: drops - Σ p dp
+        b_dr = b_p * b_dp
+    else:
+        b_dr = b_p * (b_dp - tl.sum(b_p * b_dp, axis=1)[:, None])
+    tl.store(dr + tok[:, None] * L + o_l[None, :], b_dr, mask=m_t[:, None] & m_l[None, :])
+
+
+@triton.jit(do_not_specialize=["T", "S", "L"])
+def reads_bwd_states_kernel(
+    do, q, r, row_level, row_chunk_lo, row_chunk_hi, dstates,
+    scale, T, S, L,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BL: tl.constexpr,
+    SPLIT: tl.constexpr,
+):
+    """One (V block, stored row s, batch·head) program; ``[BK, BV]`` accumulator, ℓ = row_level[s]:
+
+        acc = 0
+        for j in row_chunk_lo[s] .. row_chunk_hi[s] - 1:          (in order)
+            p    = softmax(r[tokens of j])                         [BT, BL]
+            acc += (p[:, ℓ] ⊙ q[tokens, ℓ])^T @ do[tokens, block]   [BK, BT] @ [BT, BV]
+        dstates[s][:, block] = scale · acc                         (0 for a row nobody reads)
+
+    Tokens ≥ T (a ragged last chunk) are loaded as 0 and contribute nothing.
+    """
+    i_v, i_s, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_b, i_h = i_bh // H, i_bh % H
+
+    o_k = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_k, m_v = o_k < K, o_v < V
+    l = tl.load(row_level + i_s)
+    j_lo = tl.load(row_chunk_lo + i_s)
+    j_hi = tl.load(row_chunk_hi + i_s)
+
+    b_ds = tl.zeros([BK, BV], dtype=tl.float32)
+    for j in range(j_lo, j_hi):
+        o_t = j * BT + tl.arange(0, BT)
+        m_t = o_t < T
+        tok = (i_b.to(tl.int64) * T + o_t.to(tl.int64)) * H + i_h
+        b_pl = level_column(router_probs(r, i_b, i_h, o_t, m_t, T, L, H, BL), l, BL)
+        b_q = tl.load(q + (tok * L + l)[:, None] * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :],
+                      other=0.0).to(tl.float32)
+        b_do = tl.load(do + tok[:, None] * V + o_v[None, :], mask=m_t[:, None] & m_v[None, :], other=0.0)
+        b_ds += dot_exact_b(tl.trans(b_pl[:, None] * b_q), b_do, SPLIT)
+    p_ds = dstates + ((i_b.to(tl.int64) * S + i_s) * H + i_h) * K * V
+    tl.store(p_ds + o_k[:, None] * V + o_v[None, :], scale * b_ds, mask=m_k[:, None] & m_v[None, :])
+
+
+def reads_bwd(do: torch.Tensor, q: torch.Tensor, r: torch.Tensor, o0: torch.Tensor, states: torch.Tensor,
+              read_row: torch.Tensor, row_level: torch.Tensor, row_chunk_lo: torch.Tensor,
+              row_chunk_hi: torch.Tensor, scale: float, dq: torch.Tensor, *, block_v: int | None = None,
+              _mutant: str | None = None):
+    """Gradients of ``reads_fwd`` (module docstring). Returns ``(dr [B, T, H, L], do0 [B, T, H, V],
+    dstates [B, S, H, K, V])``, all float32, and writes ``dq[:, :, :, 1:]`` in place.
+
+    ``do [B, T, H, V]`` in q's dtype (exact in it: bf16 dots take it as is); the other inputs
+    as in ``reads_fwd``; ``row_level, row_chunk_lo, row_chunk_hi int32 [S]`` (``read_tables``);
+    ``dq`` a contiguous float32 ``[B, T, H, L, K]`` buffer: levels 1..L-1 are overwritten,
+    level 0 is left alone. ``block_v`` / ``_mutant`` as in ``reads_fwd``.
+    """
+    B, T, H, L, K, V, S, N = check_reads(q, r, o0, states, read_row)
+    _expect("do", do, (B, T, H, V), (q.dtype,), q.device)
+    for name, x in (("row_level", row_level), ("row_chunk_lo", row_chunk_lo), ("row_chunk_hi", row_chunk_hi)):
+        _expect(name, x, (S,), (torch.int32,), q.device)
+    _expect("dq", dq, (B, T, H, L, K), (torch.float32,), q.device)
+    if not dq.is_contiguous():
+        raise ValueError("dq must be contiguous (levels 1..L-1 are written into it in place)")
+    mutant = mutant_code(_mutant)
+    BT, BK, BV, BL = block_sizes(K, V, L, block_v)
+    # kernel A holds [64, BKA] and [64, BVA] blocks: 32 x 32 with 8 warps is free of spills on
+    # sm_90 up to K = 128 (ptxas; 64-wide blocks or 4 warps spill 16-1000 bytes)
+    BKA, BVA = min(BK, 32), min(BV, 32)
+    warps_a = 4 if BKA * BVA < 32 * 32 else 8
+    f32 = torch.float32
+    dr = torch.empty(B, T, H, L, dtype=f32, device=q.device)
+    do0 = torch.empty(B, T, H, V, dtype=f32, device=q.device)
+    dstates = torch.empty(B, S, H, K, V, dtype=f32, device=q.device)
+    if B * H == 0:
+        return dr, do0, dstates
+    do, q, r, states = do.contiguous(), q.contiguous(), r.contiguous(), states.contiguous()
+    split = q.dtype == torch.bfloat16
+    if T > 0:
+        reads_bwd_tokens_kernel[(N, B * H)](
+            do, q, r, o0.contiguous(), states, read_row.contiguous(), dq, dr, do0,
+            float(scale), T, N, S, L,
+            H=H, K=K, V=V, BT=BT, BKA=BKA, BV=BVA, BL=BL, SPLIT=split, MUTANT=mutant,
+            num_warps=warps_a)
+    if S > 0 and K * V > 0:
+        reads_bwd_states_kernel[(triton.cdiv(V, BV), S, B * H)](
+            do, q, r, row_level.contiguous(), row_chunk_lo.contiguous(), row_chunk_hi.contiguous(), dstates,
+            float(scale), T, S, L,
+            H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, BL=BL, SPLIT=split,
+            num_warps=num_warps(BK, BV))
+    return dr, do0, dstates

@@ -1,0 +1,296 @@
+"""Nested GDN-2's reads and router, forward, in one Triton kernel (SPEC section 3).
+
+Token ``t`` of chunk ``j`` (0-based, ``C = 64`` tokens) mixes level 0's output with the
+reads of the upper levels' states as they stood when chunk ``j`` began:
+
+    p_t   = softmax(r_t)                                            [L], float32
+    o_t   = p_t,0 · o0_t + Σ_{ℓ=1}^{L-1} p_t,ℓ · scale · M_ℓ,j^T q_t^(ℓ)
+
+with ``M_ℓ,j = states[read_row[ℓ, j]]``. All upper levels' stored states live in one
+float32 tensor ``states [B, S, H, K, V]`` (level ℓ's ``F_ℓ + 1`` states are rows
+``row_offset[ℓ] .. row_offset[ℓ] + F_ℓ``), so one kernel serves every level and the level
+loop runs inside the kernel. ``read_tables`` builds the row tables from a schedule.
+
+Layouts (fla style): ``q [B, T, H, L, K]`` (level ℓ's query is read in place),
+``r [B, T, H, L]``, ``o0 / o [B, T, H, V]``, all in one dtype (float32 or bfloat16);
+``read_row int32 [L, N]`` (row 0 unused), ``N = ⌈T / 64⌉``.
+
+Precision: the router and every accumulator are float32. Float32 inputs use IEEE dots
+(``input_precision="ieee"``, no TF32). Bfloat16 inputs use bf16 tensor-core dots but keep
+the float32 state: ``M = hi + lo`` with ``hi = bf16(M)``, ``lo = bf16(M - hi)`` and
+``q @ M ≈ q @ lo + q @ hi`` (``q`` is exactly bf16), float32 accumulation; the state then
+carries 16 significant bits (relative error ≤ 2^-16 per entry, bf16's unit roundoff 2^-8
+squared) instead of bf16's 8.
+
+Kernels address their blocks with explicit pointer arithmetic and masks for ragged
+edges (ragged last chunk, K not a power of two, ragged last V block); the same code runs
+compiled on CUDA and under Triton's interpreter on CPU.
+"""
+from __future__ import annotations
+
+import bisect
+from typing import NamedTuple, Sequence
+
+import torch
+import triton
+import triton.language as tl
+
+from optimized.level0 import CHUNK
+
+# CUDA limits the 2nd and 3rd grid dimensions to 65535 programs.
+MAX_GRID_YZ = 65535
+
+# ``_mutant``: deliberately broken kernels for the mutation tests (None: the correct ones).
+# "stale_read": reads_fwd reads the row of the chunk before (read_row[ℓ, j-1]);
+# "no_level0": reads_fwd drops p_0 · o0 and reads_bwd drops dp_0 from dr;
+# "no_centering": reads_bwd's dr = p ⊙ dp (drops - Σ_ℓ p_ℓ dp_ℓ).
+MUTANTS = {None: 0, "stale_read": 1, "no_level0": 2, "no_centering": 3}
+
+
+# ----------------------------------------------------------------------------- jit helpers
+@triton.jit
+def router_probs(r, i_b, i_h, o_t, m_t, T, L, H: tl.constexpr, BL: tl.constexpr):
+    """``softmax(r[b, t, h, :])`` over the ``L`` levels for the tokens ``o_t``: ``[BT, BL]`` float32.
+
+    Columns ≥ L are -inf before the softmax (probability 0). Rows of tokens past ``T`` are
+    loaded as logits 0 (uniform, finite: they may multiply masked-out zeros, never NaN).
+    """
+    o_l = tl.arange(0, BL)
+    m_l = o_l < L
+    p_r = r + ((i_b.to(tl.int64) * T + o_t.to(tl.int64)) * H + i_h) * L
+    b_r = tl.load(p_r[:, None] + o_l[None, :], mask=m_t[:, None] & m_l[None, :], other=0.0).to(tl.float32)
+    b_r = tl.where(m_l[None, :], b_r, float("-inf"))
+    b_e = tl.exp(b_r - tl.max(b_r, axis=1)[:, None])
+    return b_e / tl.sum(b_e, axis=1)[:, None]
+
+
+@triton.jit
+def level_column(b_p, l, BL: tl.constexpr):
+    """Column ``l`` (a runtime level) of a ``[BT, BL]`` block: ``[BT]``."""
+    o_l = tl.arange(0, BL)
+    return tl.sum(tl.where(o_l[None, :] == l, b_p, 0.0), axis=1)
+
+
+@triton.jit
+def dot_exact_a(a, b, SPLIT: tl.constexpr):
+    """``a @ b`` in float32 where ``b`` is float32 and ``a`` is exact in the input dtype.
+
+    ``SPLIT`` (bf16 inputs): two bf16 tensor-core dots, ``a @ lo(b) + a @ hi(b)``; else one
+    IEEE float32 dot.
+    """
+    if SPLIT:
+        a16 = a.to(tl.bfloat16)
+        hi = b.to(tl.bfloat16)
+        lo = (b - hi.to(tl.float32)).to(tl.bfloat16)
+        acc = tl.dot(a16, lo, out_dtype=tl.float32)
+        return tl.dot(a16, hi, acc, out_dtype=tl.float32)
+    else:
+        return tl.dot(a.to(tl.float32), b, input_precision="ieee")
+
+
+@triton.jit
+def dot_exact_b(a, b, SPLIT: tl.constexpr):
+    """``a @ b`` in float32 where ``a`` is float32 and ``b`` is exact in the input dtype
+    (the mirror of ``dot_exact_a``: ``a`` is split into bf16 ``hi + lo``)."""
+    if SPLIT:
+        b16 = b.to(tl.bfloat16)
+        hi = a.to(tl.bfloat16)
+        lo = (a - hi.to(tl.float32)).to(tl.bfloat16)
+        acc = tl.dot(lo, b16, out_dtype=tl.float32)
+        return tl.dot(hi, b16, acc, out_dtype=tl.float32)
+    else:
+        return tl.dot(a, b.to(tl.float32), input_precision="ieee")
+
+
+# ----------------------------------------------------------------------------- kernel
+# T, N (chunks), S (stored rows) and L (levels) are runtime sizes, not specialised: a new
+# sequence length, schedule or depth reuses the compiled kernel (H, K, V, the blocks and the
+# dtype pick a variant).
+@triton.jit(do_not_specialize=["T", "N", "S", "L"])
+def reads_fwd_kernel(
+    q, r, o0, states, read_row, o,
+    scale, T, N, S, L,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BL: tl.constexpr,
+    SPLIT: tl.constexpr, MUTANT: tl.constexpr,
+):
+    """One (V block, chunk j, batch·head) program; ``BT = 64`` tokens, ``[BT, BV]`` outputs:
+
+        p   = softmax(r[tokens])                                  [BT, BL] float32
+        acc = p[:, 0] ⊙ o0[tokens, block]
+        for ℓ in 1 .. L-1:
+            M    = states[read_row[ℓ, j]][:, block]               [BK, BV] float32
+            acc += p[:, ℓ] ⊙ scale · (q[tokens, ℓ] @ M)           [BT, BK] @ [BK, BV]
+        o[tokens, block] = acc  (in o's dtype)
+
+    Tokens ≥ T, key columns ≥ K and value columns ≥ V are masked (loaded as 0, never stored).
+    """
+    i_v, i_c, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_b, i_h = i_bh // H, i_bh % H
+
+    o_t = i_c * BT + tl.arange(0, BT)
+    o_k = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_t, m_k, m_v = o_t < T, o_k < K, o_v < V
+    m_tk = m_t[:, None] & m_k[None, :]
+    m_tv = m_t[:, None] & m_v[None, :]
+    m_kv = m_k[:, None] & m_v[None, :]
+    tok = (i_b.to(tl.int64) * T + o_t.to(tl.int64)) * H + i_h            # [BT] (b, t, h) index
+
+    b_p = router_probs(r, i_b, i_h, o_t, m_t, T, L, H, BL)
+    b_o = tl.zeros([BT, BV], dtype=tl.float32)
+    if MUTANT != 2:                                                      # 2: forgets level 0
+        b_o0 = tl.load(o0 + tok[:, None] * V + o_v[None, :], mask=m_tv, other=0.0).to(tl.float32)
+        b_o += level_column(b_p, 0, BL)[:, None] * b_o0
+    for l in range(1, L):
+        if MUTANT == 1:                                                  # 1: one chunk late
+            i_row = tl.load(read_row + l * N + tl.maximum(i_c - 1, 0))
+        else:
+            i_row = tl.load(read_row + l * N + i_c)
+        p_m = states + ((i_b.to(tl.int64) * S + i_row) * H + i_h) * K * V
+        b_m = tl.load(p_m + o_k[:, None] * V + o_v[None, :], mask=m_kv, other=0.0)
+        b_q = tl.load(q + (tok * L + l)[:, None] * K + o_k[None, :], mask=m_tk, other=0.0)
+        b_o += (level_column(b_p, l, BL) * scale)[:, None] * dot_exact_a(b_q, b_m, SPLIT)
+    tl.store(o + tok[:, None] * V + o_v[None, :], b_o.to(o.dtype.element_ty), mask=m_tv)
+
+
+# ----------------------------------------------------------------------------- host side
+class ReadTables(NamedTuple):
+    """Row tables of one schedule over the concatenated ``states [B, S, H, K, V]``.
+
+    ``read_row int32 [L, N]``: the row chunk j reads for level ℓ ≥ 1 (row 0 of the table: 0).
+    ``row_offset`` (host ints, L + 1 entries): level ℓ's first row for ℓ ≥ 1 (entry 0 unused, 0),
+    and the total ``S`` last. ``row_level, row_chunk_lo, row_chunk_hi int32 [S]``:
+    the level of row s and the chunks ``[lo, hi)`` that read it (``lo = hi``: read by none).
+    """
+    read_row: torch.Tensor
+    row_offset: tuple
+    row_level: torch.Tensor
+    row_chunk_lo: torch.Tensor
+    row_chunk_hi: torch.Tensor
+
+
+def read_tables(read_index: Sequence[Sequence[int]], rows: Sequence[int], device) -> ReadTables:
+    """The tables the reads kernels take, from a schedule (host ints, one host→device copy each).
+
+    ``read_index[ℓ]`` (ℓ ≥ 1; entry 0 ignored): per 0-based chunk, the index of level ℓ's
+    own stored state its tokens read, nondecreasing in the chunk (``Plan.read_index``).
+    ``rows[ℓ]``: how many states level ℓ stores (``F_ℓ + 1``; entry 0 ignored).
+    """
+    L = len(read_index)
+    if L < 2:
+        raise ValueError(f"read_tables needs at least one upper level (L >= 2), got L = {L}")
+    if len(rows) != L:
+        raise ValueError(f"rows must have one entry per level ({L}), got {len(rows)}")
+    N = len(read_index[1])
+    offsets = [0, 0]
+    for ℓ in range(1, L):
+        offsets.append(offsets[-1] + rows[ℓ])
+    S = offsets[-1]
+    read_row = [[0] * N]
+    level, lo, hi = [], [], []
+    for ℓ in range(1, L):
+        idx = list(read_index[ℓ])
+        if len(idx) != N:
+            raise ValueError(f"read_index[{ℓ}] must have {N} chunks, got {len(idx)}")
+        if any(not 0 <= i < rows[ℓ] for i in idx) or any(a > b for a, b in zip(idx, idx[1:])):
+            raise ValueError(f"read_index[{ℓ}] must be nondecreasing in [0, {rows[ℓ]}), got {idx}")
+        read_row.append([offsets[ℓ] + i for i in idx])
+        for i in range(rows[ℓ]):            # idx is sorted: row i is read by chunks [lo, hi)
+            level.append(ℓ)
+            lo.append(bisect.bisect_left(idx, i))
+            hi.append(bisect.bisect_right(idx, i))
+
+    def dev(x):
+        return torch.tensor(x, dtype=torch.int32, device=device)
+
+    return ReadTables(dev(read_row).view(L, N), tuple(offsets), dev(level).view(S),
+                      dev(lo).view(S), dev(hi).view(S))
+
+
+def block_sizes(K: int, V: int, L: int, block_v: int | None = None) -> tuple[int, int, int, int]:
+    """``BT = 64`` (one chunk); ``BK`` covers all of K (≥ 16 for ``tl.dot``); ``BV`` splits V
+    across programs (64 for K ≤ 64, else 32: the ``[BK, BV]`` state block and the
+    ``[64, BV]`` accumulator stay in registers); ``BL`` covers the levels."""
+    BK = max(16, triton.next_power_of_2(K))
+    if block_v is None:
+        block_v = 64 if BK <= 64 else 32
+    BV = max(16, min(triton.next_power_of_2(block_v), triton.next_power_of_2(V)))
+    BL = max(2, triton.next_power_of_2(L))
+    return CHUNK, BK, BV, BL
+
+
+def num_warps(BK: int, BV: int) -> int:
+    """8 warps from a ``[64, 32]`` state block on: with 4, ptxas spills at K = 64, BV = 32
+    (sm_90, float32 and bf16; no spill with 8 up to K = 128, BV = 32 and K = 64, BV = 64)."""
+    return 4 if BK * BV < 64 * 32 else 8
+
+
+def mutant_code(mutant) -> int:
+    if mutant not in MUTANTS:
+        raise ValueError(f"_mutant must be one of {list(MUTANTS)}, got {mutant!r}")
+    return MUTANTS[mutant]
+
+
+def _expect(name, x, shape, dtypes, device):
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if tuple(x.shape) != tuple(shape):
+        raise ValueError(f"{name} must have shape {tuple(shape)}, got {tuple(x.shape)}")
+    if x.dtype not in dtypes:
+        raise ValueError(f"{name} must have dtype in {[str(d) for d in dtypes]}, got {x.dtype}")
+    if x.device != device:
+        raise ValueError(f"{name} is on {x.device}, expected {device} (the device of q)")
+
+
+def check_reads(q, r, o0, states, read_row):
+    """Shapes, dtypes and devices shared by ``reads_fwd`` and ``reads_bwd``; returns the sizes
+    ``(B, T, H, L, K, V, S, N)``."""
+    if not isinstance(q, torch.Tensor):
+        raise TypeError(f"q must be a torch.Tensor, got {type(q).__name__}")
+    if q.dim() != 5:
+        raise ValueError(f"q must have shape [B, T, H, L, K], got {tuple(q.shape)}")
+    if q.dtype not in (torch.float32, torch.bfloat16):
+        raise ValueError(f"q must have dtype in ['torch.float32', 'torch.bfloat16'], got {q.dtype}")
+    B, T, H, L, K = q.shape
+    if not isinstance(states, torch.Tensor) or states.dim() != 5:
+        raise ValueError(f"states must have shape [B, S, H, K, V], got "
+                         f"{tuple(states.shape) if isinstance(states, torch.Tensor) else type(states).__name__}")
+    S, V = states.shape[1], states.shape[-1]
+    N = triton.cdiv(T, CHUNK)
+    _expect("r", r, (B, T, H, L), (q.dtype,), q.device)
+    _expect("o0", o0, (B, T, H, V), (q.dtype,), q.device)
+    _expect("states", states, (B, S, H, K, V), (torch.float32,), q.device)
+    _expect("read_row", read_row, (L, N), (torch.int32,), q.device)
+    if L > 1 and S == 0:
+        raise ValueError("states has no rows, but the upper levels read some (L > 1)")
+    for name, n in (("chunks N = ceil(T/64)", N), ("B*H", B * H), ("rows S", S)):
+        if n > MAX_GRID_YZ:
+            raise ValueError(f"{name} = {n} exceeds the kernels' grid limit {MAX_GRID_YZ}")
+    return B, T, H, L, K, V, S, N
+
+
+def reads_fwd(q: torch.Tensor, r: torch.Tensor, o0: torch.Tensor, states: torch.Tensor,
+              read_row: torch.Tensor, scale: float, *, block_v: int | None = None,
+              _mutant: str | None = None) -> torch.Tensor:
+    """``o [B, T, H, V]`` in q's dtype: ``o_t = p_t,0 o0_t + Σ_{ℓ≥1} p_t,ℓ · scale · M_ℓ,j^T q_t^(ℓ)``
+    with ``p_t = softmax(r_t)`` and ``M_ℓ,j = states[read_row[ℓ, j]]`` (module docstring).
+
+    ``q [B, T, H, L, K]``, ``r [B, T, H, L]``, ``o0 [B, T, H, V]`` (one dtype: float32 or
+    bfloat16); ``states [B, S, H, K, V]`` float32; ``read_row int32 [L, N]`` (valid rows of
+    ``states``; not checked: it lives on the device). ``block_v``: the V block (tests shrink
+    it); ``_mutant``: a deliberately broken kernel for the mutation tests.
+    """
+    B, T, H, L, K, V, S, N = check_reads(q, r, o0, states, read_row)
+    mutant = mutant_code(_mutant)
+    BT, BK, BV, BL = block_sizes(K, V, L, block_v)
+    o = o0.new_empty(B, T, H, V)
+    if o.numel() == 0:
+        return o
+    grid = (triton.cdiv(V, BV), N, B * H)
+    reads_fwd_kernel[grid](
+        q.contiguous(), r.contiguous(), o0.contiguous(), states.contiguous(), read_row.contiguous(), o,
+        float(scale), T, N, S, L,
+        H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, BL=BL, SPLIT=q.dtype == torch.bfloat16, MUTANT=mutant,
+        num_warps=num_warps(BK, BV))
+    return o
