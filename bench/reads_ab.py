@@ -73,6 +73,32 @@ def _ops(B, T, H, K, V, L, dtype, seed):
     return ops
 
 
+def _write(out: Path, rows: list, B, T, H, K, dtype: str):
+    """``reads_ab.csv`` and ``reads_ab.md`` from the rows so far (rewritten after every depth)."""
+    import triton
+
+    flat = {r["L"]: r for r in rows if r["op"] == "flat"}
+    for r in rows:
+        f = flat[r["L"]]
+        r["fwd_vs_flat"] = round(r["fwd_ms"] / f["fwd_ms"], 3)
+        r["fwdbwd_vs_flat"] = round(r["fwdbwd_ms"] / f["fwdbwd_ms"], 3)
+        r["peak_vs_flat"] = round(r["peak_extra_gib"] / f["peak_extra_gib"], 3) if f["peak_extra_gib"] else ""
+    with open(out / "reads_ab.csv", "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    lines = [f"# Nested reads: PyTorch vs Triton, beside flat GDN-2 ({torch.cuda.get_device_name()}, "
+             f"torch {torch.__version__}, triton {triton.__version__})", "",
+             f"B={B}, T={T}, H={H} per level (flat: L·H heads), K=V={K}, {dtype}; do_bench medians; "
+             f"finiteness check off except `triton+check`; `peak` = memory one step allocates on top of its inputs.",
+             "", "| L | op | fwd ms | fwd+bwd ms | fwd / flat | fwd+bwd / flat | peak GiB | peak / flat |",
+             "|---|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['L']} | {r['op']} | {r['fwd_ms']} | {r['fwdbwd_ms']} | {r['fwd_vs_flat']} | "
+              f"{r['fwdbwd_vs_flat']} | {r['peak_extra_gib']} | {r['peak_vs_flat']} |" for r in rows]
+    (out / "reads_ab.md").write_text("\n".join(lines) + "\n")
+    return lines
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True)
@@ -105,56 +131,45 @@ def main(argv=None) -> int:
             def step(forward=forward, do=do):
                 forward().backward(do)
 
-            with finite_checks(check):
-                step()                                   # compile, autotune, tables
-                torch.cuda.synchronize()
-                fwd = triton.testing.do_bench(forward, warmup=25, rep=200, grad_to_none=leaves)
-                fwdbwd = triton.testing.do_bench(step, warmup=25, rep=200, grad_to_none=leaves)
-                for t in leaves:
-                    t.grad = None
-                torch.cuda.synchronize()
-                torch.cuda.reset_peak_memory_stats()
-                base = torch.cuda.memory_allocated()
-                step()
-                torch.cuda.synchronize()
-                peak = (torch.cuda.max_memory_allocated() - base) / 2 ** 30
-                for t in leaves:
-                    t.grad = None
-                if args.profile and name in ("torch", "triton") and L == args.levels[0]:
-                    from torch.profiler import ProfilerActivity, profile
-
-                    with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
-                        step()
-                        torch.cuda.synchronize()
-                    table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=30)
-                    (out / f"profile_L{L}_{name}.txt").write_text(table)
+            try:
+                with finite_checks(check):
+                    step()                                   # compile, autotune, tables
+                    torch.cuda.synchronize()
+                    fwd = triton.testing.do_bench(forward, warmup=25, rep=200, grad_to_none=leaves)
+                    fwdbwd = triton.testing.do_bench(step, warmup=25, rep=200, grad_to_none=leaves)
                     for t in leaves:
                         t.grad = None
+                    torch.cuda.synchronize()
+                    torch.cuda.reset_peak_memory_stats()
+                    base = torch.cuda.memory_allocated()
+                    step()
+                    torch.cuda.synchronize()
+                    peak = (torch.cuda.max_memory_allocated() - base) / 2 ** 30
+                    for t in leaves:
+                        t.grad = None
+                    if args.profile and name in ("torch", "triton") and L == args.levels[0]:
+                        from torch.profiler import ProfilerActivity, profile
+
+                        with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
+                            step()
+                            torch.cuda.synchronize()
+                        table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=30)
+                        (out / f"profile_L{L}_{name}.txt").write_text(table)
+                        for t in leaves:
+                            t.grad = None
+            except Exception as e:      # one broken op must not cost the others' numbers
+                import traceback
+
+                traceback.print_exc()
+                _log(f"L={L} {name}: {type(e).__name__}: {e}")
+                fwd = fwdbwd = peak = float("nan")
             row = {"L": L, "op": name, "B": B, "T": T, "H": H, "K": K, "dtype": args.dtype,
                    "fwd_ms": round(fwd, 3), "fwdbwd_ms": round(fwdbwd, 3), "peak_extra_gib": round(peak, 3)}
             rows.append(row)
             _log(str(row))
         del ops
         torch.cuda.empty_cache()
-    flat = {r["L"]: r for r in rows if r["op"] == "flat"}
-    for r in rows:
-        f = flat[r["L"]]
-        r["fwd_vs_flat"] = round(r["fwd_ms"] / f["fwd_ms"], 3)
-        r["fwdbwd_vs_flat"] = round(r["fwdbwd_ms"] / f["fwdbwd_ms"], 3)
-        r["peak_vs_flat"] = round(r["peak_extra_gib"] / f["peak_extra_gib"], 3) if f["peak_extra_gib"] else ""
-    with open(out / "reads_ab.csv", "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
-    lines = [f"# Nested reads: PyTorch vs Triton, beside flat GDN-2 ({torch.cuda.get_device_name()}, "
-             f"torch {torch.__version__}, triton {triton.__version__})", "",
-             f"B={B}, T={T}, H={H} per level (flat: L·H heads), K=V={K}, {args.dtype}; do_bench medians; "
-             f"finiteness check off except `triton+check`; `peak` = memory one step allocates on top of its inputs.",
-             "", "| L | op | fwd ms | fwd+bwd ms | fwd / flat | fwd+bwd / flat | peak GiB | peak / flat |",
-             "|---|---|---|---|---|---|---|---|"]
-    lines += [f"| {r['L']} | {r['op']} | {r['fwd_ms']} | {r['fwdbwd_ms']} | {r['fwd_vs_flat']} | "
-              f"{r['fwdbwd_vs_flat']} | {r['peak_extra_gib']} | {r['peak_vs_flat']} |" for r in rows]
-    (out / "reads_ab.md").write_text("\n".join(lines) + "\n")
+        lines = _write(out, rows, B, T, H, K, args.dtype)
     print("\n".join(lines))
     return 0
 
