@@ -112,13 +112,20 @@ def errors(args) -> int:
     return 0
 
 
-def scheme_check(args) -> int:
+def _scheme_check_environment(device: str | None) -> None:
+    """Measured like the test suite (IEEE float32 dots, pinned autotuners; the interpreter for
+    ``--device cpu``). Must run before anything imports ``optimized``, which fixes the mode at
+    import: ``ngdn.scheme_check`` does at import (its draws use the compile buckets)."""
     import os
 
-    if args.device == "cpu":
+    if device == "cpu":
         os.environ["TRITON_INTERPRET"] = "1"
     os.environ.setdefault("NGDN_PIN_AUTOTUNE", "1")
     os.environ.setdefault("NGDN_IEEE_F32", "1")
+
+
+def scheme_check(args) -> int:
+    _scheme_check_environment(args.device)
     import torch
 
     from optimized import triton_mode
@@ -190,6 +197,7 @@ def main(argv=None) -> int:
         return bench_main(argv[1:])
     args = parser.parse_args(argv)
     if args.func is scheme_check:
+        _scheme_check_environment(args.device)      # before the import below configures `optimized`
         from ngdn.scheme_check import DEFAULT_EXAMPLES, DEFAULT_THRESHOLD
 
         args.examples = DEFAULT_EXAMPLES if args.examples is None else args.examples

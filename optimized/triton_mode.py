@@ -40,6 +40,9 @@ CUDA = "cuda"
 CPU_INTERPRET = "cpu-interpret"
 
 MODE: str | None = None
+# What ``configure()`` saw (the variables that change how kernels compute), for reports and
+# for tests that check an entry point set them before ``optimized`` was imported.
+CONFIGURED_WITH: dict = {}
 
 # Triton's interpreter in 3.6 cannot run fla's GDN-2 kernels; 3.9.0 is tested.
 MIN_INTERPRETER_TRITON = (3, 9)
@@ -62,6 +65,8 @@ def configure() -> str:
         return MODE
 
     interpret = _truthy("TRITON_INTERPRET") or not _cuda_available()
+    CONFIGURED_WITH.update({v: os.environ.get(v) for v in ("TRITON_INTERPRET", "NGDN_IEEE_F32",
+                                                            "NGDN_PIN_AUTOTUNE", "TRITON_F32_DEFAULT")})
     kernel_modules = [m for m in ("fla.ops", "optimized.promote_scan", "optimized.state_grad") if m in sys.modules]
     if interpret and not _truthy("TRITON_INTERPRET") and kernel_modules:
         raise RuntimeError(

@@ -5,6 +5,7 @@ property that should catch it, and its reproduction command re-runs a failure.
 
 Few examples per property (``--examples 8``) to keep CPU CI short; the default count is
 measured in the README."""
+import os
 import re
 import shlex
 from pathlib import Path
@@ -104,3 +105,25 @@ def test_threshold_is_settable(capsys):
 def test_bad_arguments_exit_2_with_a_message(capsys, args, message):
     assert main(["scheme", "check", *args]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_cli_sets_the_measurement_environment_before_optimized_is_imported(tmp_path):
+    """`ngdn scheme check` measures like the suite: IEEE float32 dots and pinned autotuners must be
+    in the environment when `optimized` configures itself (at import). They once were set only
+    after `ngdn.scheme_check` had imported it, so on CUDA fla ran TF32 dots (level-0 errors
+    1e-3 against bounds of 2e-5) and autotuned for 100 s."""
+    import subprocess
+    import sys
+
+    code = ("import os\n"
+            "for v in ('NGDN_IEEE_F32', 'NGDN_PIN_AUTOTUNE'): os.environ.pop(v, None)\n"
+            "from ngdn import cli\n"
+            "cli.main(['scheme', 'check', 'reference.schemes', '--scheme', 'merge', '--only', 'contract',\n"
+            "          '--examples', '1'])\n"
+            "from optimized import triton_mode\n"
+            "print(triton_mode.CONFIGURED_WITH)\n"
+            "assert triton_mode.CONFIGURED_WITH['NGDN_IEEE_F32'] == '1', triton_mode.CONFIGURED_WITH\n"
+            "assert triton_mode.CONFIGURED_WITH['NGDN_PIN_AUTOTUNE'] == '1', triton_mode.CONFIGURED_WITH\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("NGDN_IEEE_F32", "NGDN_PIN_AUTOTUNE")}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
