@@ -189,8 +189,13 @@ def main(argv=None) -> int:
     p.add_argument("--only", action="append", help="run only these properties (repeatable)")
     p.add_argument("--draw", help="re-run --only PROPERTY on this draw (the reproduction command)")
     p.set_defaults(func=scheme_check)
-    sub.add_parser("bench", help="Nested vs flat GDN-2 benchmark (GPU); `ngdn bench --help` for its options")
+    sub.add_parser("bench", help="Nested vs flat GDN-2 benchmark (GPU); `ngdn bench --help` for its options; "
+                                 "`ngdn bench long-context --help`: the long-context accuracy sweep (CSV + plot)")
     argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:2] == ["bench", "long-context"]:  # the accuracy sweep parses its own options
+        from bench.long_context import main as long_context_main
+
+        return long_context_main(argv[2:])
     if argv[:1] == ["bench"]:  # the benchmark parses its own options
         from bench.nested_vs_flat import main as bench_main
 

@@ -123,3 +123,15 @@ def test_stacked_reference_rows():
     short = lc.draw_inputs(64, 3, 1, 16, 16, "cpu")
     o3, M3 = lc.stacked_reference(short, short.levels("learned")[1])
     assert torch.equal(o3[1], o3[0]) and torch.equal(M3[1][1], M3[1][0])
+
+
+def test_ngdn_bench_long_context_is_the_sweep(capsys):
+    """`ngdn bench long-context` reaches this sweep (issue 15: the sweep lives in `ngdn bench`)."""
+    import pytest
+
+    from ngdn.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", "long-context", "--help"])
+    assert exit_info.value.code == 0
+    assert "--time-budget" in capsys.readouterr().out
