@@ -17,9 +17,15 @@ stage by stage, level by level (level ℓ depends only on level ℓ-1):
    differentiates it (one extra probe forward), so any registered scheme works.
 3. Update (``optimized.promote_scan``): a Triton scan over ℓ's firings, one stored
    state per firing; a hand-written reverse scan for the backward.
-4. Reads and router: token t of chunk c reads level 0 after its own write (fla's
-   output) and level ℓ ≥ 1 as it stood when chunk c began (after ``⌊(c-1)/f_ℓ⌋``
-   firings), ``o_t = Σ_ℓ softmax(r_t)_ℓ · scale · M_ℓ^T q_t^(ℓ)``.
+4. Reads and router (``reads_fwd``, one Triton kernel): token t of chunk c reads level 0
+   after its own write (fla's output) and level ℓ ≥ 1 as it stood when chunk c began (after
+   ``⌊(c-1)/f_ℓ⌋`` firings), ``o_t = Σ_ℓ softmax(r_t)_ℓ · scale · M_ℓ^T q_t^(ℓ)``: the softmax
+   in registers, every level's state by its row in one ``[B, S, H, K, V]`` buffer that the
+   scans write into (``plan.device_tables``: the schedule's index tensors, cached per plan and
+   device), ``q`` read in place, ``o`` written once. Its backward (``reads_bwd``): ``dq`` of
+   levels ≥ 1 straight into the ``[B, T, H, L, K]`` buffer, the router gradient from
+   ``do · Mᵀ`` (no recomputed reads), each state's gradient summed over the chunks that read
+   it (no atomics). ``NGDN_NESTED_READS=torch`` selects the PyTorch reads they replaced.
 
 Schedule (host integers only): ``N = ⌈T/64⌉`` chunks, ``N_full = ⌊T/64⌋`` full ones;
 level ℓ fires at chunks ``c = m·f_ℓ ≤ N_full`` (``m = 1..F_ℓ``, 1-based), probing
@@ -34,7 +40,9 @@ into the state-gradient recurrence of ``optimized.state_grad``). No atomics and 
 scatter with repeated indices anywhere: two runs give bitwise-identical results.
 
 States are float32; inputs float32 or bfloat16 (level 0 computes in the inputs'
-dtype as fla does; probes, scan and reads in float32; the output is cast to q's dtype).
+dtype as fla does; probes and scan in float32; the reads' dots take bf16 operands, the float32
+state split into two bf16 parts, so good to 2^-16; the output is written in q's dtype).
+With the finiteness check off (``NGDN_CHECK_FINITE=0``) a step makes no host sync.
 """
 from optimized.nested.function import NestedGDN2Function, _nested, chunk_nested_gdn2
 from optimized.nested.pieces import DEFAULT_PIECES, Pieces
