@@ -2,7 +2,9 @@
 float64 PyTorch formula and its autograd, on shapes that reach every masked edge: a ragged
 last chunk, K not a power of two, several V blocks with a ragged last one, 2-4 levels,
 general monotone schedules with rows nobody reads, router logits of ±30. Mutants (a read
-one chunk late, a forgotten level 0, a softmax backward without ``- Σ p dp``) must fail."""
+one chunk late, a forgotten level 0, a softmax backward without ``- Σ p dp``, a router
+softmax over the tokens instead of the levels, a dropped dr, a state gradient summed over
+one chunk too few) must fail."""
 import pytest
 import torch
 
@@ -118,13 +120,17 @@ def test_reads_match_float64(name, dtype, monkeypatch):
     assert bool((dstates[:, unread] == 0).all()), "rows read by no chunk must get zeros"
 
 
+# L2_ragged shows each: its rows 0 and 1 are read by 1 and 2 chunks (short_state_sum drops
+# chunk 0's and chunk 2's terms); softmax_wrong_axis breaks p in all three kernels.
 @pytest.mark.parametrize("mutant, broken", [("stale_read", ["o"]), ("no_level0", ["o", "dr"]),
-                                            ("no_centering", ["dr"])])
+                                            ("no_centering", ["dr"]),
+                                            ("softmax_wrong_axis", ["o", "dr", "dstates"]),
+                                            ("dropped_dr", ["dr"]), ("short_state_sum", ["dstates"])])
 def test_mutants_fail(mutant, broken):
     x, tables, meta = make_case("L2_ragged")
     o, dq, dr, do0, dstates = run(x, tables, meta["scale"], meta["block_v"], mutant=mutant)
     o_ref, g = reference(x, tables, meta["read_index"], meta["scale"])
-    errors = {"o": rel(o, o_ref), "dr": rel(dr, g["r"])}
+    errors = {"o": rel(o, o_ref), "dr": rel(dr, g["r"]), "dstates": rel(dstates, g["states"])}
     assert all(errors[k] > MUTANT_MIN_ERROR for k in broken), errors
 
 

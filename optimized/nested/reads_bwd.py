@@ -63,7 +63,7 @@ def reads_bwd_tokens_kernel(
     m_t, m_l = o_t < T, o_l < L
     tok = (i_b.to(tl.int64) * T + o_t.to(tl.int64)) * H + i_h            # [BT] (b, t, h) index
 
-    b_p = router_probs(r, i_b, i_h, o_t, m_t, T, L, H, BL)
+    b_p = router_probs(r, i_b, i_h, o_t, m_t, T, L, H, BL, MUTANT == 4)   # 4: wrong axis
     b_p0 = level_column(b_p, 0, BL)
 
     # level 0: dp_0 = do · o0, do0 = p_0 do
@@ -104,6 +104,8 @@ def reads_bwd_tokens_kernel(
         b_dr = b_p * b_dp
     else:
         b_dr = b_p * (b_dp - tl.sum(b_p * b_dp, axis=1)[:, None])
+    if MUTANT == 5:                                                      # 5: drops dr
+        b_dr = b_dr * 0.0
     tl.store(dr + tok[:, None] * L + o_l[None, :], b_dr, mask=m_t[:, None] & m_l[None, :])
 
 
@@ -113,7 +115,7 @@ def reads_bwd_states_kernel(
     scale, T, S, L,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BL: tl.constexpr,
-    SPLIT: tl.constexpr,
+    SPLIT: tl.constexpr, MUTANT: tl.constexpr,
 ):
     """One (V block, stored row s, batch·head) program; ``[BK, BV]`` accumulator, ℓ = row_level[s]:
 
@@ -134,13 +136,15 @@ def reads_bwd_states_kernel(
     l = tl.load(row_level + i_s)
     j_lo = tl.load(row_chunk_lo + i_s)
     j_hi = tl.load(row_chunk_hi + i_s)
+    if MUTANT == 6:                                                      # 6: one chunk too few
+        j_hi = tl.maximum(j_hi - 1, j_lo)
 
     b_ds = tl.zeros([BK, BV], dtype=tl.float32)
     for j in range(j_lo, j_hi):
         o_t = j * BT + tl.arange(0, BT)
         m_t = o_t < T
         tok = (i_b.to(tl.int64) * T + o_t.to(tl.int64)) * H + i_h
-        b_pl = level_column(router_probs(r, i_b, i_h, o_t, m_t, T, L, H, BL), l, BL)
+        b_pl = level_column(router_probs(r, i_b, i_h, o_t, m_t, T, L, H, BL, MUTANT == 4), l, BL)
         b_q = tl.load(q + (tok * L + l)[:, None] * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :],
                       other=0.0).to(tl.float32)
         b_do = tl.load(do + tok[:, None] * V + o_v[None, :], mask=m_t[:, None] & m_v[None, :], other=0.0)
@@ -192,6 +196,6 @@ def reads_bwd(do: torch.Tensor, q: torch.Tensor, r: torch.Tensor, o0: torch.Tens
         reads_bwd_states_kernel[(triton.cdiv(V, BV), S, B * H)](
             do, q, r, row_level.contiguous(), row_chunk_lo.contiguous(), row_chunk_hi.contiguous(), dstates,
             float(scale), T, S, L,
-            H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, BL=BL, SPLIT=split,
+            H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, BL=BL, SPLIT=split, MUTANT=mutant,
             num_warps=num_warps(BK, BV))
     return dr, do0, dstates

@@ -43,25 +43,37 @@ MAX_GRID_YZ = 65535
 # ``_mutant``: deliberately broken kernels for the mutation tests (None: the correct ones).
 # "stale_read": reads_fwd reads the row of the chunk before (read_row[ℓ, j-1]);
 # "no_level0": reads_fwd drops p_0 · o0 and reads_bwd drops dp_0 from dr;
-# "no_centering": reads_bwd's dr = p ⊙ dp (drops - Σ_ℓ p_ℓ dp_ℓ).
-MUTANTS = {None: 0, "stale_read": 1, "no_level0": 2, "no_centering": 3}
+# "no_centering": reads_bwd's dr = p ⊙ dp (drops - Σ_ℓ p_ℓ dp_ℓ);
+# "softmax_wrong_axis": router_probs normalises over the chunk's tokens, not the levels
+# (every kernel that computes p);
+# "dropped_dr": reads_bwd's kernel A writes dr = 0;
+# "short_state_sum": reads_bwd's kernel B sums each row over chunks [lo, hi - 1) when hi > lo.
+MUTANTS = {None: 0, "stale_read": 1, "no_level0": 2, "no_centering": 3,
+           "softmax_wrong_axis": 4, "dropped_dr": 5, "short_state_sum": 6}
 
 
 # ----------------------------------------------------------------------------- jit helpers
 @triton.jit
-def router_probs(r, i_b, i_h, o_t, m_t, T, L, H: tl.constexpr, BL: tl.constexpr):
+def router_probs(r, i_b, i_h, o_t, m_t, T, L, H: tl.constexpr, BL: tl.constexpr, WRONG_AXIS: tl.constexpr):
     """``softmax(r[b, t, h, :])`` over the ``L`` levels for the tokens ``o_t``: ``[BT, BL]`` float32.
 
     Columns ≥ L are -inf before the softmax (probability 0). Rows of tokens past ``T`` are
     loaded as logits 0 (uniform, finite: they may multiply masked-out zeros, never NaN).
+    ``WRONG_AXIS`` (test-only mutant, False in real use): normalise over the tokens (axis 0)
+    instead; columns ≥ L and tokens past ``T`` then keep logit 0, so ``p`` stays finite.
     """
     o_l = tl.arange(0, BL)
     m_l = o_l < L
     p_r = r + ((i_b.to(tl.int64) * T + o_t.to(tl.int64)) * H + i_h) * L
     b_r = tl.load(p_r[:, None] + o_l[None, :], mask=m_t[:, None] & m_l[None, :], other=0.0).to(tl.float32)
-    b_r = tl.where(m_l[None, :], b_r, float("-inf"))
-    b_e = tl.exp(b_r - tl.max(b_r, axis=1)[:, None])
-    return b_e / tl.sum(b_e, axis=1)[:, None]
+    if WRONG_AXIS:                          # test-only mutant: softmax over the tokens (finite)
+        b_e = tl.exp(b_r - tl.max(b_r, axis=0)[None, :])
+        b_p = b_e / tl.sum(b_e, axis=0)[None, :]
+    else:
+        b_r = tl.where(m_l[None, :], b_r, float("-inf"))
+        b_e = tl.exp(b_r - tl.max(b_r, axis=1)[:, None])
+        b_p = b_e / tl.sum(b_e, axis=1)[:, None]
+    return b_p
 
 
 @triton.jit
@@ -137,7 +149,7 @@ def reads_fwd_kernel(
     m_kv = m_k[:, None] & m_v[None, :]
     tok = (i_b.to(tl.int64) * T + o_t.to(tl.int64)) * H + i_h            # [BT] (b, t, h) index
 
-    b_p = router_probs(r, i_b, i_h, o_t, m_t, T, L, H, BL)
+    b_p = router_probs(r, i_b, i_h, o_t, m_t, T, L, H, BL, MUTANT == 4)   # 4: wrong axis
     b_o = tl.zeros([BT, BV], dtype=tl.float32)
     if MUTANT != 2:                                                      # 2: forgets level 0
         b_o0 = tl.load(o0 + tok[:, None] * V + o_v[None, :], mask=m_tv, other=0.0).to(tl.float32)
