@@ -1,7 +1,8 @@
 """Production Nested GDN-2 (SPEC sections 2 and 3): ``chunk_nested_gdn2``.
 
 Layout (fla's op shape): ``plan`` (the schedule), ``probe``, ``reads_torch`` / ``reads_fwd`` /
-``reads_bwd`` (the upper levels' reads and the router), ``fwd`` and ``bwd`` (launch functions),
+``reads_bwd`` (the upper levels' reads and the router), ``probe_fused`` (the built-in schemes'
+probe with its hand-written backward), ``fwd`` and ``bwd`` (launch functions),
 ``function`` (input checks and the autograd Function), ``pieces`` (swappable parts for the
 mutation tests).
 
@@ -12,9 +13,12 @@ stage by stage, level by level (level ℓ depends only on level ℓ-1):
    the state at the end of every chunk (the snapshots level 1 probes).
 2. Probe (plain PyTorch, cuBLAS): for level ℓ ≥ 1 gather the snapshots of level ℓ-1
    at all of ℓ's firings and run the registered scheme's probe on all of them at once
-   (``reference.schemes.get_scheme(name).probe`` on ``[B, F, H, K, V]``). The forward
-   runs it without a graph; the backward replays it with gradients on and
-   differentiates it (one extra probe forward), so any registered scheme works.
+   (``reference.schemes.get_scheme(name).probe`` on ``[B, F, H, K, V]``). The built-in
+   schemes (``learned``, ``merge``, ``bounded_erase``) go through ``probe_fused``: one
+   batched matmul against the stacked gate weights, the nonlinearities on slices, and a
+   hand-written backward from the kept pre-activations (no replay); ``Pieces(fused_probe=
+   False)`` selects the generic path. Any other registered scheme: the forward runs its probe
+   without a graph, the backward replays it with gradients on and differentiates it.
 3. Update (``optimized.promote_scan``): a Triton scan over ℓ's firings, one stored
    state per firing; a hand-written reverse scan for the backward.
 4. Reads and router (``reads_fwd``, one Triton kernel): token t of chunk c reads level 0

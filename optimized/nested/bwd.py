@@ -6,6 +6,7 @@ import torch
 from optimized.level0 import level0_bwd
 from optimized.nested.fwd import NestedSaved
 from optimized.nested.probe import _probe, _snapshots
+from optimized.nested.probe_fused import probe_bwd
 from optimized.promote_scan import promote_scan_bwd
 
 
@@ -29,37 +30,25 @@ def nested_bwd(saved: NestedSaved, do, dfinals):
         if dfinals[ℓ] is not None:
             level_dstates[ℓ][:, -1] += dfinals[ℓ].float()
 
-    # levels L-1 .. 1: reverse scan, probe replay, gradients to the level below
+    # levels L-1 .. 1: reverse scan, probe backward (fused or replayed), gradients to the level below
     dinit = [None] * L
     dparams = [None] * L
     d_ends = None
     h, ht0 = s.level0.h, s.h_final0
     for ℓ in range(L - 1, 0, -1):
         level = s.levels[ℓ - 1]
-        snaps = _snapshots(plan, tables, ℓ, s.states, h, ht0).detach().requires_grad_()
-        leaves = {n: t.detach().float().requires_grad_() for n, t in s.params[ℓ].items()}
-        with torch.enable_grad():
-            pairs = _probe(level, snaps, leaves, H, K, V)
-        F = plan.firings(ℓ)
-        if F == 0:
-            dM0 = level_dstates[ℓ][:, 0]
-            d_pairs = None
-        else:
-            dM0, *d_pairs = promote_scan_bwd(s.level_states(ℓ), *(x.detach() for x in pairs), level_dstates[ℓ],
+        if s.probes[ℓ] is not None:         # fused probe of a built-in scheme: hand-written backward
+            pairs, probe_saved = s.probes[ℓ]
+            snaps = _snapshots(plan, tables, ℓ, s.states, h, ht0)
+            p32 = {n: t.detach().float() for n, t in s.params[ℓ].items()}
+            dM0, *d_pairs = promote_scan_bwd(s.level_states(ℓ), *pairs, level_dstates[ℓ],
                                              block_v=s.pieces.block_v, block_n=s.pieces.block_n,
                                              reduce_partials=s.pieces.reduce_partials)
+            d_snaps, d_p = probe_bwd(level.scheme, probe_saved, snaps, p32, level.reduction, *d_pairs)
+            dparams[ℓ] = {n: d_p[n] for n in p32}
+        else:                               # generic: replay the scheme's probe under autograd
+            dM0, dparams[ℓ], d_snaps = _generic_probe_bwd(s, plan, tables, ℓ, level, level_dstates[ℓ], H, K, V)
         dinit[ℓ] = dM0 if s.has_initial[ℓ] else None
-        names = list(leaves)
-        grads = [None] * (1 + len(names))
-        if d_pairs is not None:
-            outs = [(x, dx) for x, dx in zip(pairs, d_pairs) if x.requires_grad]
-            if outs:
-                with torch.enable_grad():
-                    grads = torch.autograd.grad([x for x, _ in outs], [snaps, *leaves.values()],
-                                                [dx for _, dx in outs], allow_unused=True)
-        dparams[ℓ] = {n: (gr if gr is not None else torch.zeros_like(leaves[n]))
-                      for n, gr in zip(names, grads[1:])}
-        d_snaps = grads[0] if grads[0] is not None else torch.zeros_like(snaps)
         if ℓ == 1:
             d_ends = d_snaps
         elif plan.sources[ℓ]:
@@ -75,3 +64,31 @@ def nested_bwd(saved: NestedSaved, do, dfinals):
     dq[:, :, :, 0] = dq0
     dinit[0] = dh0 if s.has_initial[0] else None
     return dq, dk, dv, dg, db, dw, dr, dinit, dparams
+
+
+def _generic_probe_bwd(s: NestedSaved, plan, tables, ℓ, level, dstates, H, K, V):
+    """Level ℓ's scan backward and its probe's gradients by replaying the scheme's probe under
+    autograd (any registered scheme). Returns ``(dM0, dparams, d_snaps)``."""
+    h, ht0 = s.level0.h, s.h_final0
+    snaps = _snapshots(plan, tables, ℓ, s.states, h, ht0).detach().requires_grad_()
+    leaves = {n: t.detach().float().requires_grad_() for n, t in s.params[ℓ].items()}
+    with torch.enable_grad():
+        pairs = _probe(level, snaps, leaves, H, K, V)
+    if plan.firings(ℓ) == 0:
+        dM0 = dstates[:, 0]
+        d_pairs = None
+    else:
+        dM0, *d_pairs = promote_scan_bwd(s.level_states(ℓ), *(x.detach() for x in pairs), dstates,
+                                         block_v=s.pieces.block_v, block_n=s.pieces.block_n,
+                                         reduce_partials=s.pieces.reduce_partials)
+    names = list(leaves)
+    grads = [None] * (1 + len(names))
+    if d_pairs is not None:
+        outs = [(x, dx) for x, dx in zip(pairs, d_pairs) if x.requires_grad]
+        if outs:
+            with torch.enable_grad():
+                grads = torch.autograd.grad([x for x, _ in outs], [snaps, *leaves.values()],
+                                            [dx for _, dx in outs], allow_unused=True)
+    dparams = {n: (gr if gr is not None else torch.zeros_like(leaves[n])) for n, gr in zip(names, grads[1:])}
+    d_snaps = grads[0] if grads[0] is not None else torch.zeros_like(snaps)
+    return dM0, dparams, d_snaps

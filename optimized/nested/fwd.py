@@ -9,6 +9,7 @@ from optimized.level0 import Level0Saved, level0_fwd
 from optimized.nested.pieces import DEFAULT_PIECES, Pieces
 from optimized.nested.plan import DeviceTables, Plan, device_tables
 from optimized.nested.probe import _probe, _snapshots
+from optimized.nested.probe_fused import FUSED_SCHEMES, probe_fwd
 
 
 @dataclass
@@ -25,6 +26,7 @@ class NestedSaved:
     r: torch.Tensor
     params: list                    # per level ℓ ≥ 1: {name: tensor} as given (index 0: None)
     has_initial: list
+    probes: list                    # per level ℓ ≥ 1: (pairs, fused-probe intermediates) or None (generic)
     pieces: Pieces = field(default_factory=Pieces)
 
     def level_states(self, ℓ: int) -> torch.Tensor:
@@ -45,11 +47,20 @@ def nested_fwd(q, k, v, g, b, w, r, levels, scale, initial_states, pieces: Piece
                                     initial_states[0])
     states = q.new_empty(B, tables.S, H, K, V, dtype=torch.float32)
     params = [None] + [lv.params for lv in levels]
+    probes = [None]
     for ℓ in range(1, L):
         p32 = {n: p.detach().float() for n, p in params[ℓ].items()}
         snaps = _snapshots(plan, tables, ℓ, states, h, ht0)
-        with torch.no_grad():
-            pairs = _probe(levels[ℓ - 1], snaps, p32, H, K, V)
+        level = levels[ℓ - 1]
+        if pieces.fused_probe and level.scheme in FUSED_SCHEMES and plan.firings(ℓ) > 0:
+            # built-in scheme: fused probe; its outputs and intermediates kept for the hand backward
+            pairs, probe_saved = probe_fwd(level.scheme, snaps, p32, level.reduction)
+            pairs = tuple(x.contiguous() for x in pairs)
+            probes.append((pairs, probe_saved))
+        else:               # any registered scheme: its probe, replayed under autograd in the backward
+            with torch.no_grad():
+                pairs = _probe(level, snaps, p32, H, K, V)
+            probes.append(None)
         M0 = initial_states[ℓ]
         off = tables.row_offset[ℓ]
         pieces.scan_fwd(None if M0 is None else M0.detach().float(), *pairs, block_v=pieces.block_v,
@@ -58,5 +69,5 @@ def nested_fwd(q, k, v, g, b, w, r, levels, scale, initial_states, pieces: Piece
     # fresh tensors: outputs must not alias what the backward keeps (no reference cycles)
     finals = [ht0.clone()] + [states[:, tables.row_offset[ℓ] + plan.firings(ℓ)].clone() for ℓ in range(1, L)]
     saved = NestedSaved(plan, tables, list(levels), scale, saved0, ht0, states, o0, q, r, params,
-                        [s is not None for s in initial_states], pieces)
+                        [s is not None for s in initial_states], probes, pieces)
     return o, finals, saved

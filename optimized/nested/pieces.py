@@ -39,6 +39,7 @@ class Pieces:
     scan_fwd: Callable = promote_scan_fwd
     reads_fwd: Callable = reads_router_fwd if READS == "triton" else reads_router_fwd_torch
     reads_bwd: Callable = reads_router_bwd if READS == "triton" else reads_router_bwd_torch
+    fused_probe: bool = True        # built-in schemes through probe_fused (False: the generic replay)
     block_v: int | None = None      # the scan's V block and pair block (None: promote_scan's
     block_n: int | None = None      # defaults); tests shrink them to reach several blocks
 

@@ -1,0 +1,262 @@
+"""A fused probe for the built-in schemes (``learned``, ``merge``, ``bounded_erase``) with a
+hand-written backward (issue 13 item 1): no autograd graph, no replay.
+
+``probe_fwd(scheme, snaps, params, reduction) -> (outs, saved)`` computes exactly what
+``reference.schemes.get_scheme(scheme).probe`` computes on ``snaps [..., H, K, V]``
+(the op passes ``[B, F, H, K, V]``; any leading dims work), and
+``probe_bwd(scheme, saved, snaps, params, reduction, dκ, dν, dβ, dω, dγ)`` returns
+``(d_snaps, {name: dparam})`` from the gradients of the five outputs (any may be ``None``).
+
+Forward (``Bt`` = product of the leading dims, rows ``r = (b, i)`` of one head)::
+
+    ν   = Q M                                   one batched matmul           (merge: ν = M)
+    Z   = ν [W_K | W_β | W_ω | W_γ]             ONE bmm over H: [H, Bt·n, V] @ [H, V, C]
+    κ   = l2norm(Z_K)                           (merge: κ = I)
+    β   = σ(Z_β)                                (bounded_erase: mean_k σ(Z_β) / max(1, Σ_j |κ_i·κ_j|))
+    ω   = σ(Z_ω),  γ = reduce_i(-softplus(Z_γ))
+
+``C = 3K + V`` (``merge``: ``2K + V``, no ``W_K``). The weights are concatenated once per
+call (``[H, V, C]``, no copy per batch entry); ``ν`` is laid out head-major ``[H, Bt·n, V]``
+for the bmm (one copy), and the activations are written straight into contiguous outputs.
+
+Backward, per row (``s = 1/sqrt(|Z_K|² + 1e-6)``)::
+
+    dZ_K = s (dκ' − κ ⟨κ, dκ'⟩)                 l2norm with its projection term; dκ' = dκ plus,
+                                                for bounded_erase, (dG + dGᵀ) κ with
+                                                dG_ij = dr_i sgn(G_ij), dr_i = [r_i ≥ 1] · (−dβ_i b_i / m_i²)
+    dZ_β = dβ_ch ⊙ β_ch (1 − β_ch)              (bounded_erase: dβ_ch = (Σ_k dβ_ik / m_i) / K)
+    dZ_ω = dω ⊙ ω (1 − ω)
+    dZ_γ = −(dγ / n or dγ) ⊙ softplus'(Z_γ)     softplus' = e/(1+e), 1 above torch's threshold 20
+    dν'  = dν + dZ Wᵀ                           one bmm over H (ν is itself an output: dν adds)
+    dW   = νᵀ dZ                                one bmm over H, summed over rows (B, F, pairs)
+    dQ   = Σ_lead dν' Mᵀ,  d_snaps = Qᵀ dν'      (merge: d_snaps = dν')
+
+The five outputs are contiguous (``merge``'s ν is the snapshots themselves, as in the reference:
+no copy when they are contiguous; its κ is a materialised identity). The sigmoid and softplus
+derivatives use torch's own formulas (``(1 − y)·y`` from the recomputed ``y``; ``e/(e+1)``), so
+the float64 backward equals autograd's to rounding; ``σ(x)·σ(−x)`` would be more accurate in
+float32 where the gates saturate, but would then differ from autograd's float64 value there.
+At the kinks the backward chooses what torch autograd chooses: ``sgn(0) = 0`` for ``|·|``,
+gradient through ``clamp(min=1)`` where ``r ≥ 1``. Parameter gradients are summed by bmm /
+``sum`` (no atomics): two runs give bitwise-identical results.
+
+``saved`` (``FusedSaved``) holds a reference to the output ν (no copy: the caller keeps the
+pairs for the scan's backward anyway) and, with ``keep_preactivations=True`` (the default), the
+pre-activations ``z [H, Bt·n, C]`` of the one bmm; everything else (κ, σ, softplus', the overlap
+Gram matrix, ν's head-major copy) is recomputed in the backward. Memory beyond the outputs, in
+elements of the snapshots' dtype: ``H·B·F·n·(3K + V)`` for ``learned`` / ``bounded_erase`` and
+``H·B·F·K·(2K + V)`` for ``merge`` (n = K), about as much as the outputs κ, β, ω; with
+``keep_preactivations=False`` none, and the backward recomputes ``z`` (one more bmm, the
+forward's). The backward's transients: ``dz`` (as ``z``), ``ν``'s and ``dν'``'s head-major copies
+``H·B·F·n·V`` each, and for bounded_erase the Gram matrix ``H·B·F·n²``.
+"""
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+
+from reference.schemes import check_reduction
+
+FUSED_SCHEMES = ("learned", "merge", "bounded_erase")
+
+_EPS = 1e-6                 # reference.schemes.l2norm's epsilon
+_SOFTPLUS_THRESHOLD = 20.0  # torch.nn.functional.softplus's default threshold (beta = 1)
+
+# Test-only deliberate errors of the backward (property_tests/test_probe_fused.py): each must
+# make the float64 comparison with autograd fail.
+MUTANTS = ("no_projection",      # l2norm backward without its projection term: dZ_K = s dκ
+           "softplus_one",       # softplus' replaced by 1
+           "no_clamp",           # bounded_erase: the clamp's mask ignored (gradient through r < 1)
+           "no_overlap",         # bounded_erase: no gradient through r (the overlap) at all
+           "drop_dnu",           # dν not added to the gradient flowing back from κ, β, ω, γ
+           "gamma_no_mean")      # the reduction's 1/n forgotten in the backward
+
+
+class FusedSaved(NamedTuple):
+    scheme: str
+    lead: tuple          # the snapshots' leading dims
+    n: int
+    nu: torch.Tensor     # the output ν [..., H, n, V] (a reference, not a copy)
+    z: torch.Tensor | None   # [H, Bt·n, C]  ν @ [W_K | W_β | W_ω | W_γ] (rows (b, i)); None: recomputed
+
+
+def _check_scheme(scheme):
+    if scheme not in FUSED_SCHEMES:
+        raise ValueError(f"scheme {scheme!r} has no fused probe; fused schemes: {list(FUSED_SCHEMES)}")
+
+
+def _weights(scheme, params):
+    names = ("W_beta", "W_omega", "W_gamma") if scheme == "merge" else ("W_K", "W_beta", "W_omega", "W_gamma")
+    return names, torch.cat([params[k] for k in names], dim=-1)
+
+
+def _offsets(scheme, K, V):
+    """Column slices of ``z``: (W_K or None, W_β, W_ω, W_γ)."""
+    o = 0 if scheme == "merge" else K
+    return (None if scheme == "merge" else slice(0, K)), slice(o, o + K), slice(o + K, o + K + V), \
+        slice(o + K + V, o + 2 * K + V)
+
+
+def probe_fwd(scheme: str, snaps: torch.Tensor, params: dict, reduction: str = "mean",
+              keep_preactivations: bool = True):
+    """The scheme's five outputs ``(κ [..., H, n, K], ν [..., H, n, V], β [..., H, n, K],
+    ω [..., H, n, V], γ [..., H, K])``, contiguous, and the ``FusedSaved`` of the backward
+    (``keep_preactivations=False``: no pre-activations kept, the backward recomputes them)."""
+    _check_scheme(scheme)
+    check_reduction(reduction)
+    *lead, H, K, V = snaps.shape
+    lead = tuple(lead)
+    Bt = math.prod(lead)
+    snaps4 = snaps.reshape(Bt, H, K, V)
+    if scheme == "merge":
+        n = K
+        ν4 = snaps4.contiguous()
+    else:
+        n = params["Q"].shape[-2]
+        ν4 = torch.matmul(params["Q"], snaps4)                     # [Bt, H, n, V]
+    nu_h = ν4.transpose(0, 1).reshape(H, Bt * n, V)                # head-major copy
+    _, W = _weights(scheme, params)
+    z = torch.bmm(nu_h, W)                                         # [H, Bt·n, C]: the one matmul
+    z4 = z.view(H, Bt, n, W.shape[-1])
+    sK, sB, sW, sG = _offsets(scheme, K, V)
+
+    new = snaps.new_empty
+    κ, β, ω, γ = new(Bt, H, n, K), new(Bt, H, n, K), new(Bt, H, n, V), new(Bt, H, K)
+    κh, βh, ωh = κ.transpose(0, 1), β.transpose(0, 1), ω.transpose(0, 1)   # [H, Bt, n, *] views
+    if scheme == "merge":
+        κ.copy_(torch.eye(K, dtype=snaps.dtype, device=snaps.device))
+    else:
+        u = z4[..., sK]
+        torch.div(u, torch.sqrt((u * u).sum(-1, keepdim=True) + _EPS), out=κh)
+    if scheme == "bounded_erase":
+        b = torch.sigmoid(z4[..., sB]).mean(-1, keepdim=True)                    # [H, Bt, n, 1]
+        r = (κh @ κh.transpose(-1, -2)).abs().sum(-1, keepdim=True)
+        βh.copy_((b / r.clamp(min=1.0)).expand_as(βh))
+    else:
+        torch.sigmoid(z4[..., sB], out=βh)
+    torch.sigmoid(z4[..., sW], out=ωh)
+    γ_i = -F.softplus(z4[..., sG])
+    γ.transpose(0, 1).copy_(γ_i.mean(-2) if reduction == "mean" else γ_i.sum(-2))
+
+    outs = (κ.view(*lead, H, n, K), ν4.view(*lead, H, n, V), β.view(*lead, H, n, K),
+            ω.view(*lead, H, n, V), γ.view(*lead, H, K))
+    return outs, FusedSaved(scheme, lead, n, outs[1], z if keep_preactivations else None)
+
+
+def _head_major(x, Bt, H, rows, last):
+    """``x [..., H, rows, last]`` as a ``[H, Bt, rows, last]`` view (no copy when contiguous)."""
+    return x.reshape(Bt, H, rows, last).transpose(0, 1)
+
+
+def probe_bwd(scheme: str, saved: FusedSaved, snaps: torch.Tensor, params: dict, reduction: str,
+              dκ=None, dν=None, dβ=None, dω=None, dγ=None, *, _mutant: str | None = None):
+    """Gradients of the snapshots and of every parameter from the gradients of the five outputs
+    (``None``: zero). Returns ``(d_snaps [..., H, K, V], {name: d_param})``. ``_mutant``
+    (test-only) names one of ``MUTANTS``."""
+    _check_scheme(scheme)
+    check_reduction(reduction)
+    if scheme != saved.scheme:
+        raise ValueError(f"saved state is for scheme {saved.scheme!r}, not {scheme!r}")
+    if _mutant is not None and _mutant not in MUTANTS:
+        raise ValueError(f"unknown mutant {_mutant!r}; known: {list(MUTANTS)}")
+    *lead, H, K, V = snaps.shape
+    Bt, n = math.prod(lead), saved.n
+    names, W = _weights(scheme, params)
+    C = W.shape[-1]
+    nu_h = saved.nu.reshape(Bt, H, n, V).transpose(0, 1).reshape(H, Bt * n, V)   # head-major copy
+    z = torch.bmm(nu_h, W) if saved.z is None else saved.z
+    z4 = z.view(H, Bt, n, C)
+    sK, sB, sW, sG = _offsets(scheme, K, V)
+    dz = z.new_empty(H, Bt, n, C)
+
+    # ω = σ(z_ω)
+    if dω is None:
+        dz[..., sW].zero_()
+    else:
+        ω = torch.sigmoid(z4[..., sW])
+        torch.mul(_head_major(dω, Bt, H, n, V) * (1 - ω), ω, out=dz[..., sW])
+
+    # γ = reduce_i(-softplus(z_γ))
+    if dγ is None:
+        dz[..., sG].zero_()
+    else:
+        g = z4[..., sG]
+        dγ_i = -dγ.reshape(Bt, H, 1, K).transpose(0, 1)             # [H, Bt, 1, K], through the negation
+        if reduction == "mean" and _mutant != "gamma_no_mean":
+            dγ_i = dγ_i / n
+        if _mutant == "softplus_one":
+            dz[..., sG].copy_(dγ_i.expand_as(g))
+        else:
+            e = torch.exp(g.clamp(max=_SOFTPLUS_THRESHOLD))
+            torch.where(g > _SOFTPLUS_THRESHOLD, dγ_i, dγ_i * e / (e + 1), out=dz[..., sG])
+
+    # β (and, for bounded_erase, the overlap's gradient to κ)
+    dκ_overlap = None
+    if dβ is None:
+        dz[..., sB].zero_()
+    else:
+        a = z4[..., sB]
+        β_ch = torch.sigmoid(a)
+        dβh = _head_major(dβ, Bt, H, n, K)
+        if scheme == "bounded_erase":
+            u = z4[..., sK]
+            κ = u / torch.sqrt((u * u).sum(-1, keepdim=True) + _EPS)
+            b = β_ch.mean(-1, keepdim=True)
+            G = κ @ κ.transpose(-1, -2)                               # [H, Bt, n, n]
+            r = G.abs().sum(-1, keepdim=True)
+            m = r.clamp(min=1.0)
+            dβ_i = dβh.sum(-1, keepdim=True)                          # β = (b / m) expanded over K
+            db = dβ_i / m
+            if _mutant != "no_overlap":
+                dm = -dβ_i * b / (m * m)
+                dr = dm if _mutant == "no_clamp" else torch.where(r >= 1.0, dm, torch.zeros_like(dm))
+                dG = dr * G.sgn()                                     # d|G|: sgn, 0 at 0 (as autograd)
+                dκ_overlap = (dG + dG.transpose(-1, -2)) @ κ
+            dβ_ch = (db / K).expand_as(β_ch)                          # b = mean_k β_ch
+        else:
+            dβ_ch = dβh
+        torch.mul(dβ_ch * (1 - β_ch), β_ch, out=dz[..., sB])
+
+    # κ = l2norm(z_K)
+    if sK is not None:
+        dκt = None if dκ is None else _head_major(dκ, Bt, H, n, K)
+        if dκ_overlap is not None:
+            dκt = dκ_overlap if dκt is None else dκt + dκ_overlap
+        if dκt is None:
+            dz[..., sK].zero_()
+        else:
+            u = z4[..., sK]
+            nrm = torch.sqrt((u * u).sum(-1, keepdim=True) + _EPS)
+            if _mutant == "no_projection":
+                torch.div(dκt, nrm, out=dz[..., sK])
+            else:
+                κ = u / nrm
+                torch.div(dκt - κ * (κ * dκt).sum(-1, keepdim=True), nrm, out=dz[..., sK])
+
+    # the one matmul: dν' = dν + dZ Wᵀ (ν is itself an output), dW = νᵀ dZ
+    dz_rows = dz.view(H, Bt * n, C)
+    dW = torch.bmm(nu_h.transpose(1, 2), dz_rows)                   # [H, V, C]
+    back = torch.bmm(dz_rows, W.transpose(1, 2)).view(H, Bt, n, V).transpose(0, 1)   # [Bt, H, n, V] view
+    dνt = snaps.new_empty(Bt, H, n, V)
+    if dν is None or _mutant == "drop_dnu":
+        dνt.copy_(back)
+    else:
+        torch.add(dν.reshape(Bt, H, n, V), back, out=dνt)
+
+    dparams = {}
+    offset = 0
+    for name in names:
+        width = params[name].shape[-1]
+        dparams[name] = dW[..., offset:offset + width].contiguous()
+        offset += width
+    if scheme == "merge":
+        d_snaps = dνt
+    else:
+        snaps4 = snaps.reshape(Bt, H, K, V)
+        Q = params["Q"]
+        d_snaps = torch.matmul(Q.transpose(-1, -2), dνt)            # [Bt, H, K, V]
+        dparams["Q"] = torch.matmul(dνt, snaps4.transpose(-1, -2)).sum(0)   # [H, n, K], summed over lead
+    return d_snaps.view(*lead, H, K, V), {k: dparams[k] for k in params}

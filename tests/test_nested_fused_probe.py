@@ -1,0 +1,46 @@
+"""The nested op with the fused probe of the built-in schemes (``optimized.nested.probe_fused``,
+hand-written backward) equals the same op with the generic probe replayed under autograd
+(``Pieces(fused_probe=False)``): values and every gradient, each built-in scheme, both
+reductions (issue 13 item 1, at the op's level; ``property_tests/test_probe_fused.py`` checks
+the probe alone against autograd in float64)."""
+import pytest
+import torch
+
+from ngdn.nested_inputs import NestedShape, nested_inputs
+from ngdn.tolerances import relative_error, tolerance
+from optimized import triton_mode
+from optimized.nested import Pieces, _nested
+from reference.nested import Level, make_levels
+
+NAMES = ("q", "k", "v", "g", "b", "w", "r")
+DEV = triton_mode.device()
+SHAPE = NestedShape(B=1, T=70, H=1, L=3, K=16, V=24)    # ragged last chunk; both levels fire
+
+
+def run(scheme, reduction, pieces):
+    x = nested_inputs(SHAPE, seed=3)
+    acts = {n: x[n].to(DEV, torch.float32).requires_grad_() for n in NAMES}
+    levels = make_levels(SHAPE.L, SHAPE.H, SHAPE.K, SHAPE.V, scheme=scheme, intervals=[1, 1], reduction=reduction,
+                         query_counts=None if scheme == "merge" else [SHAPE.K, 8],
+                         generator=torch.Generator().manual_seed(4))
+    levels = [Level(lv.scheme, lv.interval, {n: (3.0 * p).to(DEV, torch.float32).requires_grad_()
+                                             for n, p in lv.params.items()}, lv.reduction) for lv in levels]
+    init = [s.to(DEV, torch.float32).requires_grad_() for s in x["initial_states"]]
+    o, finals = _nested(*acts.values(), levels, initial_states=init, output_final_state=True, pieces=pieces)
+    gen = torch.Generator().manual_seed(5)
+    loss = (o * torch.randn(o.shape, generator=gen).to(DEV)).sum() + sum(
+        (f * torch.randn(f.shape, generator=gen).to(DEV)).sum() for f in finals)
+    loss.backward()
+    grads = {f"d{n}": t.grad for n, t in acts.items()}
+    grads.update({f"dinitial_state[{i}]": s.grad for i, s in enumerate(init)})
+    grads.update({f"dlevels[{i}].{n}": p.grad for i, lv in enumerate(levels) for n, p in lv.params.items()})
+    return {"output": o.detach(), **{f"final_state[{i}]": f.detach() for i, f in enumerate(finals)}, **grads}
+
+
+@pytest.mark.parametrize("scheme, reduction", [("learned", "mean"), ("merge", "sum"), ("bounded_erase", "sum")])
+def test_fused_probe_equals_generic_probe(scheme, reduction):
+    fused, generic = run(scheme, reduction, Pieces()), run(scheme, reduction, Pieces(fused_probe=False))
+    errors = {k: relative_error(fused[k], generic[k]) for k in generic}
+    bounds = {k: tolerance("nested_fused_probe", "gradients" if k.startswith("d") else "values", torch.float32)
+              for k in errors}
+    assert all(errors[k] <= bounds[k] for k in errors), {k: e for k, e in errors.items() if e > bounds[k]}
