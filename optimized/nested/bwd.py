@@ -5,6 +5,7 @@ import torch
 
 from optimized.level0 import level0_bwd
 from optimized.nested.fwd import NestedSaved
+from optimized.nested.plan import add_in_rounds
 from optimized.nested.probe import _probe, _snapshots
 from optimized.nested.probe_fused import probe_bwd
 from optimized.promote_scan import promote_scan_bwd
@@ -52,9 +53,7 @@ def nested_bwd(saved: NestedSaved, do, dfinals):
         if ℓ == 1:
             d_ends = d_snaps
         elif plan.sources[ℓ]:
-            for targets, rows in tables.add_rounds[ℓ]:     # repeated targets: one round each
-                below = level_dstates[ℓ - 1]
-                below[:, targets] = below[:, targets] + d_snaps[:, rows]
+            add_in_rounds(level_dstates[ℓ - 1], tables.add_rounds[ℓ], d_snaps)   # repeated targets: rounds
 
     # level 0: fla's backward with the injected end-of-chunk gradients
     dq0, dk, dv, dg, db, dw, dh0 = level0_bwd(

@@ -42,9 +42,7 @@ def nested_fwd(q, k, v, g, b, w, r, levels, scale, initial_states, pieces: Piece
     V = v.shape[-1]
     plan = pieces.plan(T, tuple(lv.interval for lv in levels))
     tables = device_tables(plan, q.device)
-    q0 = q[:, :, :, 0]
-    o0, ht0, h, saved0 = level0_fwd(q0 if q0.is_contiguous() else q0.contiguous(), k, v, g, b, w, scale,
-                                    initial_states[0])
+    o0, ht0, h, saved0 = level0_fwd(q[:, :, :, 0].contiguous(), k, v, g, b, w, scale, initial_states[0])
     states = q.new_empty(B, tables.S, H, K, V, dtype=torch.float32)
     params = [None] + [lv.params for lv in levels]
     probes = [None]

@@ -86,8 +86,9 @@ class DeviceTables:
     slots: object
 
 
-def _add_rounds(index, device):
-    """Split ``dst[index[i]] += src[i]`` into rounds in which every target appears once."""
+def add_rounds(index, device):
+    """Split ``dst[:, index[i]] += src[:, i]`` into rounds in which every target appears once
+    (in increasing i): ``(targets, rows)`` index tensors per round, for ``add_in_rounds``."""
     import torch
 
     rank, seen = [], {}
@@ -102,10 +103,18 @@ def _add_rounds(index, device):
     return tuple(rounds)
 
 
+def add_in_rounds(dst, rounds, src) -> None:
+    """``dst[:, index[i]] += src[:, i]`` along dim 1 with ``rounds = add_rounds(index, ...)``:
+    deterministic, no atomics, no accumulating scatter."""
+    for targets, rows in rounds:
+        dst[:, targets] = dst[:, targets] + src[:, rows]
+
+
 @functools.lru_cache(maxsize=64)
 def device_tables(plan: Plan, device) -> DeviceTables:
     import torch
 
+    from optimized.level0 import injection_slots
     from optimized.nested.reads_fwd import read_tables
 
     N, L = plan.N, plan.L
@@ -121,13 +130,10 @@ def device_tables(plan: Plan, device) -> DeviceTables:
     sources = [None] + [torch.tensor(plan.sources[ℓ], dtype=torch.long, device=device) for ℓ in range(1, L)]
     ends = list(plan.sources[1]) if L > 1 else []
     inner = [c + 1 for c in ends if c + 1 < N]
-    slots = [-1] * N
-    for i, c in enumerate(ends):
-        slots[c] = i
-    rounds = [None, None] + [_add_rounds(plan.sources[ℓ], device) for ℓ in range(2, L)]
+    rounds = [None, None] + [add_rounds(plan.sources[ℓ], device) for ℓ in range(2, L)]
     return DeviceTables(
         S=S, row_offset=tuple(row_offset), read_row=read_row, row_level=row_level, row_chunk_lo=lo,
         row_chunk_hi=hi, sources=tuple(sources),
         end_index=torch.tensor(inner, dtype=torch.long, device=device),
         end_includes_final=bool(ends) and ends[-1] == N - 1,
-        add_rounds=tuple(rounds), slots=torch.tensor(slots, **i32))
+        add_rounds=tuple(rounds), slots=injection_slots(N, ends, device))

@@ -8,6 +8,7 @@ from typing import Sequence
 import torch
 
 from optimized.level0 import CHUNK
+from optimized.nested.plan import add_in_rounds, add_rounds
 
 
 def _token_groups(x: torch.Tensor, f: int, G: int) -> torch.Tensor:
@@ -64,17 +65,8 @@ def read_bwd(states: torch.Tensor, q: torch.Tensor, do: torch.Tensor, read_index
 
 
 def _add_rows(dst: torch.Tensor, index: Sequence[int], src: torch.Tensor) -> None:
-    """``dst[:, index[i]] += src[:, i]`` along dim 1, deterministically: repeated targets are
-    added in rounds in which every target appears at most once (in increasing i); no
-    atomics, no accumulating scatter."""
-    rank, seen = [], {}
-    for s in index:
-        rank.append(seen.get(s, 0))
-        seen[s] = rank[-1] + 1
-    for r in range(max(rank, default=-1) + 1):
-        sel = [i for i, k in enumerate(rank) if k == r]
-        tgt = torch.tensor([index[i] for i in sel], device=dst.device)
-        dst[:, tgt] = dst[:, tgt] + src[:, torch.tensor(sel, device=dst.device)]
+    """``dst[:, index[i]] += src[:, i]`` along dim 1, deterministically (``plan.add_in_rounds``)."""
+    add_in_rounds(dst, add_rounds(list(index), dst.device), src)
 
 
 # --- the reads and router with the Triton kernels' signatures (``Pieces.reads``) ----------
