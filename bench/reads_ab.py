@@ -1,6 +1,13 @@
-"""Side by side in one run: the nested op with its upper-level reads and router in PyTorch
-(einsum per level, the path before issue 12) and in the Triton kernels
-(``optimized.nested.reads_fwd`` / ``reads_bwd``), next to flat GDN-2 with ``L·H`` heads.
+"""Side by side in one run: variants of the nested op's pieces next to flat GDN-2 with ``L·H``
+heads. Variants (``--variants``, default all):
+
+- ``torch``: upper-level reads and router in PyTorch (einsum per level, before issue 12),
+  generic probe, IEEE scan;
+- ``generic``: Triton reads (``optimized.nested.reads_fwd`` / ``reads_bwd``), generic probe
+  replayed under autograd, IEEE scan (the path after issue 12);
+- ``fused-ieee``: + the fused probe with its hand-written backward (issue 13 item 1);
+- ``triton``: + the scans on TF32 tensor cores in bf16 runs (issue 13 item 2): the default op;
+- ``triton+check``: the default op with the finiteness check on.
 
 For each depth: forward and forward+backward times (``triton.testing.do_bench`` medians,
 autotuners tuned: one warm step first), the nested/flat ratios, peak memory of one step,
@@ -50,7 +57,10 @@ def _inputs(B, T, H, K, V, L, dtype, seed, nested: bool):
     return x, rnd(B, T, H, V).to(dtype)
 
 
-def _ops(B, T, H, K, V, L, dtype, seed):
+VARIANTS = ("torch", "generic", "fused-ieee", "triton", "triton+check")
+
+
+def _ops(B, T, H, K, V, L, dtype, seed, names=VARIANTS):
     """name -> (step inputs, forward closure, do)."""
     from optimized import chunk_gdn2
     from optimized.nested import Pieces, _nested
@@ -65,11 +75,18 @@ def _ops(B, T, H, K, V, L, dtype, seed):
         for n in lv.params:
             lv.params[n] = lv.params[n].to("cuda", torch.float32).requires_grad_(True)
     params = [p for lv in levels for p in lv.params.values()]
-    torch_reads = Pieces(reads_fwd=reads_router_fwd_torch, reads_bwd=reads_router_bwd_torch)
-    for name, pieces in (("torch", torch_reads), ("triton", Pieces())):
+    ieee = lambda dtype: "ieee"  # noqa: E731
+    variants = {
+        "torch": Pieces(reads_fwd=reads_router_fwd_torch, reads_bwd=reads_router_bwd_torch, fused_probe=False,
+                        scan_precision=ieee),
+        "generic": Pieces(fused_probe=False, scan_precision=ieee),
+        "fused-ieee": Pieces(scan_precision=ieee),
+        "triton": Pieces(),
+    }
+    for name in names:
+        pieces = variants[name.removesuffix("+check")]
         ops[name] = (list(xn.values()) + params,
                      lambda pieces=pieces: _nested(levels=levels, pieces=pieces, **xn)[0], don)
-    ops["triton+check"] = ops["triton"]
     return ops
 
 
@@ -110,6 +127,7 @@ def main(argv=None) -> int:
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         parser.error("needs a GPU")
@@ -124,7 +142,7 @@ def main(argv=None) -> int:
     rows = []
     B, T, H, K = args.B, args.T, args.H, args.K
     for L in args.levels:
-        ops = _ops(B, T, H, K, K, L, dtype, args.seed)
+        ops = _ops(B, T, H, K, K, L, dtype, args.seed, args.variants)
         for name, (leaves, forward, do) in ops.items():
             check = name == "triton+check"
 
@@ -147,7 +165,7 @@ def main(argv=None) -> int:
                     peak = (torch.cuda.max_memory_allocated() - base) / 2 ** 30
                     for t in leaves:
                         t.grad = None
-                    if args.profile and name in ("torch", "triton") and L == args.levels[0]:
+                    if args.profile and not check and L == args.levels[0]:
                         from torch.profiler import ProfilerActivity, profile
 
                         with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:

@@ -19,8 +19,12 @@ every stored state (reads, the final state, the probes of the level above).
 
 Layouts (fla style, firing axis where fla has the chunk axis):
 ``M0 [B, H, K, V]``; ``κ, β [B, F, H, n, K]``; ``ν, ω [B, F, H, n, V]``;
-``γ [B, F, H, K]``; ``states [B, F+1, H, K, V]``. Everything float32, every dot IEEE
-(``input_precision="ieee"``: no TF32 whatever ``TRITON_F32_DEFAULT`` says).
+``γ [B, F, H, K]``; ``states [B, F+1, H, K, V]``. Everything float32 (inputs, states,
+accumulation). The dots' input precision is an argument, never ``TRITON_F32_DEFAULT``:
+``"ieee"`` (the default; float32 runs and every float32 test) or ``"tf32"`` (tensor cores,
+operands rounded to TF32's 10-bit mantissa, relative 2^-11 per product; the nested op uses
+it when its activations are bf16, whose own rounding is 2^-8: issue 13). The interpreter
+computes every dot in float32 whatever the precision.
 
 Kernels address their blocks with explicit pointer arithmetic and masks for ragged
 edges (Triton 3.9 removed ``tl.make_block_ptr``; the same code runs compiled on CUDA
@@ -42,7 +46,7 @@ def promote_scan_fwd_kernel(
     F, N, stride_sb,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, BN: tl.constexpr, BV: tl.constexpr,
-    HAS_M0: tl.constexpr,
+    HAS_M0: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     """For one (batch, head, V block), with ``M`` ([K, BV], float32) from ``m0`` (or 0):
 
@@ -88,8 +92,8 @@ def promote_scan_fwd_kernel(
             b_nu = tl.load(nu + i_f * N * V + o_nv, mask=m_nv, other=0.0)
             b_omega = tl.load(omega + i_f * N * V + o_nv, mask=m_nv, other=0.0)
             # ω ⊙ ν - (β ⊙ κ) M'
-            b_d = b_omega * b_nu - tl.dot(b_beta * b_kappa, b_md, input_precision="ieee")
-            b_m += tl.dot(tl.trans(b_kappa), b_d, input_precision="ieee")
+            b_d = b_omega * b_nu - tl.dot(b_beta * b_kappa, b_md, input_precision=DOT_PRECISION)
+            b_m += tl.dot(tl.trans(b_kappa), b_d, input_precision=DOT_PRECISION)
         tl.store(states + i_b.to(tl.int64) * stride_sb + ((m + 1) * H + i_h) * K * V + o_kv, b_m, mask=m_kv)
 
 
@@ -99,7 +103,7 @@ def promote_scan_bwd_kernel(
     dm0, dkappa_part, dnu, dbeta_part, domega, dgamma_part,
     F, B, N, stride_sb, stride_db,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-    BK: tl.constexpr, BN: tl.constexpr, BV: tl.constexpr,
+    BK: tl.constexpr, BN: tl.constexpr, BV: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     """Reverse scan for one (batch, head, V block). ``dM`` ([K, BV]) starts at ``dstates[F]``;
     for m = F-1 .. 0, with ``M' = exp(γ) ⊙ states[m]`` and, per pair, ``P = β ⊙ κ``,
@@ -146,16 +150,16 @@ def promote_scan_bwd_kernel(
             b_nu = tl.load(nu + i_f * N * V + o_nv, mask=m_nv, other=0.0)
             b_omega = tl.load(omega + i_f * N * V + o_nv, mask=m_nv, other=0.0)
             b_p = b_beta * b_kappa                                      # P
-            b_d = b_omega * b_nu - tl.dot(b_p, b_md, input_precision="ieee")                    # D
+            b_d = b_omega * b_nu - tl.dot(b_p, b_md, input_precision=DOT_PRECISION)             # D
 
-            b_dd = tl.dot(b_kappa, b_dm, input_precision="ieee")                                # dD
+            b_dd = tl.dot(b_kappa, b_dm, input_precision=DOT_PRECISION)                         # dD
             tl.store(dnu + i_f * N * V + o_nv, b_dd * b_omega, mask=m_nv)
             tl.store(domega + i_f * N * V + o_nv, b_dd * b_nu, mask=m_nv)
-            b_dp = -tl.dot(b_dd, tl.trans(b_md), input_precision="ieee")                        # dP
-            b_dkappa = tl.dot(b_d, tl.trans(b_dm), input_precision="ieee") + b_dp * b_beta
+            b_dp = -tl.dot(b_dd, tl.trans(b_md), input_precision=DOT_PRECISION)                 # dP
+            b_dkappa = tl.dot(b_d, tl.trans(b_dm), input_precision=DOT_PRECISION) + b_dp * b_beta
             tl.store(dkappa_part + (part + i_f) * N * K + o_nk, b_dkappa, mask=m_nk)
             tl.store(dbeta_part + (part + i_f) * N * K + o_nk, b_dp * b_kappa, mask=m_nk)
-            b_dmd -= tl.dot(tl.trans(b_p), b_dd, input_precision="ieee")
+            b_dmd -= tl.dot(tl.trans(b_p), b_dd, input_precision=DOT_PRECISION)
         tl.store(dgamma_part + (part + i_f) * K + o_k, tl.sum(b_dmd * b_md, axis=1), mask=m_k)
 
         b_dm = b_dmd * b_decay[:, None]
@@ -198,16 +202,27 @@ def _check(M0, kappa, nu, beta, omega, gamma):
     return B, F, H, n, K, V
 
 
+PRECISIONS = ("ieee", "tf32")
+
+
+def _check_precision(precision: str) -> str:
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    return precision
+
+
 def promote_scan_fwd(M0, kappa, nu, beta, omega, gamma, block_v: int | None = None,
-                     block_n: int | None = None, out: torch.Tensor | None = None):
+                     block_n: int | None = None, out: torch.Tensor | None = None, precision: str = "ieee"):
     """All firings of one level: ``states [B, F+1, H, K, V]`` (``states[:, 0]`` = ``M0`` or 0).
 
     ``M0 [B, H, K, V]`` or None; pairs and decays from the probes (layouts in the module
     docstring), all float32. ``F = 0`` is allowed (no firing: just the initial state).
     ``out``: write into this tensor instead (e.g. a slice ``buf[:, a:b]`` of a buffer holding
     several levels' states: only the batch stride may differ from a contiguous tensor's).
+    ``precision``: the dots' input precision, ``"ieee"`` or ``"tf32"`` (module docstring).
     """
     B, F, H, n, K, V = _check(M0, kappa, nu, beta, omega, gamma)
+    _check_precision(precision)
     BK, BN, BV = block_sizes(K, V, n, block_v, block_n)
     states = kappa.new_empty(B, F + 1, H, K, V) if out is None else _check_states("out", out, (B, F + 1, H, K, V))
     if not _batch_strided(states):
@@ -217,7 +232,8 @@ def promote_scan_fwd(M0, kappa, nu, beta, omega, gamma, block_v: int | None = No
     promote_scan_fwd_kernel[grid](
         M0.contiguous() if M0 is not None else None, kappa.contiguous(), nu.contiguous(), beta.contiguous(),
         omega.contiguous(), gamma.contiguous(), states, F, n, states.stride(0),
-        H=H, K=K, V=V, BK=BK, BN=BN, BV=BV, HAS_M0=M0 is not None, num_warps=num_warps(BK, BV))
+        H=H, K=K, V=V, BK=BK, BN=BN, BV=BV, HAS_M0=M0 is not None, DOT_PRECISION=precision,
+        num_warps=num_warps(BK, BV))
     return states
 
 
@@ -243,13 +259,14 @@ def sum_partials(partials: torch.Tensor, blocks: int | None = None) -> torch.Ten
 
 
 def promote_scan_bwd(states, kappa, nu, beta, omega, gamma, dstates, block_v: int | None = None,
-                     block_n: int | None = None, reduce_partials=sum_partials):
+                     block_n: int | None = None, reduce_partials=sum_partials, precision: str = "ieee"):
     """Gradients of the scan given ``dstates [B, F+1, H, K, V]`` (float32), the gradient
     on every stored state (``dstates[:, F]`` includes the final state's).
 
     Returns ``(dM0 [B, H, K, V], dκ, dν, dβ, dω, dγ)`` shaped like the inputs.
     """
     B, F, H, n, K, V = _check(None, kappa, nu, beta, omega, gamma)
+    _check_precision(precision)
     for name, x in (("states", states), ("dstates", dstates)):
         _check_states(name, x, (B, F + 1, H, K, V))
     states, dstates = (x if _batch_strided(x) else x.contiguous() for x in (states, dstates))
@@ -266,6 +283,6 @@ def promote_scan_bwd(states, kappa, nu, beta, omega, gamma, dstates, block_v: in
         states, kappa.contiguous(), nu.contiguous(), beta.contiguous(), omega.contiguous(),
         gamma.contiguous(), dstates,
         dm0, dkappa_part, dnu, dbeta_part, domega, dgamma_part, F, B, n, states.stride(0), dstates.stride(0),
-        H=H, K=K, V=V, BK=BK, BN=BN, BV=BV, num_warps=num_warps(BK, BV))
+        H=H, K=K, V=V, BK=BK, BN=BN, BV=BV, DOT_PRECISION=precision, num_warps=num_warps(BK, BV))
     return (dm0, reduce_partials(dkappa_part), dnu, reduce_partials(dbeta_part), domega,
             reduce_partials(dgamma_part))

@@ -40,7 +40,7 @@ def sum_outer_partials(partials: torch.Tensor) -> torch.Tensor:
 
 
 def promote_scan_fwd_blocks_in_sequence(M0, kappa, nu, beta, omega, gamma, block_v=None, block_n=None,
-                                        out=None):
+                                        out=None, precision="ieee"):
     """Applies a firing's pairs block by block, each block erasing from the state the previous
     blocks left (not from ``M'``), as the kernel would if it updated ``M'`` between pair
     blocks. Within a block the pairs act at once. Equal to the scan when ``n ≤ BN`` or when

@@ -44,7 +44,8 @@ def nested_bwd(saved: NestedSaved, do, dfinals):
             p32 = {n: t.detach().float() for n, t in s.params[ℓ].items()}
             dM0, *d_pairs = promote_scan_bwd(s.level_states(ℓ), *pairs, level_dstates[ℓ],
                                              block_v=s.pieces.block_v, block_n=s.pieces.block_n,
-                                             reduce_partials=s.pieces.reduce_partials)
+                                             reduce_partials=s.pieces.reduce_partials,
+                                             precision=s.pieces.scan_precision(q.dtype))
             d_snaps, d_p = probe_bwd(level.scheme, probe_saved, snaps, p32, level.reduction, *d_pairs)
             dparams[ℓ] = {n: d_p[n] for n in p32}
         else:                               # generic: replay the scheme's probe under autograd
@@ -79,7 +80,8 @@ def _generic_probe_bwd(s: NestedSaved, plan, tables, ℓ, level, dstates, H, K, 
     else:
         dM0, *d_pairs = promote_scan_bwd(s.level_states(ℓ), *(x.detach() for x in pairs), dstates,
                                          block_v=s.pieces.block_v, block_n=s.pieces.block_n,
-                                         reduce_partials=s.pieces.reduce_partials)
+                                         reduce_partials=s.pieces.reduce_partials,
+                                         precision=s.pieces.scan_precision(s.q.dtype))
     names = list(leaves)
     grads = [None] * (1 + len(names))
     if d_pairs is not None:

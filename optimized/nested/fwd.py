@@ -62,7 +62,8 @@ def nested_fwd(q, k, v, g, b, w, r, levels, scale, initial_states, pieces: Piece
         M0 = initial_states[ℓ]
         off = tables.row_offset[ℓ]
         pieces.scan_fwd(None if M0 is None else M0.detach().float(), *pairs, block_v=pieces.block_v,
-                        block_n=pieces.block_n, out=states[:, off:off + plan.firings(ℓ) + 1])
+                        block_n=pieces.block_n, out=states[:, off:off + plan.firings(ℓ) + 1],
+                        precision=pieces.scan_precision(q.dtype))
     o = pieces.reads_fwd(q, r, o0, states, plan, tables, scale, block_v=pieces.block_v)
     # fresh tensors: outputs must not alias what the backward keeps (no reference cycles)
     finals = [ht0.clone()] + [states[:, tables.row_offset[ℓ] + plan.firings(ℓ)].clone() for ℓ in range(1, L)]

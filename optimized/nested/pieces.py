@@ -5,6 +5,8 @@ import os
 from dataclasses import dataclass
 from typing import Callable
 
+import torch
+
 from optimized.nested.plan import make_plan
 from optimized.nested.reads_bwd import reads_bwd
 from optimized.nested.reads_fwd import reads_fwd
@@ -31,6 +33,12 @@ if READS not in ("triton", "torch"):
     raise ValueError(f"NGDN_NESTED_READS must be 'triton' or 'torch', got {READS!r}")
 
 
+def scan_precision(dtype) -> str:
+    """The scans' dot precision for a run in ``dtype``: TF32 tensor cores when the activations
+    are bf16 (2^-11 per product, under bf16's own 2^-8), IEEE float32 otherwise."""
+    return "tf32" if dtype == torch.bfloat16 else "ieee"
+
+
 @dataclass(frozen=True)
 class Pieces:
     plan: Callable = make_plan
@@ -40,10 +48,9 @@ class Pieces:
     reads_fwd: Callable = reads_router_fwd if READS == "triton" else reads_router_fwd_torch
     reads_bwd: Callable = reads_router_bwd if READS == "triton" else reads_router_bwd_torch
     fused_probe: bool = True        # built-in schemes through probe_fused (False: the generic replay)
+    scan_precision: Callable = scan_precision   # dtype -> the scans' dot precision
     block_v: int | None = None      # the scan's V block and pair block (None: promote_scan's
     block_n: int | None = None      # defaults); tests shrink them to reach several blocks
 
 
 DEFAULT_PIECES = Pieces()
-
-

@@ -1,0 +1,69 @@
+"""The promote scan with TF32 dots (``precision="tf32"``, what the nested op uses in bf16 runs;
+issue 13 item 2): the argument is checked, the nested op picks it by dtype, and on a GPU the
+TF32 scan equals ``reference.promote`` within the ``promote_scan``/``tf32`` bounds on draws
+with several V blocks (the last ragged) and several pair blocks, differs from the IEEE scan
+(the precision reaches the kernel), and a dropped middle V-block partial still fails."""
+import functools
+
+import pytest
+import torch
+
+import nested_optimized_checks as checks
+import nested_optimized_mutants as mutants
+from ngdn.testing import on_cuda
+from ngdn.tolerances import assert_passes, failures
+from optimized import triton_mode
+from optimized.nested.pieces import scan_precision
+from optimized.promote_scan import promote_scan_bwd, promote_scan_fwd
+
+Draw = checks.ScanDraw
+# CUDA's default blocks are BV = BN = 32: V = 80 is three V blocks (ragged), n = 48 two pair blocks.
+DRAWS = [Draw(B=2, F=6, H=2, K=48, V=80, n=48, scheme="learned", seed=1),
+         Draw(B=1, F=5, H=2, K=112, V=112, n=112, scheme="merge", reduction="sum", seed=2),
+         Draw(B=1, F=4, H=1, K=80, V=48, n=40, scheme="bounded_erase", seed=3)]
+cuda_only = pytest.mark.skipif(not on_cuda(), reason="the interpreter computes every dot in float32")
+
+
+def test_precision_is_checked():
+    x = checks.scan_inputs(DRAWS[0]._replace(K=16, V=16, n=4, F=1))
+    pairs = [p.float() for p in x["pairs"]]
+    with pytest.raises(ValueError, match="precision must be one of"):
+        promote_scan_fwd(x["M0"].float(), *pairs, precision="bf16")
+    with pytest.raises(ValueError, match="precision must be one of"):
+        promote_scan_bwd(x["M0"].float()[:, None].expand(-1, 2, -1, -1, -1).contiguous(), *pairs,
+                         x["M0"].float()[:, None].expand(-1, 2, -1, -1, -1).contiguous(), precision="tf16")
+
+
+def test_nested_op_picks_tf32_for_bf16_only():
+    assert scan_precision(torch.bfloat16) == "tf32"
+    assert scan_precision(torch.float32) == "ieee"
+
+
+def _tf32(fn, **kw):
+    return functools.partial(fn, precision="tf32", **kw)
+
+
+@cuda_only
+@pytest.mark.parametrize("d", DRAWS, ids=lambda d: f"{d.scheme}-K{d.K}-V{d.V}-n{d.n}")
+def test_tf32_scan_equals_reference(d):
+    assert_passes(checks.scan_vs_reference(d, scan_fwd=_tf32(promote_scan_fwd), scan_bwd=_tf32(promote_scan_bwd),
+                                           tolerance_dtype="tf32"))
+
+
+@cuda_only
+def test_tf32_reaches_the_kernel():
+    x = checks.scan_inputs(DRAWS[0])
+    dev = triton_mode.device()
+    M0, *pairs = (t.to(dev, torch.float32) for t in (x["M0"], *x["pairs"]))
+    ieee = promote_scan_fwd(M0, *pairs)
+    tf32 = promote_scan_fwd(M0, *pairs, precision="tf32")
+    assert not torch.equal(ieee, tf32), "TF32 and IEEE scans agree bit for bit: the precision is not used"
+
+
+@cuda_only
+def test_tf32_bounds_catch_dropped_partials():
+    d = DRAWS[0]
+    bwd = _tf32(promote_scan_bwd, reduce_partials=mutants.sum_outer_partials)
+    bad = failures(checks.scan_vs_reference(d, scan_fwd=_tf32(promote_scan_fwd), scan_bwd=bwd, log=False,
+                                            tolerance_dtype="tf32"))
+    assert {"dkappa", "dbeta", "dgamma"} <= set(bad), bad
