@@ -6,7 +6,8 @@ heads. Variants (``--variants``, default all):
 - ``generic``: Triton reads (``optimized.nested.reads_fwd`` / ``reads_bwd``), generic probe
   replayed under autograd, IEEE scan (the path after issue 12);
 - ``fused-ieee``: + the fused probe with its hand-written backward (issue 13 item 1);
-- ``triton``: + the scans on TF32 tensor cores in bf16 runs (issue 13 item 2): the default op;
+- ``scan-tf32``: + the reverse scans on TF32 tensor cores in bf16 runs (issue 13 item 2);
+- ``triton``: + the fused probe's float32 matmuls in TF32 in bf16 runs: the default op;
 - ``triton+check``: the default op with the finiteness check on.
 
 For each depth: forward and forward+backward times (``triton.testing.do_bench`` medians,
@@ -57,7 +58,7 @@ def _inputs(B, T, H, K, V, L, dtype, seed, nested: bool):
     return x, rnd(B, T, H, V).to(dtype)
 
 
-VARIANTS = ("torch", "generic", "fused-ieee", "triton", "triton+check")
+VARIANTS = ("torch", "generic", "fused-ieee", "scan-tf32", "triton", "triton+check")
 
 
 def _ops(B, T, H, K, V, L, dtype, seed, names=VARIANTS):
@@ -75,12 +76,13 @@ def _ops(B, T, H, K, V, L, dtype, seed, names=VARIANTS):
         for n in lv.params:
             lv.params[n] = lv.params[n].to("cuda", torch.float32).requires_grad_(True)
     params = [p for lv in levels for p in lv.params.values()]
-    ieee = lambda dtype: "ieee"  # noqa: E731
+    ieee = lambda dtype, direction: "ieee"  # noqa: E731
     variants = {
         "torch": Pieces(reads_fwd=reads_router_fwd_torch, reads_bwd=reads_router_bwd_torch, fused_probe=False,
                         scan_precision=ieee),
         "generic": Pieces(fused_probe=False, scan_precision=ieee),
-        "fused-ieee": Pieces(scan_precision=ieee),
+        "fused-ieee": Pieces(scan_precision=ieee, probe_precision=lambda dtype: "ieee"),
+        "scan-tf32": Pieces(probe_precision=lambda dtype: "ieee"),
         "triton": Pieces(),
     }
     for name in names:

@@ -34,9 +34,12 @@ def test_precision_is_checked():
                          x["M0"].float()[:, None].expand(-1, 2, -1, -1, -1).contiguous(), precision="tf16")
 
 
-def test_nested_op_picks_tf32_for_bf16_only():
-    assert scan_precision(torch.bfloat16) == "tf32"
-    assert scan_precision(torch.float32) == "ieee"
+def test_nested_op_picks_tf32_for_the_bf16_reverse_scan_only():
+    assert scan_precision(torch.bfloat16, "bwd") == "tf32"
+    assert scan_precision(torch.bfloat16, "fwd") == "ieee"
+    assert scan_precision(torch.float32, "bwd") == scan_precision(torch.float32, "fwd") == "ieee"
+    with pytest.raises(ValueError, match="direction"):
+        scan_precision(torch.bfloat16, "forward")
 
 
 def _tf32(fn, **kw):

@@ -44,3 +44,38 @@ def test_fused_probe_equals_generic_probe(scheme, reduction):
     bounds = {k: tolerance("nested_fused_probe", "gradients" if k.startswith("d") else "values", torch.float32)
               for k in errors}
     assert all(errors[k] <= bounds[k] for k in errors), {k: e for k, e in errors.items() if e > bounds[k]}
+
+
+def test_float32_matmuls_sets_and_restores_the_flag():
+    """The probe's TF32 switch (bf16 runs) leaves torch's flag as it found it, errors included."""
+    from optimized.nested.probe_fused import float32_matmuls
+
+    flags = torch.backends.cuda.matmul
+    before = flags.fp32_precision
+    with float32_matmuls("tf32"):
+        assert flags.fp32_precision == "tf32"
+    assert flags.fp32_precision == before
+    with pytest.raises(RuntimeError, match="inside"):
+        with float32_matmuls("ieee"):
+            raise RuntimeError("inside")
+    assert flags.fp32_precision == before
+    with pytest.raises(ValueError, match="precision must be one of"):
+        with float32_matmuls("bf16"):
+            pass
+
+
+@pytest.mark.skipif(DEV != "cuda", reason="CPU float32 matmuls ignore the TF32 flag")
+def test_tf32_probe_reaches_cublas_and_stays_close():
+    """In bf16 runs the fused probe's float32 matmuls run in TF32: they differ from IEEE (the
+    flag reaches cuBLAS) by about TF32's rounding, far below bf16's."""
+    from optimized.nested.probe_fused import probe_fwd
+
+    gen = torch.Generator().manual_seed(0)
+    snaps = torch.randn(8, 4, 2, 64, 96, generator=gen).to(DEV)
+    lv = make_levels(2, 2, 64, 96, query_counts=[32], generator=gen)[0]
+    params = {n: p.to(DEV, torch.float32) for n, p in lv.params.items()}
+    ieee, _ = probe_fwd("learned", snaps, params, precision="ieee")
+    tf32, _ = probe_fwd("learned", snaps, params, precision="tf32")
+    errors = [relative_error(a, b) for a, b in zip(tf32, ieee)]
+    assert max(errors) > 0, "TF32 and IEEE probes agree bit for bit: the precision is not used"
+    assert max(errors) < 1e-2, errors

@@ -45,8 +45,9 @@ def nested_bwd(saved: NestedSaved, do, dfinals):
             dM0, *d_pairs = promote_scan_bwd(s.level_states(ℓ), *pairs, level_dstates[ℓ],
                                              block_v=s.pieces.block_v, block_n=s.pieces.block_n,
                                              reduce_partials=s.pieces.reduce_partials,
-                                             precision=s.pieces.scan_precision(q.dtype))
-            d_snaps, d_p = probe_bwd(level.scheme, probe_saved, snaps, p32, level.reduction, *d_pairs)
+                                             precision=s.pieces.scan_precision(q.dtype, "bwd"))
+            d_snaps, d_p = probe_bwd(level.scheme, probe_saved, snaps, p32, level.reduction, *d_pairs,
+                                     precision=s.pieces.probe_precision(q.dtype))
             dparams[ℓ] = {n: d_p[n] for n in p32}
         else:                               # generic: replay the scheme's probe under autograd
             dM0, dparams[ℓ], d_snaps = _generic_probe_bwd(s, plan, tables, ℓ, level, level_dstates[ℓ], H, K, V)
@@ -81,7 +82,7 @@ def _generic_probe_bwd(s: NestedSaved, plan, tables, ℓ, level, dstates, H, K, 
         dM0, *d_pairs = promote_scan_bwd(s.level_states(ℓ), *(x.detach() for x in pairs), dstates,
                                          block_v=s.pieces.block_v, block_n=s.pieces.block_n,
                                          reduce_partials=s.pieces.reduce_partials,
-                                         precision=s.pieces.scan_precision(s.q.dtype))
+                                         precision=s.pieces.scan_precision(s.q.dtype, "bwd"))
     names = list(leaves)
     grads = [None] * (1 + len(names))
     if d_pairs is not None:

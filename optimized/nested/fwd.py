@@ -52,7 +52,8 @@ def nested_fwd(q, k, v, g, b, w, r, levels, scale, initial_states, pieces: Piece
         level = levels[ℓ - 1]
         if pieces.fused_probe and level.scheme in FUSED_SCHEMES and plan.firings(ℓ) > 0:
             # built-in scheme: fused probe; its outputs and intermediates kept for the hand backward
-            pairs, probe_saved = probe_fwd(level.scheme, snaps, p32, level.reduction)
+            pairs, probe_saved = probe_fwd(level.scheme, snaps, p32, level.reduction,
+                                           precision=pieces.probe_precision(q.dtype))
             pairs = tuple(x.contiguous() for x in pairs)
             probes.append((pairs, probe_saved))
         else:               # any registered scheme: its probe, replayed under autograd in the backward
@@ -63,7 +64,7 @@ def nested_fwd(q, k, v, g, b, w, r, levels, scale, initial_states, pieces: Piece
         off = tables.row_offset[ℓ]
         pieces.scan_fwd(None if M0 is None else M0.detach().float(), *pairs, block_v=pieces.block_v,
                         block_n=pieces.block_n, out=states[:, off:off + plan.firings(ℓ) + 1],
-                        precision=pieces.scan_precision(q.dtype))
+                        precision=pieces.scan_precision(q.dtype, "fwd"))
     o = pieces.reads_fwd(q, r, o0, states, plan, tables, scale, block_v=pieces.block_v)
     # fresh tensors: outputs must not alias what the backward keeps (no reference cycles)
     finals = [ht0.clone()] + [states[:, tables.row_offset[ℓ] + plan.firings(ℓ)].clone() for ℓ in range(1, L)]

@@ -33,9 +33,22 @@ if READS not in ("triton", "torch"):
     raise ValueError(f"NGDN_NESTED_READS must be 'triton' or 'torch', got {READS!r}")
 
 
-def scan_precision(dtype) -> str:
-    """The scans' dot precision for a run in ``dtype``: TF32 tensor cores when the activations
-    are bf16 (2^-11 per product, under bf16's own 2^-8), IEEE float32 otherwise."""
+def scan_precision(dtype, direction: str) -> str:
+    """The scans' dot precision for a run in ``dtype``, ``direction`` ``"fwd"`` or ``"bwd"``.
+
+    The reverse scan runs on TF32 tensor cores when the activations are bf16 (2^-11 per
+    product, under bf16's own 2^-8); everything else is IEEE float32. Measured on the H200
+    (bf16, L=4, K=128, B=8, T=4096; results/2026-11-30-issue13/): TF32 takes the three reverse
+    scans from 9.4 to 4.8 ms but the forward scans from 2.1 to 2.7 ms, so the forward stays IEEE
+    (the backward recomputes what it needs from the stored states: mixing is consistent)."""
+    if direction not in ("fwd", "bwd"):
+        raise ValueError(f"direction must be 'fwd' or 'bwd', got {direction!r}")
+    return "tf32" if dtype == torch.bfloat16 and direction == "bwd" else "ieee"
+
+
+def probe_precision(dtype) -> str:
+    """The fused probe's float32 matmul precision for a run in ``dtype``: TF32 when the
+    activations are bf16 (2^-11 per product), IEEE otherwise (issue 13)."""
     return "tf32" if dtype == torch.bfloat16 else "ieee"
 
 
@@ -48,7 +61,8 @@ class Pieces:
     reads_fwd: Callable = reads_router_fwd if READS == "triton" else reads_router_fwd_torch
     reads_bwd: Callable = reads_router_bwd if READS == "triton" else reads_router_bwd_torch
     fused_probe: bool = True        # built-in schemes through probe_fused (False: the generic replay)
-    scan_precision: Callable = scan_precision   # dtype -> the scans' dot precision
+    scan_precision: Callable = scan_precision   # (dtype, 'fwd'|'bwd') -> the scans' dot precision
+    probe_precision: Callable = probe_precision  # dtype -> the fused probe's float32 matmul precision
     block_v: int | None = None      # the scan's V block and pair block (None: promote_scan's
     block_n: int | None = None      # defaults); tests shrink them to reach several blocks
 

@@ -52,6 +52,7 @@ forward's). The backward's transients: ``dz`` (as ``z``), ``ν``'s and ``dν'``'
 """
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import NamedTuple
 
@@ -100,11 +101,37 @@ def _offsets(scheme, K, V):
         slice(o + K + V, o + 2 * K + V)
 
 
+MATMUL_PRECISIONS = ("ieee", "tf32")
+
+
+@contextlib.contextmanager
+def float32_matmuls(precision: str):
+    """torch's CUDA float32 matmuls inside the block in ``precision`` (``"ieee"`` or ``"tf32"``),
+    restored after. torch has no per-call flag: this sets the process-wide
+    ``torch.backends.cuda.matmul.fp32_precision`` for the duration, so another thread's CUDA
+    float32 matmuls in that window would use it too. CPU matmuls are float32 either way."""
+    if precision not in MATMUL_PRECISIONS:
+        raise ValueError(f"precision must be one of {MATMUL_PRECISIONS}, got {precision!r}")
+    flags = torch.backends.cuda.matmul
+    before = flags.fp32_precision
+    flags.fp32_precision = precision
+    try:
+        yield
+    finally:
+        flags.fp32_precision = before
+
+
 def probe_fwd(scheme: str, snaps: torch.Tensor, params: dict, reduction: str = "mean",
-              keep_preactivations: bool = True):
+              keep_preactivations: bool = True, precision: str = "ieee"):
     """The scheme's five outputs ``(κ [..., H, n, K], ν [..., H, n, V], β [..., H, n, K],
     ω [..., H, n, V], γ [..., H, K])``, contiguous, and the ``FusedSaved`` of the backward
-    (``keep_preactivations=False``: no pre-activations kept, the backward recomputes them)."""
+    (``keep_preactivations=False``: no pre-activations kept, the backward recomputes them).
+    ``precision``: of its float32 matmuls on CUDA (``float32_matmuls``)."""
+    with float32_matmuls(precision):
+        return _probe_fwd(scheme, snaps, params, reduction, keep_preactivations)
+
+
+def _probe_fwd(scheme, snaps, params, reduction, keep_preactivations):
     _check_scheme(scheme)
     check_reduction(reduction)
     *lead, H, K, V = snaps.shape
@@ -152,10 +179,17 @@ def _head_major(x, Bt, H, rows, last):
 
 
 def probe_bwd(scheme: str, saved: FusedSaved, snaps: torch.Tensor, params: dict, reduction: str,
-              dκ=None, dν=None, dβ=None, dω=None, dγ=None, *, _mutant: str | None = None):
+              dκ=None, dν=None, dβ=None, dω=None, dγ=None, *, precision: str = "ieee",
+              _mutant: str | None = None):
     """Gradients of the snapshots and of every parameter from the gradients of the five outputs
-    (``None``: zero). Returns ``(d_snaps [..., H, K, V], {name: d_param})``. ``_mutant``
-    (test-only) names one of ``MUTANTS``."""
+    (``None``: zero). Returns ``(d_snaps [..., H, K, V], {name: d_param})``. ``precision``: of
+    its float32 matmuls on CUDA (``float32_matmuls``). ``_mutant`` (test-only) names one of
+    ``MUTANTS``."""
+    with float32_matmuls(precision):
+        return _probe_bwd(scheme, saved, snaps, params, reduction, dκ, dν, dβ, dω, dγ, _mutant)
+
+
+def _probe_bwd(scheme, saved, snaps, params, reduction, dκ, dν, dβ, dω, dγ, _mutant):
     _check_scheme(scheme)
     check_reduction(reduction)
     if scheme != saved.scheme:
