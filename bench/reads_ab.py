@@ -68,8 +68,10 @@ def _ops(B, T, H, K, V, L, dtype, seed, names=VARIANTS):
     from optimized.nested.reads_torch import reads_router_bwd_torch, reads_router_fwd_torch
     from reference.nested import make_levels
 
-    x, do = _inputs(B, T, H * L, K, V, L, dtype, seed, nested=False)
-    ops = {"flat": (list(x.values()), lambda x=x: chunk_gdn2(**x)[0], do)}
+    ops = {}
+    if "flat" in names:
+        x, do = _inputs(B, T, H * L, K, V, L, dtype, seed, nested=False)
+        ops["flat"] = (list(x.values()), lambda x=x: chunk_gdn2(**x)[0], do)
     xn, don = _inputs(B, T, H, K, V, L, dtype, seed + 1, nested=True)
     levels = make_levels(L, H, K, V, generator=torch.Generator().manual_seed(seed + 2))
     for lv in levels:
@@ -86,6 +88,8 @@ def _ops(B, T, H, K, V, L, dtype, seed, names=VARIANTS):
         "triton": Pieces(),
     }
     for name in names:
+        if name == "flat":
+            continue
         pieces = variants[name.removesuffix("+check")]
         ops[name] = (list(xn.values()) + params,
                      lambda pieces=pieces: _nested(levels=levels, pieces=pieces, **xn)[0], don)
@@ -98,7 +102,10 @@ def _write(out: Path, rows: list, B, T, H, K, dtype: str):
 
     flat = {r["L"]: r for r in rows if r["op"] == "flat"}
     for r in rows:
-        f = flat[r["L"]]
+        f = flat.get(r["L"])
+        if f is None:           # --no-flat: no ratios
+            r["fwd_vs_flat"] = r["fwdbwd_vs_flat"] = r["peak_vs_flat"] = ""
+            continue
         r["fwd_vs_flat"] = round(r["fwd_ms"] / f["fwd_ms"], 3)
         r["fwdbwd_vs_flat"] = round(r["fwdbwd_ms"] / f["fwdbwd_ms"], 3)
         r["peak_vs_flat"] = round(r["peak_extra_gib"] / f["peak_extra_gib"], 3) if f["peak_extra_gib"] else ""
@@ -106,14 +113,14 @@ def _write(out: Path, rows: list, B, T, H, K, dtype: str):
         w = csv.DictWriter(fh, fieldnames=list(rows[0]))
         w.writeheader()
         w.writerows(rows)
-    lines = [f"# Nested reads: PyTorch vs Triton, beside flat GDN-2 ({torch.cuda.get_device_name()}, "
+    lines = [f"# Nested op variants beside flat GDN-2 ({torch.cuda.get_device_name()}, "
              f"torch {torch.__version__}, triton {triton.__version__})", "",
              f"B={B}, T={T}, H={H} per level (flat: L·H heads), K=V={K}, {dtype}; do_bench medians; "
              f"finiteness check off except `triton+check`; `peak` = memory one step allocates on top of its inputs.",
-             "", "| L | op | fwd ms | fwd+bwd ms | fwd / flat | fwd+bwd / flat | peak GiB | peak / flat |",
-             "|---|---|---|---|---|---|---|---|"]
+             "", "| L | op | fwd ms | fwd+bwd ms | fwd / flat | fwd+bwd / flat | peak GiB | peak / flat | peak incl. inputs GiB |",
+             "|---|---|---|---|---|---|---|---|---|"]
     lines += [f"| {r['L']} | {r['op']} | {r['fwd_ms']} | {r['fwdbwd_ms']} | {r['fwd_vs_flat']} | "
-              f"{r['fwdbwd_vs_flat']} | {r['peak_extra_gib']} | {r['peak_vs_flat']} |" for r in rows]
+              f"{r['fwdbwd_vs_flat']} | {r['peak_extra_gib']} | {r['peak_vs_flat']} | {r['peak_gib']} |" for r in rows]
     (out / "reads_ab.md").write_text("\n".join(lines) + "\n")
     return lines
 
@@ -130,6 +137,7 @@ def main(argv=None) -> int:
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
+    parser.add_argument("--no-flat", action="store_true", help="leave flat GDN-2 out (no ratios)")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         parser.error("needs a GPU")
@@ -144,7 +152,7 @@ def main(argv=None) -> int:
     rows = []
     B, T, H, K = args.B, args.T, args.H, args.K
     for L in args.levels:
-        ops = _ops(B, T, H, K, K, L, dtype, args.seed, args.variants)
+        ops = _ops(B, T, H, K, K, L, dtype, args.seed, ([] if args.no_flat else ["flat"]) + args.variants)
         for name, (leaves, forward, do) in ops.items():
             check = name == "triton+check"
 
@@ -164,7 +172,8 @@ def main(argv=None) -> int:
                     base = torch.cuda.memory_allocated()
                     step()
                     torch.cuda.synchronize()
-                    peak = (torch.cuda.max_memory_allocated() - base) / 2 ** 30
+                    peak_total = torch.cuda.max_memory_allocated() / 2 ** 30
+                    peak = peak_total - base / 2 ** 30
                     for t in leaves:
                         t.grad = None
                     if args.profile and not check and L == args.levels[0]:
@@ -182,9 +191,10 @@ def main(argv=None) -> int:
 
                 traceback.print_exc()
                 _log(f"L={L} {name}: {type(e).__name__}: {e}")
-                fwd = fwdbwd = peak = float("nan")
+                fwd = fwdbwd = peak = peak_total = float("nan")
             row = {"L": L, "op": name, "B": B, "T": T, "H": H, "K": K, "dtype": args.dtype,
-                   "fwd_ms": round(fwd, 3), "fwdbwd_ms": round(fwdbwd, 3), "peak_extra_gib": round(peak, 3)}
+                   "fwd_ms": round(fwd, 3), "fwdbwd_ms": round(fwdbwd, 3), "peak_extra_gib": round(peak, 3),
+                   "peak_gib": round(peak_total, 3)}
             rows.append(row)
             _log(str(row))
         del ops
