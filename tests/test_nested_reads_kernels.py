@@ -13,7 +13,7 @@ from optimized.level0 import CHUNK
 from optimized.nested import reads_bwd as reads_bwd_module
 from optimized.nested.reads_bwd import reads_bwd
 from optimized.nested.reads_fwd import read_tables, reads_fwd
-from ngdn.tolerances import tolerance
+from ngdn.tolerances import record, tolerance
 
 DEV = triton_mode.device()
 # bfloat16 activations (q, r, o0, do) where the kernels compute them: the bf16 split dots
@@ -111,6 +111,8 @@ def test_reads_match_float64(name, dtype, monkeypatch):
         "dstates": rel(dstates, g["states"]),
     }
     bounds = {k: tolerance("nested_reads", k, dtype) for k in errors}
+    for k in errors:                                  # NGDN_ERROR_LOG: `ngdn errors` measures the margins
+        record("nested_reads", triton_mode.configure(), dtype, k, errors[k], bounds[k])
     assert all(errors[k] <= bounds[k] for k in errors), (errors, bounds)
     assert o.dtype == x["q"].dtype and dr.dtype == do0.dtype == dstates.dtype == torch.float32
     assert bool((dq[:, :, :, 0] == 7.0).all()), "dq level 0 was written"
