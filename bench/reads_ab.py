@@ -8,7 +8,8 @@ heads. Variants (``--variants``, default all):
 - ``fused-ieee``: + the fused probe with its hand-written backward (issue 13 item 1);
 - ``scan-tf32``: + the reverse scans on TF32 tensor cores in bf16 runs (issue 13 item 2);
 - ``triton``: + the fused probe's float32 matmuls in TF32 in bf16 runs: the default op;
-- ``triton+check``: the default op with the finiteness check on.
+- ``triton+check``: the default op with the finiteness check on;
+- ``bv16``, ``bv64``: the default op with V blocks of 16 / 64 in the scans and the reads.
 
 For each depth: forward and forward+backward times (``triton.testing.do_bench`` medians,
 autotuners tuned: one warm step first), the nested/flat ratios, peak memory of one step,
@@ -58,7 +59,7 @@ def _inputs(B, T, H, K, V, L, dtype, seed, nested: bool):
     return x, rnd(B, T, H, V).to(dtype)
 
 
-VARIANTS = ("torch", "generic", "fused-ieee", "scan-tf32", "triton", "triton+check")
+VARIANTS = ("torch", "generic", "fused-ieee", "scan-tf32", "triton", "triton+check", "bv16", "bv64")
 
 
 def _ops(B, T, H, K, V, L, dtype, seed, names=VARIANTS):
@@ -86,6 +87,8 @@ def _ops(B, T, H, K, V, L, dtype, seed, names=VARIANTS):
         "fused-ieee": Pieces(scan_precision=ieee, probe_precision=lambda dtype: "ieee"),
         "scan-tf32": Pieces(probe_precision=lambda dtype: "ieee"),
         "triton": Pieces(),
+        "bv16": Pieces(block_v=16),     # the default op with V blocks of 16 in the scans and reads
+        "bv64": Pieces(block_v=64),     # ... of 64 (default: 32 at K ≤ 128)
     }
     for name in names:
         if name == "flat":
