@@ -141,6 +141,9 @@ def main(argv=None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
     parser.add_argument("--no-flat", action="store_true", help="leave flat GDN-2 out (no ratios)")
+    parser.add_argument("--warmup-only", action="store_true",
+                        help="one step per op and exit: fills the Triton cache (compiled kernels and autotune "
+                             "candidates) for a later timed run in another process")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         parser.error("needs a GPU")
@@ -166,6 +169,9 @@ def main(argv=None) -> int:
                 with finite_checks(check):
                     step()                                   # compile, autotune, tables
                     torch.cuda.synchronize()
+                    if args.warmup_only:
+                        _log(f"L={L} {name}: compiled (warm-up only)")
+                        continue
                     fwd = triton.testing.do_bench(forward, warmup=25, rep=200, grad_to_none=leaves)
                     fwdbwd = triton.testing.do_bench(step, warmup=25, rep=200, grad_to_none=leaves)
                     for t in leaves:
@@ -202,8 +208,10 @@ def main(argv=None) -> int:
             _log(str(row))
         del ops
         torch.cuda.empty_cache()
-        lines = _write(out, rows, B, T, H, K, args.dtype)
-    print("\n".join(lines))
+        if rows:
+            lines = _write(out, rows, B, T, H, K, args.dtype)
+    if rows:
+        print("\n".join(lines))
     return 0
 
 

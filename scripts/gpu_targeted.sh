@@ -6,8 +6,12 @@
 #                  worst errors in worst_errors.md; in parallel `ngdn scheme check` --device cuda
 #                  for each scheme in $SCHEMES (default: bounded_erase learned merge) and the README's
 #                  examples/fixed_address.py, each to scheme-<name>.log
+#                  (SCHEME_CHECKS=0: none)
 #   ab:ARGS        python -m bench.reads_ab --out $OUT/ab-<n> ARGS (ARGS: '+' for spaces)
-# Usage: bash scripts/gpu_targeted.sh tests ab:--levels+4+--profile ab:--levels+5+6+--variants+generic+triton
+#   warm:ARGS      the same with --warmup-only, in the background (fills the Triton cache with the
+#                  kernels and autotune candidates a later `ab:` step compiles), log warm-<n>.log
+#   wait           wait for the background warm-ups
+# Usage: bash scripts/gpu_targeted.sh warm:--levels+4 tests wait ab:--levels+4+--profile ab:--levels+5+6
 set -uo pipefail
 OUT=${OUT:-/tmp/ngdn-out}
 mkdir -p "$OUT"
@@ -18,23 +22,27 @@ t0=$(date +%s)
 since() { echo $(( $(date +%s) - t0 )); }
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/env.txt"
 n=0
+warm_pids=()
 for step in "$@"; do
   case $step in
     tests)
       pids=()
+      [ "${SCHEME_CHECKS:-1}" = 0 ] && SCHEMES=" "
       for s in ${SCHEMES:-bounded_erase learned merge}; do
         timeout ${SCHEME_TIMEOUT:-300} python3 -m ngdn.cli scheme check reference.schemes --scheme "$s" --device cuda \
           > "$OUT/scheme-$s.log" 2>&1 & pids+=($!)
       done
-      timeout ${SCHEME_TIMEOUT:-300} python3 -m ngdn.cli scheme check examples/fixed_address.py --device cuda \
-        > "$OUT/scheme-fixed_address.log" 2>&1 & pids+=($!)
+      if [ "${SCHEME_CHECKS:-1}" != 0 ]; then
+        timeout ${SCHEME_TIMEOUT:-300} python3 -m ngdn.cli scheme check examples/fixed_address.py --device cuda \
+          > "$OUT/scheme-fixed_address.log" 2>&1 & pids+=($!)
+      fi
       NGDN_ERROR_LOG=$OUT/errors.jsonl timeout ${TESTS_TIMEOUT:-360} python3 -m pytest -q -n 12 -p no:cacheprovider \
         -p no:benchmark -rfE --durations=15 ${TESTS:-tests/test_nested_fused_probe.py property_tests/test_probe_fused.py \
         property_tests/test_promote_scan_tf32.py tests/test_nested_hot_path.py tests/test_nested_reads_kernels.py \
         property_tests/test_nested_optimized.py} 2>&1 | tee "$OUT/tests.log" | tail -40
       echo "tests: exit ${PIPESTATUS[0]} at $(since) s" | tee -a "$OUT/env.txt"
       for p in "${pids[@]}"; do wait "$p"; echo "scheme check pid $p: exit $?" | tee -a "$OUT/env.txt"; done
-      for f in "$OUT"/scheme-*.log; do echo "== $f"; tail -22 "$f"; done
+      for f in "$OUT"/scheme-*.log; do [ -f "$f" ] && { echo "== $f"; tail -22 "$f"; }; done
       python3 -m ngdn.cli errors "$OUT/errors.jsonl" > "$OUT/worst_errors.md" 2>&1
       echo "schemes done at $(since) s" | tee -a "$OUT/env.txt" ;;
     ab:*)
@@ -42,6 +50,14 @@ for step in "$@"; do
       args=${step#ab:}; args=${args//+/ }
       timeout ${AB_TIMEOUT:-400} python3 -m bench.reads_ab --out "$OUT/ab-$n" $args 2>&1 | tee "$OUT/ab-$n.log" | tail -14
       echo "ab-$n ($args): exit ${PIPESTATUS[0]} at $(since) s" | tee -a "$OUT/env.txt" ;;
+    warm:*)
+      n=$((n + 1))
+      args=${step#warm:}; args=${args//+/ }
+      timeout ${WARM_TIMEOUT:-400} python3 -m bench.reads_ab --out "$OUT/warm-$n" --warmup-only $args \
+        > "$OUT/warm-$n.log" 2>&1 & warm_pids+=($!) ;;
+    wait)
+      for p in "${warm_pids[@]}"; do wait "$p"; echo "warm-up pid $p: exit $? at $(since) s" | tee -a "$OUT/env.txt"; done
+      warm_pids=() ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac
 done
