@@ -12,5 +12,7 @@ from optimized.gdn2 import chunk_gdn2  # noqa: E402            GDN-2 level 0 (SP
 from optimized.nested import chunk_nested_gdn2  # noqa: E402   Nested GDN-2 (SPEC §2-3)
 from optimized.tensor3d import chunk_tensor3d  # noqa: E402    3D tensor state (SPEC §4)
 from optimized.fenwick import chunk_fenwick  # noqa: E402      Fenwick level router (SPEC §5)
+from optimized.fenwick_gdn2 import chunk_fenwick_gdn2  # noqa: E402  Fenwick GDN-2 memory (SPEC §5)
 
-__all__ = ["MODE", "triton_mode", "chunk_gdn2", "chunk_nested_gdn2", "chunk_tensor3d", "chunk_fenwick"]
+__all__ = ["MODE", "triton_mode", "chunk_gdn2", "chunk_nested_gdn2", "chunk_tensor3d", "chunk_fenwick",
+           "chunk_fenwick_gdn2"]

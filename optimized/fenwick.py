@@ -17,8 +17,8 @@ only. Validates its inputs, then adapts them to fla's kernel:
   chunk-level cache, and its backward refuses it); neither does the reference.
 - fla raises for sequences of ``2**17`` tokens or more: checked here first.
 
-The GDN-2 variant (``reference.fenwick.naive_fenwick_gdn2``) has no fla kernel;
-its optimized path is left to a later issue.
+The GDN-2 variant (``reference.fenwick.naive_fenwick_gdn2``) has no fla kernel: its optimized
+path is ``optimized.fenwick_gdn2.chunk_fenwick_gdn2`` (our kernels on fla's GDN-2 chunk pieces).
 """
 from __future__ import annotations
 

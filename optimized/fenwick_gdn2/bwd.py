@@ -1,0 +1,72 @@
+"""Backward of the chunked Fenwick GDN-2 memory (orchestration; see ``optimized.fenwick_gdn2``).
+
+Hand-written, no autograd inside:
+
+1. torch: ``dλ[7 + j] = Σ_v O_j ⊙ do`` (the stacked reads kept by the forward) and the
+   stacked output cotangent ``do_st`` (``λ[7 + j] ⊙ do`` on bucket block j, 0 on own blocks).
+2. ours (Triton, ``intra.py``): the intra-chunk read's ``d(w ⊙ v)``, ``dλ[0..6]``, its
+   ``dAqk`` and its ``dL`` (through the WY inverse).
+3. fla: ``chunk_kda_bwd_dAv`` on the stacked reads: ``dAqk`` and ``dvn`` inside the chunk.
+4. ours (Triton, ``states.py``): the reverse chunk-level Fenwick scan: the gradient of every
+   chunk's end states ``dh``, the full ``dvn``, and the first chunk's pre-state gradient.
+5. fla: ``chunk_gdn2_bwd_wy_dqkg_fused`` (WY backward on the stacked values) and, with the
+   two ``dAqk`` and two ``dL`` summed, ``chunk_gdn2_bwd_intra``; ``chunk_local_cumsum``
+   (reverse) turns the cumsum gradient into ``dg``.
+6. torch: unstack ``dv``, ``dw`` (own-level masks) and add the intra read's ``d(w ⊙ v)``.
+"""
+from __future__ import annotations
+
+import torch
+
+from optimized.fenwick_gdn2.fwd import Saved, initial_state_grad
+from optimized.fenwick_gdn2.intra import INTRA_LEVELS, intra_bwd
+from optimized.fenwick_gdn2.states import CHUNK, OWN_LEVELS, states_bwd
+
+
+def fenwick_gdn2_bwd(s: Saved, do: torch.Tensor, dfinal: torch.Tensor | None):
+    """Returns ``dq, dk, dv, dg, db, dw, dλ, d initial_state`` (float32; the last None without one)."""
+    from fla.ops.gdn2.chunk_bwd import chunk_gdn2_bwd_wy_dqkg_fused
+    from fla.ops.gdn2.chunk_intra import chunk_gdn2_bwd_intra
+    from fla.ops.kda.chunk_bwd import chunk_kda_bwd_dAv
+    from fla.ops.utils import chunk_local_cumsum
+
+    B, T, H, K = s.q.shape
+    V = s.v.shape[-1]
+    L = s.lam.shape[-1]
+    J = s.J
+    NB = J + OWN_LEVELS
+    N = s.h.shape[1]
+    do = do.float().contiguous()
+
+    dlam = torch.zeros(B, T, H, L, device=do.device, dtype=torch.float32)
+    dwv, dlam_own, dAqk_own, dL_own = intra_bwd(s.v, s.w, s.lam, s.Aqk, s.Akk, do)
+    n_own = min(INTRA_LEVELS, L)
+    dlam[..., :n_own] = dlam_own[..., :n_own]
+    do_st = torch.zeros(B, T, H, NB, V, device=do.device, dtype=torch.float32)
+    if J > 0:
+        dlam[..., OWN_LEVELS: OWN_LEVELS + J] = torch.einsum("bthjv,bthv->bthj",
+                                                             s.reads.float().view(B, T, H, J, V), do)
+        do_st[:, :, :, :J] = s.lam[..., OWN_LEVELS: OWN_LEVELS + J, None].float() * do[:, :, :, None, :]
+    do_st = do_st.reshape(B, T, H, NB * V).to(s.q.dtype)
+
+    dAqk, dv_intra = chunk_kda_bwd_dAv(q=s.q, k=s.k, v=s.vn.to(s.q.dtype), do=do_st, A=s.Aqk, scale=s.scale,
+                                       chunk_size=CHUNK)
+    dfinal = None if dfinal is None else dfinal.float().contiguous()
+    dh, dvn, dpre = states_bwd(s.qg, s.kg, s.w_wy, s.gk, do_st, dv_intra, dfinal, s.mtab, s.scale, N, J, L, V)
+    dq, dk, dv_st, db, dw_st, dg, dL = chunk_gdn2_bwd_wy_dqkg_fused(
+        q=s.q, k=s.k, v=s.v_st, v_new=s.vn.to(s.q.dtype), g=s.gk, b=s.b, w_gate=s.w_st, A=s.Akk,
+        h=s.h.to(s.q.dtype), do=do_st, dh=dh.to(s.q.dtype), dv=dvn.to(s.q.dtype), scale=s.scale, chunk_size=CHUNK)
+    dAqk = dAqk + s.scale * dAqk_own
+    dL = dL + dL_own
+    dq, dk, db, dg = chunk_gdn2_bwd_intra(q=s.q, k=s.k, g=s.gk, b=s.b, dAqk=dAqk, dAkk=dL, dq=dq, dk=dk, db=db,
+                                          dg=dg, chunk_size=CHUNK)
+    dg = chunk_local_cumsum(dg, chunk_size=CHUNK, reverse=True)
+
+    own = s.own_masks[None, :, None, :, None]                                 # [1, T, 1, 7, 1]
+    dv = (dv_st.float().view(B, T, H, NB, V)[:, :, :, J:] * own).sum(3) + dwv * s.w.float()
+    dw = dw_st.float().view(B, T, H, NB, V)[:, :, :, J:].sum(3) + dwv * s.v.float()
+    dh0 = None
+    if s.has_initial_state:
+        dh0 = (initial_state_grad(dpre[:, 0, :, :, : J * V], s.offset, L, V) if J > 0
+               else dpre.new_zeros(B, H, L, K, V))
+    return dq, dk, dv, dg, db, dw, dlam, dh0

@@ -1,0 +1,110 @@
+"""Entry point and autograd wrapper of the chunked Fenwick GDN-2 memory."""
+from __future__ import annotations
+
+import torch
+
+from optimized.checks import KERNEL_DTYPES, check_finite_activations, check_kernel_device, check_kernel_dtype
+from optimized.fenwick_gdn2.bwd import fenwick_gdn2_bwd
+from optimized.fenwick_gdn2.fwd import bucket_blocks, fenwick_gdn2_fwd
+from optimized.fenwick_gdn2.states import CHUNK, OWN_LEVELS
+from reference.fenwick import check_level_scales, min_levels
+from reference.validation import (check_gdn2_inputs, check_same_device, check_same_dtype, check_shape,
+                                  check_sizes, check_tensor)
+
+MAX_HEAD_DIM = 256  # fla's GDN-2 kernels support K <= 256
+
+
+class ChunkFenwickGDN2Function(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, g, b, w, level_scales, initial_state, scale, offset, output_final_state):
+        o, final, saved = fenwick_gdn2_fwd(q, k, v, g, b, w, level_scales, scale, initial_state, offset)
+        ctx.save_for_backward(*[t for t in saved.tensors() if t is not None])
+        ctx.has_reads = saved.reads is not None
+        ctx.meta = dict(scale=saved.scale, J=saved.J, offset=saved.offset,
+                        has_initial_state=saved.has_initial_state)
+        return o, (final if output_final_state else None)
+
+    @staticmethod
+    def backward(ctx, do, dfinal):
+        from optimized.fenwick_gdn2.fwd import Saved
+
+        tensors = list(ctx.saved_tensors)
+        if not ctx.has_reads:
+            tensors.insert(Saved.TENSORS.index("reads"), None)
+        saved = Saved.from_tensors(tensors, **ctx.meta)
+        dq, dk, dv, dg, db, dw, dlam, dh0 = fenwick_gdn2_bwd(saved, do, dfinal)
+        q = saved.q
+        return (dq.to(q.dtype), dk.to(q.dtype), dv.to(q.dtype), dg.to(q.dtype), db.to(q.dtype), dw.to(q.dtype),
+                dlam.to(q.dtype), dh0, None, None, None)
+
+
+def check_fenwick_gdn2_kernel_inputs(q, k, v, g, b, w, level_scales, scale, initial_state, offset):
+    """Every check of the entry point, before any work. Returns ``(B, T, H, K, V, L)``."""
+    B, T, H, K, V = check_gdn2_inputs(q, k, v, g, b, w, scale, dtypes=KERNEL_DTYPES)
+    if not isinstance(offset, int) or isinstance(offset, bool):
+        raise TypeError(f"offset must be an int, got {type(offset).__name__}")
+    if offset < 0 or offset % CHUNK != 0:
+        raise ValueError(f"offset must be a non-negative multiple of {CHUNK} (the absolute index of the "
+                         f"first token; a call continues at a chunk boundary), got {offset}")
+    if initial_state is not None and offset == 0:
+        raise ValueError("initial_state needs offset > 0: it holds the bucket states after token offset - 1 "
+                         "(the final states of the call that ended there), and the Fenwick buckets of the "
+                         "continuation depend on that absolute position")
+    check_tensor("level_scales", level_scales, ndim=4)
+    L = check_level_scales(level_scales, B, T, H)
+    need = min_levels(offset + T)
+    if L < need:
+        raise ValueError(f"level_scales must have at least 1 + ceil(log2(offset + T)) = {need} levels for "
+                         f"offset = {offset}, T = {T}, got L = {L}")
+    check_same_dtype((("q", q), ("level_scales", level_scales)))
+    if initial_state is not None:
+        check_tensor("initial_state", initial_state, ndim=5)
+        check_shape("initial_state", initial_state, (B, H, L, K, V), "[B, H, L, K, V]")
+        if initial_state.dtype != torch.float32:
+            raise ValueError(f"initial_state must have dtype torch.float32, got {initial_state.dtype}")
+    check_same_device((("q", q), ("level_scales", level_scales), ("initial_state", initial_state)))
+    if K > MAX_HEAD_DIM:
+        raise ValueError(f"q: key dim K must be <= {MAX_HEAD_DIM} for fla's GDN-2 kernels, got {K}")
+    N = -(-T // CHUNK)
+    NB = bucket_blocks(offset, T, L, initial_state is not None) + OWN_LEVELS
+    check_sizes((("level_scales [B, T, H, L]", (B, T, H, L)),
+                 ("the stacked values [B, T, H, (J + 7) * V]", (B, T, H, NB * V)),
+                 ("the stacked per-chunk states [B, ceil(T/64), H, K, (J + 7) * V]", (B, N, H, K, NB * V)),
+                 ("the final states [B, H, L, K, V]", (B, H, L, K, V))))
+    check_kernel_device("q", q)
+    check_kernel_dtype("q", q)
+    check_finite_activations((("q", q), ("k", k), ("v", v), ("g", g), ("b", b), ("w", w),
+                              ("level_scales", level_scales)),
+                             params=(() if initial_state is None else (("initial_state", initial_state),)))
+    return B, T, H, K, V, L
+
+
+def chunk_fenwick_gdn2(q, k, v, g, b, w, level_scales, scale=None, initial_state=None, output_final_state=False,
+                       offset=0):
+    """Chunked Fenwick GDN-2 memory. Same contract as ``reference.fenwick.naive_fenwick_gdn2``
+    (SPEC section 5, the GDN-2 variant), plus state passing.
+
+    Args:
+        q, k, g, b: ``[B, T, H, K]``; v, w: ``[B, T, H, V]``; one dtype, float32 (or bfloat16 in
+            cuda mode), finite (``optimized.checks``).
+        level_scales: ``λ [B, T, H, L]`` in that dtype, ``L ≥ 1 + ceil(log2(offset + T))``.
+        scale: multiplies every read; default ``K ** -0.5``.
+        initial_state: ``[B, H, L, K, V]`` float32, the bucket states after token ``offset − 1``
+            (what a call over tokens ``0 .. offset − 1`` returned as final states, with the same L),
+            or None (all buckets empty).
+        output_final_state: also return the bucket states after the last token.
+        offset: absolute index of the first token, a multiple of 64 (default 0); the bucket
+            boundaries ``level(t, s)`` are those of the absolute positions.
+
+    Returns:
+        ``(o [B, T, H, V] in v's dtype, states [B, H, L, K, V] float32 or None)``.
+        Differentiable in q, k, v, g, b, w, level_scales and initial_state.
+    """
+    B, T, H, K, V, L = check_fenwick_gdn2_kernel_inputs(q, k, v, g, b, w, level_scales, scale, initial_state,
+                                                        offset)
+    scale = K ** -0.5 if scale is None else float(scale)
+    q, k, v, g, b, w, level_scales = (x.contiguous() for x in (q, k, v, g, b, w, level_scales))
+    if initial_state is not None:
+        initial_state = initial_state.contiguous()
+    return ChunkFenwickGDN2Function.apply(q, k, v, g, b, w, level_scales, initial_state, scale, offset,
+                                          output_final_state)

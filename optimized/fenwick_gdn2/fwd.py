@@ -1,0 +1,174 @@
+"""Forward of the chunked Fenwick GDN-2 memory (orchestration; see ``optimized.fenwick_gdn2``).
+
+1. fla: ``chunk_local_cumsum`` (base-2 in-chunk cumsum ``gk`` of the log-decay); the intra
+   matrices ``Aqk``, ``Akk``: fla's ``chunk_gdn2_fwd_intra`` in cuda mode, ours (Triton,
+   ``wy.py``, the same matrices, 15x faster under the interpreter) in cpu-interpret mode;
+   then fla's ``recompute_w_u_fwd_gdn2`` on the *stacked* values (``v_st``, ``w_st``: zeros on the
+   J bucket blocks, ``v ⊙ [level(last, s) = ℓ]`` and ``w`` on the 7 own-level blocks) giving
+   the WY vectors ``w_wy``, ``u_st``, and ``qg``, ``kg``.
+2. ours (Triton, ``states.py``): the chunk-level Fenwick scan of the stacked bucket
+   states: per-chunk pre-states ``h``, ``vn = u_st − w_wy h``, the final states.
+3. fla: ``chunk_gla_fwd_o_gk`` on the J bucket blocks: ``O_j = scale · qg h_j + Aqk vn_j``,
+   the read of bucket j through the chunk's transition (``q̂^T Z_j``).
+4. ours (Triton, ``intra.py``): the chunk's own tokens, level-weighted and masked.
+5. torch: ``o = o_intra + Σ_j λ[7 + j] ⊙ O_j`` (the router over the stacked reads).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+
+from optimized import triton_mode  # device mode before fla
+from optimized.fenwick_gdn2.intra import intra_fwd
+from optimized.fenwick_gdn2.states import CHUNK, OWN_LEVELS, states_fwd
+from optimized.fenwick_gdn2.wy import fenwick_wy_fwd
+
+
+def trailing_ones(n: int) -> int:
+    m = 0
+    while n & 1:
+        n >>= 1
+        m += 1
+    return m
+
+
+def bucket_blocks(offset: int, T: int, L: int, has_initial_state: bool) -> int:
+    """``J``: the chunk-level buckets the scan keeps (token levels ``7 .. 6+J``). Every chunk-level
+    that two chunks of the absolute range ``[offset, offset + T)`` can be apart: the bit length of
+    the last absolute chunk index; with an initial state also every level it holds (``L − 7``)."""
+    last_chunk = (offset + T - 1) // CHUNK
+    J = last_chunk.bit_length()
+    if has_initial_state:
+        J = max(J, L - OWN_LEVELS)
+    return J
+
+
+def own_level_masks(T: int, device) -> torch.Tensor:
+    """``[T, 7]`` float32 one-hot of ``level(last_c, s)`` for token s of chunk c, ``last_c`` the
+    chunk's last token (``min(64c + 63, T − 1)``): which of the chunk's own final levels s is in."""
+    s = torch.arange(T, device=device)
+    last = torch.clamp((s // CHUNK) * CHUNK + CHUNK - 1, max=T - 1)
+    x = (s ^ last) & (CHUNK - 1)
+    lev = torch.zeros_like(s)
+    for bit in range(6):
+        lev += ((x >> bit) > 0).long()
+    return torch.nn.functional.one_hot(lev, OWN_LEVELS).float()
+
+
+def carry_table(offset: int, N: int, device) -> torch.Tensor:
+    """int32 ``[N]``: ``m`` of the carry from chunk c to c + 1, the trailing ones of ``offset/64 + c``."""
+    c0 = offset // CHUNK
+    return torch.tensor([trailing_ones(c0 + c) for c in range(N)], dtype=torch.int32, device=device)
+
+
+def initial_pre_state(states: torch.Tensor, offset: int, J: int) -> torch.Tensor:
+    """The first chunk's stacked bucket pre-state ``[B, H, K, J·V]`` from the bucket states after
+    token ``offset − 1`` (``[B, H, L, K, V]``): the carry ``offset − 1 → offset`` merges levels
+    ``0 .. 6+m0`` (``m0`` the trailing ones of the previous chunk index), and whatever the
+    target level ``7 + m0`` holds (nothing, in a continuation), into block ``m0`` (token level
+    ``7 + m0``); every level ``7 + j``, ``j > m0``, is block j."""
+    B, H, L, K, V = states.shape
+    m0 = trailing_ones(offset // CHUNK - 1)
+    blocks = states.new_zeros(B, H, J, K, V)
+    blocks[:, :, m0] = states[:, :, : min(L, OWN_LEVELS + m0 + 1)].sum(dim=2)
+    if L > OWN_LEVELS + m0 + 1:
+        blocks[:, :, m0 + 1: L - OWN_LEVELS] = states[:, :, OWN_LEVELS + m0 + 1:]
+    return blocks.permute(0, 1, 3, 2, 4).reshape(B, H, K, J * V)
+
+
+def initial_state_grad(dpre0: torch.Tensor, offset: int, L: int, V: int) -> torch.Tensor:
+    """The transpose of ``initial_pre_state``: ``[B, H, K, J·V]`` -> ``[B, H, L, K, V]``."""
+    B, H, K, JV = dpre0.shape
+    J = JV // V
+    m0 = trailing_ones(offset // CHUNK - 1)
+    d = dpre0.reshape(B, H, K, J, V).permute(0, 1, 3, 2, 4)
+    out = d.new_zeros(B, H, L, K, V)
+    out[:, :, : min(L, OWN_LEVELS + m0 + 1)] = d[:, :, m0: m0 + 1]
+    if L > OWN_LEVELS + m0 + 1:
+        out[:, :, OWN_LEVELS + m0 + 1:] = d[:, :, m0 + 1: L - OWN_LEVELS]
+    return out
+
+
+@dataclass
+class Saved:
+    """What the backward needs (fla's intermediates and ours; no recompute)."""
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    b: torch.Tensor
+    w: torch.Tensor
+    lam: torch.Tensor
+    gk: torch.Tensor
+    v_st: torch.Tensor
+    w_st: torch.Tensor
+    own_masks: torch.Tensor
+    Aqk: torch.Tensor
+    Akk: torch.Tensor
+    w_wy: torch.Tensor
+    qg: torch.Tensor
+    kg: torch.Tensor
+    h: torch.Tensor
+    vn: torch.Tensor
+    reads: torch.Tensor | None
+    mtab: torch.Tensor
+    scale: float
+    J: int
+    offset: int
+    has_initial_state: bool
+
+    TENSORS = ("q", "k", "v", "b", "w", "lam", "gk", "v_st", "w_st", "own_masks", "Aqk", "Akk", "w_wy",
+               "qg", "kg", "h", "vn", "reads", "mtab")
+
+    def tensors(self):
+        return [getattr(self, n) for n in self.TENSORS]
+
+    @classmethod
+    def from_tensors(cls, tensors, **meta):
+        return cls(**dict(zip(cls.TENSORS, tensors)), **meta)
+
+
+def fenwick_gdn2_fwd(q, k, v, g, b, w, lam, scale: float, initial_state=None, offset: int = 0):
+    """Returns ``(o [B, T, H, V] in v's dtype, final [B, H, L, K, V] float32, saved)``."""
+    from fla.ops.gla.chunk import chunk_gla_fwd_o_gk
+    from fla.ops.utils import chunk_local_cumsum
+    from fla.ops.utils.constant import RCP_LN2
+
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    L = lam.shape[-1]
+    N = triton.cdiv(T, CHUNK)
+    J = bucket_blocks(offset, T, L, initial_state is not None)
+    NB = J + OWN_LEVELS
+
+    gk = chunk_local_cumsum(g, chunk_size=CHUNK, scale=RCP_LN2)
+    own = own_level_masks(T, q.device)                                         # [T, 7]
+    v_st = torch.cat([v.new_zeros(B, T, H, J, V), (v[:, :, :, None, :] * own[None, :, None, :, None]).to(v.dtype)],
+                     dim=3).reshape(B, T, H, NB * V)
+    w_st = torch.cat([w.new_zeros(B, T, H, J, V), w[:, :, :, None, :].expand(B, T, H, OWN_LEVELS, V)],
+                     dim=3).reshape(B, T, H, NB * V)
+    if triton_mode.MODE == triton_mode.CUDA:
+        from fla.ops.gdn2.chunk_intra import chunk_gdn2_fwd_intra
+
+        w_wy, u_st, qg, kg, Aqk, Akk = chunk_gdn2_fwd_intra(q=q, k=k, v=v_st, gk=gk, b=b, w_gate=w_st, scale=scale,
+                                                            chunk_size=CHUNK, disable_recompute=True)
+    else:
+        w_wy, u_st, qg, kg, Aqk, Akk = fenwick_wy_fwd(q, k, v_st, b, w_st, gk, scale)
+
+    h = torch.zeros(B, N, H, K, NB * V, device=q.device, dtype=torch.float32)
+    if initial_state is not None and J > 0:
+        h[:, 0, :, :, : J * V] = initial_pre_state(initial_state.float(), offset, J)
+    mtab = carry_table(offset, N, q.device)
+    vn, final = states_fwd(kg, w_wy, u_st, gk, mtab, h, J, L, V)
+
+    o = intra_fwd(v, w, lam, Aqk, Akk)
+    reads = None
+    if J > 0:
+        reads = chunk_gla_fwd_o_gk(q=q, v=vn[..., : J * V].to(q.dtype).contiguous(), g=gk, A=Aqk,
+                                   h=h[..., : J * V].to(q.dtype).contiguous(), scale=scale, chunk_size=CHUNK)
+        o = o + torch.einsum("bthjv,bthj->bthv", reads.float().view(B, T, H, J, V),
+                             lam[..., OWN_LEVELS: OWN_LEVELS + J].float())
+    saved = Saved(q, k, v, b, w, lam, gk, v_st, w_st, own, Aqk, Akk, w_wy, qg, kg, h, vn, reads, mtab,
+                  scale=scale, J=J, offset=offset, has_initial_state=initial_state is not None)
+    return o.to(v.dtype), final, saved

@@ -1,0 +1,160 @@
+"""The chunk's own tokens: the level-weighted, masked intra-chunk GDN-2 read (Triton, fwd + bwd).
+
+Per chunk of ``C = 64`` tokens (local indices ``t, r``), with fla's intra-chunk
+matrices ``Aqk`` (``scale · q_t·(e^{G_t−G_s} ⊙ k_s)``, lower triangle with the diagonal)
+and ``Akk = (I + L)^{-1}`` (the WY inverse, unit lower triangular; ``u = Akk (w ⊙ v)``):
+
+    M       = Aqk Akk                        # M[t, r] = scale · q_t^T Φ_{t,r} k_r  (r ≤ t)
+    P[t, r] = λ_t[level(t, r)] · M[t, r]      # level(t, r) = bit length of (t XOR r), 0..6
+    o_t     = Σ_{r ≤ t} P[t, r] (w_r ⊙ v_r)
+
+Backward, with ``dP = do (w ⊙ v)^T`` on ``r ≤ t``:
+
+    d(w ⊙ v)  = P^T do
+    dλ_t[ℓ]   = Σ_{r: level(t,r) = ℓ} dP[t, r] M[t, r]
+    dM        = Λ ⊙ dP
+    dAqk      = dM Akk^T                        (gradient of the stored, scaled Aqk)
+    dL        = −Akk^T stril(Aqk^T dM) Akk^T    (through the inverse; strictly lower)
+
+``dL`` is what fla's ``chunk_gdn2_bwd_intra`` takes as ``dAkk`` (fla's fused WY kernel
+returns its own part in the same form). Rows past ``T`` in a ragged last chunk are masked.
+Every dot is IEEE float32; no atomics (one program per chunk and head).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+CHUNK = 64
+INTRA_LEVELS = 7          # levels 0..6 occur inside a chunk of 64
+
+
+@triton.jit
+def _level_weights(p_lam, m_t, L, BT: tl.constexpr, NL: tl.constexpr):
+    """``Λ[t, r] = λ_t[level(t, r)]`` for local indices (``p_lam [BT]``: the rows of λ), and the
+    level matrix ``level(t, r)`` = bit length of ``t XOR r``."""
+    o_i = tl.arange(0, BT)
+    x = o_i[:, None] ^ o_i[None, :]
+    lev = tl.zeros([BT, BT], dtype=tl.int32)
+    for bit in tl.static_range(6):
+        lev += ((x >> bit) > 0).to(tl.int32)
+    W = tl.zeros([BT, BT], dtype=tl.float32)
+    for ell in tl.static_range(NL):
+        b_l = tl.load(p_lam + ell, mask=m_t & (ell < L), other=0.0).to(tl.float32)
+        W = tl.where(lev == ell, b_l[:, None], W)
+    return W, lev
+
+
+@triton.jit(do_not_specialize=["T", "L"])
+def fenwick_intra_fwd_kernel(
+    v, w, lam, Aqk, Akk, o, T, L,
+    H: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr, NL: tl.constexpr,
+):
+    i_t, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = i_bh // H, i_bh % H
+    bos = i_b.to(tl.int64) * T
+    o_t = i_t * BT + tl.arange(0, BT)
+    o_i = tl.arange(0, BT)
+    m_t = o_t < T
+    m_tt = m_t[:, None] & (o_i[None, :] < BT)
+    p_row = (bos + o_t[:, None]) * H + i_h                       # [BT, 1] row index into [B, T, H]
+    b_aqk = tl.load(Aqk + p_row * BT + o_i[None, :], mask=m_tt, other=0.0).to(tl.float32)
+    b_akk = tl.load(Akk + p_row * BT + o_i[None, :], mask=m_tt, other=0.0).to(tl.float32)
+    causal = (o_i[:, None] >= o_i[None, :]) & m_t[:, None] & m_t[None, :]
+    b_aqk = tl.where(causal, b_aqk, 0.0)
+    b_akk = tl.where(causal, b_akk, 0.0)
+    b_m = tl.dot(b_aqk, b_akk, input_precision="ieee")
+    W, lev = _level_weights(lam + ((bos + o_t) * H + i_h).to(tl.int64) * L, m_t, L, BT, NL)
+    b_p = tl.where(causal, W * b_m, 0.0)
+    for i_v in range(tl.cdiv(V, BV)):
+        o_v = i_v * BV + tl.arange(0, BV)
+        m_tv = m_t[:, None] & (o_v[None, :] < V)
+        p_tv = p_row * V + o_v[None, :]
+        b_wv = (tl.load(v + p_tv, mask=m_tv, other=0.0).to(tl.float32)
+                * tl.load(w + p_tv, mask=m_tv, other=0.0).to(tl.float32))
+        b_o = tl.dot(b_p, b_wv, input_precision="ieee")
+        tl.store(o + p_tv, b_o.to(o.dtype.element_ty), mask=m_tv)
+
+
+@triton.jit(do_not_specialize=["T", "L"])
+def fenwick_intra_bwd_kernel(
+    v, w, lam, Aqk, Akk, do, dwv, dlam, dAqk, dL, T, L,
+    H: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr, NL: tl.constexpr,
+):
+    i_t, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = i_bh // H, i_bh % H
+    bos = i_b.to(tl.int64) * T
+    o_t = i_t * BT + tl.arange(0, BT)
+    o_i = tl.arange(0, BT)
+    m_t = o_t < T
+    m_tt = m_t[:, None] & (o_i[None, :] < BT)
+    p_row = (bos + o_t[:, None]) * H + i_h
+    b_aqk = tl.load(Aqk + p_row * BT + o_i[None, :], mask=m_tt, other=0.0).to(tl.float32)
+    b_akk = tl.load(Akk + p_row * BT + o_i[None, :], mask=m_tt, other=0.0).to(tl.float32)
+    causal = (o_i[:, None] >= o_i[None, :]) & m_t[:, None] & m_t[None, :]
+    b_aqk = tl.where(causal, b_aqk, 0.0)
+    b_akk = tl.where(causal, b_akk, 0.0)
+    b_m = tl.dot(b_aqk, b_akk, input_precision="ieee")
+    W, lev = _level_weights(lam + ((bos + o_t) * H + i_h).to(tl.int64) * L, m_t, L, BT, NL)
+    b_p = tl.where(causal, W * b_m, 0.0)
+
+    b_dp = tl.zeros([BT, BT], dtype=tl.float32)
+    for i_v in range(tl.cdiv(V, BV)):
+        o_v = i_v * BV + tl.arange(0, BV)
+        m_tv = m_t[:, None] & (o_v[None, :] < V)
+        p_tv = p_row * V + o_v[None, :]
+        b_wv = (tl.load(v + p_tv, mask=m_tv, other=0.0).to(tl.float32)
+                * tl.load(w + p_tv, mask=m_tv, other=0.0).to(tl.float32))
+        b_do = tl.load(do + p_tv, mask=m_tv, other=0.0).to(tl.float32)
+        b_dp += tl.dot(b_do, tl.trans(b_wv), input_precision="ieee")
+        b_dwv = tl.dot(tl.trans(b_p), b_do, input_precision="ieee")
+        tl.store(dwv + p_tv, b_dwv.to(dwv.dtype.element_ty), mask=m_tv)
+    b_dp = tl.where(causal, b_dp, 0.0)
+
+    # dλ_t[ℓ] = Σ_{r: level(t, r) = ℓ} dP[t, r] M[t, r]
+    b_dlw = b_dp * b_m
+    p_dlam = dlam + ((bos + o_t) * H + i_h).to(tl.int64) * NL
+    for ell in tl.static_range(NL):
+        b_dl = tl.sum(tl.where(lev == ell, b_dlw, 0.0), axis=1)
+        tl.store(p_dlam + ell, b_dl, mask=m_t)
+
+    b_dm = W * b_dp
+    b_daqk = tl.where(causal, tl.dot(b_dm, tl.trans(b_akk), input_precision="ieee"), 0.0)
+    tl.store(dAqk + p_row * BT + o_i[None, :], b_daqk.to(dAqk.dtype.element_ty), mask=m_tt)
+    strict = (o_i[:, None] > o_i[None, :]) & m_t[:, None] & m_t[None, :]
+    b_dakk = tl.where(strict, tl.dot(tl.trans(b_aqk), b_dm, input_precision="ieee"), 0.0)
+    b_dl2 = tl.dot(tl.trans(b_akk), tl.dot(b_dakk, tl.trans(b_akk), input_precision="ieee"),
+                   input_precision="ieee")
+    b_dl2 = tl.where(strict, -b_dl2, 0.0)
+    tl.store(dL + p_row * BT + o_i[None, :], b_dl2.to(dL.dtype.element_ty), mask=m_tt)
+
+
+def _block_v(V: int) -> int:
+    return max(16, min(64, triton.next_power_of_2(V)))
+
+
+def intra_fwd(v, w, level_scales, Aqk, Akk):
+    """``o_intra [B, T, H, V]`` float32 (the chunk's own tokens, level-weighted)."""
+    B, T, H, V = v.shape
+    L = level_scales.shape[-1]
+    o = torch.empty(B, T, H, V, device=v.device, dtype=torch.float32)
+    grid = (triton.cdiv(T, CHUNK), B * H)
+    fenwick_intra_fwd_kernel[grid](v, w, level_scales, Aqk, Akk, o, T, L, H=H, V=V, BT=CHUNK, BV=_block_v(V),
+                                   NL=INTRA_LEVELS)
+    return o
+
+
+def intra_bwd(v, w, level_scales, Aqk, Akk, do):
+    """Returns ``d(w ⊙ v) [B, T, H, V]``, ``dλ [B, T, H, 7]`` (levels 0..6), ``dAqk`` (gradient of
+    the stored Aqk) and ``dL`` (through the WY inverse), both ``[B, T, H, 64]``; all float32."""
+    B, T, H, V = v.shape
+    L = level_scales.shape[-1]
+    dwv = torch.empty(B, T, H, V, device=v.device, dtype=torch.float32)
+    dlam = torch.empty(B, T, H, INTRA_LEVELS, device=v.device, dtype=torch.float32)
+    dAqk = torch.empty(B, T, H, CHUNK, device=v.device, dtype=torch.float32)
+    dL = torch.empty(B, T, H, CHUNK, device=v.device, dtype=torch.float32)
+    grid = (triton.cdiv(T, CHUNK), B * H)
+    fenwick_intra_bwd_kernel[grid](v, w, level_scales, Aqk, Akk, do, dwv, dlam, dAqk, dL, T, L, H=H, V=V,
+                                   BT=CHUNK, BV=_block_v(V), NL=INTRA_LEVELS)
+    return dwv, dlam, dAqk, dL

@@ -1,0 +1,175 @@
+"""The chunk-level Fenwick counter of bucket states: forward scan and its reverse (Triton).
+
+The bucket states are stacked along V (``optimized.fenwick_gdn2`` explains the layout):
+``NB = J + 7`` blocks of width V, blocks ``0 .. J-1`` the chunk-level buckets
+(token levels ``7 .. 6+J``), blocks ``J .. J+6`` the chunk's own end state split by the
+level its tokens have at the chunk's last token (token levels ``0 .. 6``). Per chunk c
+(fla's WY vectors ``w``, ``u``; ``kg = k ⊙ 2^(G_last − G)``; ``Z`` the stacked pre-state):
+
+    vn    = u − w Z                                  # every block; u = 0 on the bucket blocks
+    end   = diag(2^G_last) Z + kg^T vn               # the chunk's transition (and own writes)
+    carry (c → c+1, m = trailing ones of the absolute chunk index c0 + c):
+          Z'[m]   = Σ_{ℓ=0..6} end[J+ℓ] + Σ_{j<m} end[j]    # levels 0..m merge into m+1
+          Z'[j]   = end[j]  for j > m;   Z'[j] = 0 for j < m   (end[m] is an empty bucket)
+    last chunk: the blocks' ``end`` are the final states of levels 7+j and ℓ.
+
+The reverse scan is the transpose: the gradient of ``end`` comes from the next chunk's
+pre-state gradient through the carry (or from the final-state gradient), and
+
+    dvn   = kg dH + dv_intra
+    dZ    = diag(2^G_last) dH + scale · qg^T do' − w^T dvn
+
+(fla's ``chunk_gated_delta_rule_bwd_dhu`` per block, with the carry between chunks).
+One program per (batch·head, block of V columns) walks the chunks in order; the states
+live in global memory between chunks (``tl.debug_barrier`` orders the writes of one chunk
+before the reads of the next). Dots are IEEE float32; no atomics.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+CHUNK = 64
+OWN_LEVELS = 7
+
+
+@triton.jit(do_not_specialize=["T", "N", "J", "L"])
+def fenwick_states_fwd_kernel(
+    kg, wy, u, gk, mtab, h, vn, final, T, N, J, L,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+):
+    i_v, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = i_bh // H, i_bh % H
+    NB = J + 7
+    NBV = NB * V
+    bos = i_b.to(tl.int64) * T
+    o_k = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_k = o_k < K
+    m_v = o_v < V
+    m_kv = m_k[:, None] & m_v[None, :]
+    for c in range(0, N):
+        o_t = c * BT + tl.arange(0, BT)
+        m_t = o_t < T
+        m_tk = m_t[:, None] & m_k[None, :]
+        m_tv = m_t[:, None] & m_v[None, :]
+        p_tk = ((bos + o_t[:, None]) * H + i_h) * K + o_k[None, :]
+        b_kg = tl.load(kg + p_tk, mask=m_tk, other=0.0).to(tl.float32)
+        b_w = tl.load(wy + p_tk, mask=m_tk, other=0.0).to(tl.float32)
+        last = tl.minimum(c * BT + BT, T) - 1
+        b_gl = tl.exp2(tl.load(gk + ((bos + last) * H + i_h) * K + o_k, mask=m_k, other=0.0).to(tl.float32))
+        m = tl.load(mtab + c)
+        not_last = c < N - 1
+        p_h0 = h + ((i_b.to(tl.int64) * N + c) * H + i_h) * K * NBV + o_k[:, None] * NBV + o_v[None, :]
+        p_h1 = p_h0 + H * K * NBV                                  # the same block one chunk later
+        p_tv = ((bos + o_t[:, None]) * H + i_h) * NBV + o_v[None, :]
+        p_f = final + ((i_b.to(tl.int64) * H + i_h) * L) * K * V + o_k[:, None] * V + o_v[None, :]
+        acc = tl.zeros([BK, BV], dtype=tl.float32)
+        for blk in range(0, NB):
+            b_h = tl.load(p_h0 + blk * V, mask=m_kv, other=0.0).to(tl.float32)
+            b_u = tl.load(u + p_tv + blk * V, mask=m_tv, other=0.0).to(tl.float32)
+            b_vn = b_u - tl.dot(b_w, b_h, input_precision="ieee")
+            tl.store(vn + p_tv + blk * V, b_vn.to(vn.dtype.element_ty), mask=m_tv)
+            b_end = b_h * b_gl[:, None] + tl.dot(tl.trans(b_kg), b_vn, input_precision="ieee")
+            is_own = blk >= J
+            lvl = tl.where(is_own, blk - J, blk + 7)
+            tl.store(p_f + lvl * K * V, b_end, mask=m_kv & (c == N - 1) & (lvl < L))
+            take = not_last & (is_own | (blk < m))
+            acc += tl.where(take, b_end, 0.0)
+            keep = not_last & (blk < J) & (blk > m)
+            tl.store(p_h1 + blk * V, b_end.to(h.dtype.element_ty), mask=m_kv & keep)
+        tl.store(p_h1 + m * V, acc.to(h.dtype.element_ty), mask=m_kv & not_last)
+        tl.debug_barrier()
+
+
+@triton.jit(do_not_specialize=["T", "N", "J", "L"])
+def fenwick_states_bwd_kernel(
+    qg, kg, wy, gk, do, dv, dfinal, mtab, dh, dv2, dpre, scale, T, N, J, L,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_DFINAL: tl.constexpr,
+):
+    i_v, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = i_bh // H, i_bh % H
+    NB = J + 7
+    NBV = NB * V
+    JV = tl.maximum(J, 1) * V
+    bos = i_b.to(tl.int64) * T
+    o_k = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_k = o_k < K
+    m_v = o_v < V
+    m_kv = m_k[:, None] & m_v[None, :]
+    for c in range(N - 1, -1, -1):
+        o_t = c * BT + tl.arange(0, BT)
+        m_t = o_t < T
+        m_tk = m_t[:, None] & m_k[None, :]
+        m_tv = m_t[:, None] & m_v[None, :]
+        p_tk = ((bos + o_t[:, None]) * H + i_h) * K + o_k[None, :]
+        b_qg = tl.load(qg + p_tk, mask=m_tk, other=0.0).to(tl.float32)
+        b_kg = tl.load(kg + p_tk, mask=m_tk, other=0.0).to(tl.float32)
+        b_w = tl.load(wy + p_tk, mask=m_tk, other=0.0).to(tl.float32)
+        last = tl.minimum(c * BT + BT, T) - 1
+        b_gl = tl.exp2(tl.load(gk + ((bos + last) * H + i_h) * K + o_k, mask=m_k, other=0.0).to(tl.float32))
+        m = tl.load(mtab + c)
+        is_last = c == N - 1
+        p_dh = dh + ((i_b.to(tl.int64) * N + c) * H + i_h) * K * NBV + o_k[:, None] * NBV + o_v[None, :]
+        p_pre0 = dpre + ((i_b.to(tl.int64) * N + c) * H + i_h) * K * JV + o_k[:, None] * JV + o_v[None, :]
+        p_pre1 = p_pre0 + H * K * JV
+        p_tv = ((bos + o_t[:, None]) * H + i_h) * NBV + o_v[None, :]
+        p_f = dfinal + ((i_b.to(tl.int64) * H + i_h) * L) * K * V + o_k[:, None] * V + o_v[None, :]
+        for blk in range(0, NB):
+            is_own = blk >= J
+            lvl = tl.where(is_own, blk - J, blk + 7)
+            b_dh = tl.zeros([BK, BV], dtype=tl.float32)
+            if HAS_DFINAL:
+                b_dh += tl.load(p_f + lvl * K * V, mask=m_kv & is_last & (lvl < L), other=0.0).to(tl.float32)
+            src = tl.where(is_own | (blk < m), m, blk)
+            ok = (c < N - 1) & (is_own | (blk != m))
+            b_dh += tl.load(p_pre1 + src * V, mask=m_kv & ok, other=0.0)
+            tl.store(p_dh + blk * V, b_dh.to(dh.dtype.element_ty), mask=m_kv)
+            b_dv = tl.dot(b_kg, b_dh, input_precision="ieee")
+            b_dv += tl.load(dv + p_tv + blk * V, mask=m_tv, other=0.0).to(tl.float32)
+            tl.store(dv2 + p_tv + blk * V, b_dv.to(dv2.dtype.element_ty), mask=m_tv)
+            b_do = tl.load(do + p_tv + blk * V, mask=m_tv, other=0.0).to(tl.float32)
+            b_pre = (b_dh * b_gl[:, None] + scale * tl.dot(tl.trans(b_qg), b_do, input_precision="ieee")
+                     - tl.dot(tl.trans(b_w), b_dv, input_precision="ieee"))
+            tl.store(p_pre0 + blk * V, b_pre, mask=m_kv & (blk < J))
+        tl.debug_barrier()
+
+
+def block_sizes(K: int, V: int) -> tuple[int, int]:
+    BK = max(16, triton.next_power_of_2(K))
+    BV = max(16, min(32 if BK <= 128 else 16, triton.next_power_of_2(V)))
+    return BK, BV
+
+
+def states_fwd(kg, wy, u, gk, mtab, h, J: int, L: int, V: int):
+    """Fills ``h [B, N, H, K, NB·V]`` (``h[:, 0]`` given: the first chunk's pre-state; the rest
+    zero on entry) and returns ``(vn [B, T, H, NB·V] float32, final [B, H, L, K, V] float32)``."""
+    B, T, H, K = kg.shape
+    N = h.shape[1]
+    BK, BV = block_sizes(K, V)
+    vn = torch.empty(B, T, H, (J + OWN_LEVELS) * V, device=kg.device, dtype=torch.float32)
+    final = torch.zeros(B, H, L, K, V, device=kg.device, dtype=torch.float32)
+    grid = (triton.cdiv(V, BV), B * H)
+    fenwick_states_fwd_kernel[grid](kg, wy, u, gk, mtab, h, vn, final, T, N, J, L,
+                                    H=H, K=K, V=V, BT=CHUNK, BK=BK, BV=BV)
+    return vn, final
+
+
+def states_bwd(qg, kg, wy, gk, do, dv, dfinal, mtab, scale: float, N: int, J: int, L: int, V: int):
+    """Returns ``dh [B, N, H, K, NB·V]`` (gradient of every chunk's end states), ``dv2`` (the
+    gradient of ``vn``) and ``dpre [B, N, H, K, max(J,1)·V]`` (gradient of every chunk's bucket
+    pre-states; ``dpre[:, 0]`` is the first chunk's), all float32."""
+    B, T, H, K = kg.shape
+    BK, BV = block_sizes(K, V)
+    NBV = (J + OWN_LEVELS) * V
+    dh = torch.empty(B, N, H, K, NBV, device=kg.device, dtype=torch.float32)
+    dv2 = torch.empty(B, T, H, NBV, device=kg.device, dtype=torch.float32)
+    dpre = torch.zeros(B, N, H, K, max(J, 1) * V, device=kg.device, dtype=torch.float32)
+    grid = (triton.cdiv(V, BV), B * H)
+    fenwick_states_bwd_kernel[grid](qg, kg, wy, gk, do, dv, dfinal, mtab, dh, dv2, dpre, scale, T, N, J, L,
+                                    H=H, K=K, V=V, BT=CHUNK, BK=BK, BV=BV, HAS_DFINAL=dfinal is not None)
+    return dh, dv2, dpre

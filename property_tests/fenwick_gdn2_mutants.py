@@ -1,0 +1,85 @@
+"""Deliberately broken chunked Fenwick GDN-2 ops: every property of ``fenwick_gdn2_checks`` fails
+on one of them.
+
+Each mutant is ``optimized.chunk_fenwick_gdn2`` with one named piece of its forward replaced
+(the pieces are module-level names of ``optimized.fenwick_gdn2.fwd``, swapped only for the
+duration of the call; tests in one process run one at a time). The backward reuses what the
+forward saved, so a value mutant is checked on values only.
+"""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+import optimized.fenwick_gdn2.fwd as fwd
+from optimized.fenwick_gdn2 import chunk_fenwick_gdn2
+
+
+@contextlib.contextmanager
+def _replaced(**pieces):
+    before = {name: getattr(fwd, name) for name in pieces}
+    for name, piece in pieces.items():
+        setattr(fwd, name, piece)
+    try:
+        yield
+    finally:
+        for name, piece in before.items():
+            setattr(fwd, name, piece)
+
+
+def _call(pieces, args, kwargs):
+    with _replaced(**pieces):
+        return chunk_fenwick_gdn2(*args, **kwargs)
+
+
+_carry_table = fwd.carry_table
+_states_fwd = fwd.states_fwd
+_intra_fwd = fwd.intra_fwd
+_own_level_masks = fwd.own_level_masks
+
+
+def _late_carry_table(offset, N, device):
+    """The carry due from chunk c to c + 1 done at c + 1 -> c + 2 (the previous chunk's ``m``)."""
+    c0 = offset // 64
+    return torch.tensor([fwd.trailing_ones(c0 + c - 1) if c0 + c >= 1 else 0 for c in range(N)],
+                        dtype=torch.int32, device=device)
+
+
+def chunk_fenwick_gdn2_merge_late(*args, **kwargs):
+    """The chunk-level merge (the binary counter's carry) happens one chunk late."""
+    return _call({"carry_table": _late_carry_table}, args, kwargs)
+
+
+def chunk_fenwick_gdn2_transition_on_newest_only(*args, **kwargs):
+    """Older buckets only decay: the erase part of the transition (``w_wy``) acts on the chunk's
+    own tokens only, not on the buckets carried from earlier chunks."""
+    def states_without_erase(kg, wy, *rest, **kw):
+        return _states_fwd(kg, torch.zeros_like(wy), *rest, **kw)
+    return _call({"states_fwd": states_without_erase}, args, kwargs)
+
+
+def chunk_fenwick_gdn2_intra_level_off_by_one(*args, **kwargs):
+    """Inside a chunk, a pair at level ℓ ≥ 1 is weighted with ``λ[ℓ + 1]`` (one level too high)."""
+    def intra_shifted(v, w, lam, Aqk, Akk):
+        shifted = torch.cat([lam[..., :1], lam[..., 2:], lam[..., -1:]], dim=-1).contiguous()
+        return _intra_fwd(v, w, shifted, Aqk, Akk)
+    return _call({"intra_fwd": intra_shifted}, args, kwargs)
+
+
+def chunk_fenwick_gdn2_final_split_off_by_one(*args, **kwargs):
+    """The last chunk's own tokens are filed into final-state level ``level(T − 1, s) + 1``
+    (levels 0 … 6 rolled by one)."""
+    def rolled(T, device):
+        return torch.roll(_own_level_masks(T, device), 1, dims=1)
+    return _call({"own_level_masks": rolled}, args, kwargs)
+
+
+def chunk_fenwick_gdn2_dropped_level_scale_gradient(q, k, v, g, b, w, level_scales, **kwargs):
+    """The router (λ) gradient dropped."""
+    return chunk_fenwick_gdn2(q, k, v, g, b, w, level_scales.detach(), **kwargs)
+
+
+def chunk_fenwick_gdn2_initial_state_ignored(*args, initial_state=None, **kwargs):
+    """The passed bucket states are dropped (the continuation starts from empty buckets)."""
+    return chunk_fenwick_gdn2(*args, **kwargs)

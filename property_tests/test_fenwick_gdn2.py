@@ -1,0 +1,130 @@
+"""Chunked Fenwick GDN-2 memory (SPEC section 5, the GDN-2 variant; ``optimized.chunk_fenwick_gdn2``):
+the optimized op equals ``reference.naive_fenwick_gdn2`` in value, final states and every
+gradient (λ included), on ragged sequences spanning several chunk-level carries; with
+``λ ≡ 1`` it is ``optimized.chunk_gdn2``; splitting a sequence at a multiple of 64 and passing
+the bucket states on is one call. Each property has a mutation test showing it fails on a
+broken op (``fenwick_gdn2_mutants.py``).
+
+CPU cost (interpreter, 2 cores shared with other load): about 80 s of CPU in one process, plus
+~12 s of first-call warm-up per extra xdist worker. The ci profile's two Hypothesis draws have
+B = H = 1; the named cases add two heads (extreme regime) and two sequences (state passing).
+"""
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+import fenwick_gdn2_checks as checks
+import fenwick_gdn2_mutants as mutants
+from ngdn.compile_buckets import bucket_params, on_bucket
+from ngdn.fenwick_inputs import FenwickShape
+from ngdn.strategies import examples, seeds
+from ngdn.testing import kernel_dtypes, on_cuda
+from ngdn.tolerances import assert_passes, failures
+
+# CPU menu: one token, a partial chunk, one full chunk, ragged 2-4 chunks; K, V not powers of two
+# (masked blocks), several V blocks of the scan (BV = 16 at V = 8, 32 at V = 24).
+CPU_SEQ_LENS = (1, 17, 64, 100, 130, 200)
+
+
+def kernel_shapes(bucket=None):
+    """CPU: the menu above. CUDA: the level-0 compile bucket's H, K, V (our kernels and fla's GDN-2
+    pieces take H, K, V as constexpr; T is a runtime size, the stacked value width (J + 7)·V
+    follows T's chunk count), T from the bucket's lengths."""
+    if bucket is None:
+        return st.builds(FenwickShape, B=st.integers(1, 2), T=st.sampled_from(CPU_SEQ_LENS), H=st.integers(1, 2),
+                         K=st.sampled_from((16, 24)), V=st.sampled_from((8, 24)), extra_levels=st.integers(0, 2))
+    return st.builds(FenwickShape, B=st.integers(1, 2), T=st.sampled_from(bucket.seq_lens), H=st.just(bucket.H),
+                     K=st.just(bucket.K), V=st.just(bucket.V), extra_levels=st.integers(0, 2))
+
+
+# Three chunks (carries 0 -> 1 with m = 0 and 1 -> 2 with m = 1), ragged last chunk.
+MUTANT_SHAPE = on_bucket(FenwickShape(B=1, T=130, H=1, K=16, V=16))
+# Nine chunks, the last 8 tokens long: carries with m = 0, 1, 2, 3 (chunk-levels 1 … 4, token
+# levels up to 10), 11 stacked blocks.
+LONG = on_bucket(FenwickShape(B=1, T=520, H=1, K=16, V=16, extra_levels=0))
+
+
+@pytest.mark.parametrize("bucket", bucket_params("level0"))
+@pytest.mark.parametrize("dtype", kernel_dtypes())
+@examples(ci=2, family="level0")
+@given(data=st.data(), seed=seeds())
+def test_optimized_equals_reference(dtype, bucket, data, seed):
+    shape = data.draw(kernel_shapes(bucket), label="shape")
+    assert_passes(checks.optimized_vs_reference(shape, seed, dtype))
+
+
+def test_optimized_equals_reference_nine_chunks():
+    """A ragged sequence spanning carries with m = 0 … 3 (token levels up to 10)."""
+    assert_passes(checks.optimized_vs_reference(LONG, 3, torch.float32))
+
+
+def test_optimized_equals_reference_extreme_regime():
+    """The extreme regime (``ngdn.inputs.REGIMES``): strong forgets (g down to -60), erase gates
+    1 - 1e-6, write gates 0/1, router weights σ(±30); 3 chunks, ragged. Its own tolerance entry:
+    fla's chunk (WY) form itself loses precision there (``fenwick_gdn2_extreme`` in tolerances.yaml)."""
+    shape = on_bucket(FenwickShape(B=1, T=130, H=2, K=24, V=24, extra_levels=1))   # two heads
+    assert_passes(checks.optimized_vs_reference(shape, 4, torch.float32, regime="extreme",
+                                                component="fenwick_gdn2_extreme"))
+
+
+# Two chunks (one carry), ragged: chunk_gdn2's forward costs ~0.1 s per token and head on the CPU.
+REDUCTION_SHAPE = on_bucket(FenwickShape(B=1, T=66, H=1, K=16, V=16))
+
+
+def test_uniform_router_is_chunk_gdn2():
+    assert_passes(checks.uniform_router_is_chunk_gdn2(REDUCTION_SHAPE, 5))
+
+
+@pytest.mark.mutation
+def test_uniform_router_catches_transition_on_newest_only():
+    """(Next to the property: in one process it reuses chunk_gdn2's results for the same draw.)"""
+    bad = failures(checks.uniform_router_is_chunk_gdn2(
+        REDUCTION_SHAPE, 5, optimized=mutants.chunk_fenwick_gdn2_transition_on_newest_only, log=False, grads=False))
+    assert "gdn2_output" in bad
+
+
+def test_state_passing_equals_one_call():
+    """Split at token 128: the second call starts at chunk 2 (the carry 1 -> 2 merges levels
+    0 … 7 into 8) and carries once more (2 -> 3)."""
+    shape = on_bucket(FenwickShape(B=2, T=200, H=1, K=16, V=16, extra_levels=1))   # two sequences
+    assert_passes(checks.state_passing(shape, 7, 128))
+
+
+# --- teeth: each property fails on a broken implementation -------------------------
+
+@pytest.mark.mutation
+@pytest.mark.parametrize("mutant, broken", [
+    (mutants.chunk_fenwick_gdn2_merge_late, "output"),
+    (mutants.chunk_fenwick_gdn2_transition_on_newest_only, "output"),
+    (mutants.chunk_fenwick_gdn2_intra_level_off_by_one, "output"),
+    (mutants.chunk_fenwick_gdn2_final_split_off_by_one, "final_state"),
+], ids=["merge_late", "transition_on_newest_only", "intra_level_off_by_one", "final_split_off_by_one"])
+def test_optimized_vs_reference_catches(mutant, broken):
+    bad = failures(checks.optimized_vs_reference(MUTANT_SHAPE, 0, optimized=mutant, log=False, grads=False))
+    assert broken in bad
+
+
+@pytest.mark.mutation
+def test_optimized_vs_reference_catches_dropped_level_scale_gradient():
+    bad = failures(checks.optimized_vs_reference(
+        REDUCTION_SHAPE, 0, optimized=mutants.chunk_fenwick_gdn2_dropped_level_scale_gradient, log=False))
+    assert set(bad) == {"dlevel_scales"}
+
+
+@pytest.mark.mutation
+def test_state_passing_catches_ignored_initial_state():
+    bad = failures(checks.state_passing(FenwickShape(B=1, T=100, H=1, K=16, V=16), 7, 64,
+                                        optimized=mutants.chunk_fenwick_gdn2_initial_state_ignored, log=False,
+                                        grads=False))
+    assert set(bad) == {"output", "final_state"}
+
+
+@pytest.mark.skipif(on_cuda(), reason="the CPU menu only")
+def test_mutant_harness_without_bugs_passes():
+    """The mutants' piece swapping with the real pieces is the real op (values)."""
+    def clean(*args, **kwargs):
+        return mutants._call({"carry_table": mutants._carry_table, "states_fwd": mutants._states_fwd}, args, kwargs)
+
+    assert not failures(checks.optimized_vs_reference(FenwickShape(B=1, T=20, H=1, K=16, V=16), 0, optimized=clean,
+                                                      log=False, grads=False))
