@@ -5,7 +5,8 @@
                           every measured error; exit 1: out of tolerance, 2: usage)
     ngdn errors LOG       worst observed error per tolerance entry (from NGDN_ERROR_LOG;
                           exit 2 on a missing, empty or malformed log)
-    ngdn bench ...        Nested vs flat GDN-2 benchmark (GPU; see bench/README.md)
+    ngdn bench ...        Nested vs flat GDN-2 benchmark (GPU; see bench/README.md); also
+                          `ngdn bench long-context`, `ngdn bench fenwick-gdn2`
     ngdn scheme check FILE.py
                           the promotion-scheme battery on the scheme FILE registers
                           (ngdn/scheme_check.py; README "Adding a promotion scheme")
@@ -190,12 +191,17 @@ def main(argv=None) -> int:
     p.add_argument("--draw", help="re-run --only PROPERTY on this draw (the reproduction command)")
     p.set_defaults(func=scheme_check)
     sub.add_parser("bench", help="Nested vs flat GDN-2 benchmark (GPU); `ngdn bench --help` for its options; "
-                                 "`ngdn bench long-context --help`: the long-context accuracy sweep (CSV + plot)")
+                                 "`ngdn bench long-context --help`: the long-context accuracy sweep (CSV + plot); "
+                                 "`ngdn bench fenwick-gdn2 --help`: the Fenwick GDN-2 memory vs flat GDN-2 against T")
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:2] == ["bench", "long-context"]:  # the accuracy sweep parses its own options
         from bench.long_context import main as long_context_main
 
         return long_context_main(argv[2:])
+    if argv[:2] == ["bench", "fenwick-gdn2"]:
+        from bench.fenwick_gdn2 import main as fenwick_gdn2_main
+
+        return fenwick_gdn2_main(argv[2:])
     if argv[:1] == ["bench"]:  # the benchmark parses its own options
         from bench.nested_vs_flat import main as bench_main
 

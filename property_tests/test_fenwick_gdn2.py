@@ -128,3 +128,24 @@ def test_mutant_harness_without_bugs_passes():
 
     assert not failures(checks.optimized_vs_reference(FenwickShape(B=1, T=20, H=1, K=16, V=16), 0, optimized=clean,
                                                       log=False, grads=False))
+
+
+def test_backward_without_final_state():
+    """``output_final_state=False`` (no final-state gradient reaches the backward) gives the same
+    gradients as asking for the final states and not using them. Failed before the fix: the
+    reverse scan addressed the missing ``dfinal`` (found by ``ngdn bench fenwick-gdn2 --quick``)."""
+    from ngdn.fenwick_inputs import fenwick_gdn2_inputs
+    from optimized import chunk_fenwick_gdn2
+
+    shape = on_bucket(FenwickShape(B=1, T=70, H=1, K=16, V=16))
+    x = fenwick_gdn2_inputs(shape, 2)
+    dev = "cuda" if on_cuda() else "cpu"
+    names = ("q", "k", "v", "g", "b", "w", "level_scales")
+    grads = []
+    for keep in (False, True):
+        ins = {n: x[n].to(dev, torch.float32).requires_grad_() for n in names}
+        o, S = chunk_fenwick_gdn2(**ins, output_final_state=keep)
+        assert (S is not None) == keep
+        o.sum().backward()
+        grads.append([ins[n].grad for n in names])
+    assert all(torch.equal(a, b) for a, b in zip(*grads))

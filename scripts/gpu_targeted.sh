@@ -9,7 +9,8 @@
 #                  (SCHEME_CHECKS=0: none)
 #   ab:ARGS        python -m bench.reads_ab --out $OUT/ab-<n> ARGS (ARGS: '+' for spaces)
 #   warm:ARGS      the same with --warmup-only, in the background (fills the Triton cache with the
-#                  kernels and autotune candidates a later `ab:` step compiles), log warm-<n>.log
+#                  kernels and autotune candidates a later `ab:` step compiles, but no autotune
+#                  results: those are taken by the timed run on a quiet GPU), log warm-<n>.log
 #   wait           wait for the background warm-ups
 # Usage: bash scripts/gpu_targeted.sh warm:--levels+4 tests wait ab:--levels+4+--profile ab:--levels+5+6
 set -uo pipefail
@@ -53,6 +54,9 @@ for step in "$@"; do
     warm:*)
       n=$((n + 1))
       args=${step#warm:}; args=${args//+/ }
+      # compiled kernels only: autotune *timings* taken beside other work must not be cached for
+      # the timed run (fla caches its own by default, FLA_CACHE_RESULTS; Triton's with the knob)
+      FLA_CACHE_RESULTS=0 TRITON_CACHE_AUTOTUNING=0 \
       timeout ${WARM_TIMEOUT:-400} python3 -m bench.reads_ab --out "$OUT/warm-$n" --warmup-only $args \
         > "$OUT/warm-$n.log" 2>&1 & warm_pids+=($!) ;;
     wait)

@@ -118,12 +118,12 @@ def fenwick_states_bwd_kernel(
         p_pre0 = dpre + ((i_b.to(tl.int64) * N + c) * H + i_h) * K * JV + o_k[:, None] * JV + o_v[None, :]
         p_pre1 = p_pre0 + H * K * JV
         p_tv = ((bos + o_t[:, None]) * H + i_h) * NBV + o_v[None, :]
-        p_f = dfinal + ((i_b.to(tl.int64) * H + i_h) * L) * K * V + o_k[:, None] * V + o_v[None, :]
         for blk in range(0, NB):
             is_own = blk >= J
             lvl = tl.where(is_own, blk - J, blk + 7)
             b_dh = tl.zeros([BK, BV], dtype=tl.float32)
-            if HAS_DFINAL:
+            if HAS_DFINAL:        # dfinal is None without a final-state gradient: no address of it
+                p_f = dfinal + ((i_b.to(tl.int64) * H + i_h) * L) * K * V + o_k[:, None] * V + o_v[None, :]
                 b_dh += tl.load(p_f + lvl * K * V, mask=m_kv & is_last & (lvl < L), other=0.0).to(tl.float32)
             src = tl.where(is_own | (blk < m), m, blk)
             ok = (c < N - 1) & (is_own | (blk != m))
