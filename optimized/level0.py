@@ -79,8 +79,11 @@ def chunk_end_states(h: torch.Tensor, final_state: torch.Tensor, chunks, index=N
 
     The end of chunk ``c`` is the start of chunk ``c + 1`` (``h[:, c + 1]``, in fla's
     dtype, upcast); the end of the last chunk is the final state (float32).
-    ``index`` (long, on h's device: the ``c + 1 < N``) and ``includes_final`` may be given
+    ``index`` (the ``c + 1 < N``: a long tensor on h's device, or a ``slice`` when they are
+    evenly spaced, as every firing schedule's are) and ``includes_final`` may be given
     precomputed (``optimized.nested.plan.device_tables``), saving a host-to-device copy.
+    One float32 buffer is written once: a slice is read in place (no gather), the upcast and
+    the final state go straight into it (no concatenation).
     """
     N = h.shape[1]
     if index is None:
@@ -89,9 +92,13 @@ def chunk_end_states(h: torch.Tensor, final_state: torch.Tensor, chunks, index=N
             raise ValueError(f"chunks must be distinct increasing chunk indices in [0, {N}), got {chunks}")
         index = torch.tensor([c + 1 for c in chunks if c + 1 < N], device=h.device, dtype=torch.long)
         includes_final = bool(chunks) and chunks[-1] == N - 1
-    ends = h.index_select(1, index).float()
+    inner = h[:, index] if isinstance(index, slice) else h.index_select(1, index)
+    count = inner.shape[1]
+    B, _, H, K, V = h.shape
+    ends = h.new_empty(B, count + int(includes_final), H, K, V, dtype=torch.float32)
+    ends[:, :count].copy_(inner)
     if includes_final:
-        ends = torch.cat([ends, final_state[:, None].float()], dim=1)
+        ends[:, count].copy_(final_state)
     return ends
 
 

@@ -67,3 +67,23 @@ def test_forward_and_backward_make_no_host_sync(dtype):
             o.float().sum().backward()
         finally:
             torch.cuda.set_sync_debug_mode(0)
+
+
+@pytest.mark.parametrize("T, intervals", [(640, (1, 2)), (700, (3, 2)), (130, (4,)), (64, (1,)), (1, (2,))])
+def test_level1_snapshots_from_the_cached_tables(T, intervals):
+    """``chunk_end_states`` with the tables' ``end_index`` (a slice for an evenly spaced schedule:
+    no gather, no concatenation) equals the states gathered chunk by chunk, final state last."""
+    from optimized.level0 import chunk_end_states
+
+    plan = make_plan(T, intervals)
+    tables = device_tables(plan, "cpu")
+    assert isinstance(tables.end_index, slice)
+    gen = torch.Generator().manual_seed(T)
+    h = torch.randn(2, plan.N, 3, 4, 5, generator=gen)
+    final = torch.randn(2, 3, 4, 5, generator=gen)
+    got = chunk_end_states(h, final, plan.sources[1], index=tables.end_index,
+                           includes_final=tables.end_includes_final)
+    want = [final if c + 1 == plan.N else h[:, c + 1] for c in plan.sources[1]]
+    want = torch.stack(want, 1) if want else h.new_zeros(2, 0, 3, 4, 5)
+    assert got.dtype == torch.float32 and torch.equal(got, want)
+    assert torch.equal(chunk_end_states(h, final, plan.sources[1]), want)   # the tensor-index path

@@ -154,3 +154,16 @@ def test_bad_inputs_fail_early():
                   meta["scale"], dq)
     with pytest.raises(ValueError, match=r"read_index\[1\] must be nondecreasing"):
         read_tables([(), [1, 0]], [0, 2], DEV)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_dq_in_q_dtype_is_the_float32_dq_rounded_once(dtype):
+    """The nested backward passes a ``dq`` buffer in q's dtype (no float32 buffer, no cast copy):
+    the kernel's store rounds each float32 value once, as ``.to(dtype)`` would."""
+    x, tables, meta = make_case("L2_ragged", dtype=dtype)
+    _, dq32, *_ = run(x, tables, meta["scale"], meta["block_v"])
+    B, T, H, L, K = x["q"].shape
+    dq = torch.full((B, T, H, L, K), 7.0, device=DEV, dtype=dtype)
+    reads_bwd(x["do"], x["q"], x["r"], x["o0"], x["states"], tables.read_row, tables.row_level,
+              tables.row_chunk_lo, tables.row_chunk_hi, meta["scale"], dq, block_v=meta["block_v"])
+    assert torch.equal(dq, dq32.to(dtype))

@@ -12,8 +12,8 @@ from optimized.promote_scan import promote_scan_bwd
 
 
 def nested_bwd(saved: NestedSaved, do, dfinals):
-    """Gradients of every input: returns ``dq, dk, dv, dg, db, dw, dr`` (float32, input
-    shapes), ``dinit`` (L entries, float32 or None) and ``dparams`` (per level ℓ ≥ 1,
+    """Gradients of every input: returns ``dq`` (in q's dtype), ``dk, dv, dg, db, dw, dr``
+    (float32; all in input shapes), ``dinit`` (L entries, float32 or None) and ``dparams`` (per level ℓ ≥ 1,
     ``{name: float32 gradient}``; index 0 None)."""
     s, plan = saved, saved.plan
     q, r = s.q, s.r
@@ -21,8 +21,9 @@ def nested_bwd(saved: NestedSaved, do, dfinals):
     V = s.o0.shape[-1]
     tables = s.tables
 
-    # reads and router: dq of levels ≥ 1 written in place, dstates [B, S, H, K, V]
-    dq = torch.empty(B, T, H, L, K, dtype=torch.float32, device=q.device)
+    # reads and router: dq of levels ≥ 1 written in place, in q's dtype (the one rounding the
+    # returned gradient gets anyway: no float32 buffer and no cast copy), dstates [B, S, H, K, V]
+    dq = torch.empty(B, T, H, L, K, dtype=q.dtype, device=q.device)
     dr, do0, dstates = s.pieces.reads_bwd(do, q, r, s.o0, s.states, plan, tables, s.scale, dq,
                                          block_v=s.pieces.block_v)
     level_dstates = [None] + [dstates[:, tables.row_offset[ℓ]:tables.row_offset[ℓ] + plan.firings(ℓ) + 1]

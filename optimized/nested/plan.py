@@ -68,7 +68,8 @@ class DeviceTables:
     ``row_level``, ``row_chunk_lo``, ``row_chunk_hi`` ``[S]`` int32: the level of row s and the
     chunks ``[lo, hi)`` that read it (``read_index`` is nondecreasing: one contiguous range).
     ``sources[ℓ]`` (long): what level ℓ's firings probe (for ℓ = 1 the level-0 chunk-end
-    indices into fla's ``h``, ``end_index``, and whether the last one is the final state).
+    indices into fla's ``h``, ``end_index``: a ``slice`` when evenly spaced, else a long tensor;
+    and whether the last one is the final state).
     ``add_rounds[ℓ]``: the deterministic rounds of ``dstates[ℓ-1][sources[ℓ]] += d_snaps``
     (each round a (targets, rows) pair with distinct targets).
     ``slots`` int32 ``[N]``: the level-0 injection slots of level 1's snapshots.
@@ -110,6 +111,16 @@ def add_in_rounds(dst, rounds, src) -> None:
         dst[:, targets] = dst[:, targets] + src[:, rows]
 
 
+def _as_slice(index: list) -> slice | None:
+    """``slice(a, b, step)`` selecting exactly ``index`` (evenly spaced, increasing), else None."""
+    if not index:
+        return slice(0, 0)
+    step = index[1] - index[0] if len(index) > 1 else 1
+    if step <= 0 or index != list(range(index[0], index[-1] + 1, step)):
+        return None
+    return slice(index[0], index[-1] + 1, step)
+
+
 @functools.lru_cache(maxsize=64)
 def device_tables(plan: Plan, device) -> DeviceTables:
     import torch
@@ -134,6 +145,6 @@ def device_tables(plan: Plan, device) -> DeviceTables:
     return DeviceTables(
         S=S, row_offset=tuple(row_offset), read_row=read_row, row_level=row_level, row_chunk_lo=lo,
         row_chunk_hi=hi, sources=tuple(sources),
-        end_index=torch.tensor(inner, dtype=torch.long, device=device),
+        end_index=_as_slice(inner) or torch.tensor(inner, dtype=torch.long, device=device),
         end_includes_final=bool(ends) and ends[-1] == N - 1,
         add_rounds=tuple(rounds), slots=injection_slots(N, ends, device))

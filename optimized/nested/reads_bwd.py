@@ -162,14 +162,15 @@ def reads_bwd(do: torch.Tensor, q: torch.Tensor, r: torch.Tensor, o0: torch.Tens
 
     ``do [B, T, H, V]`` in q's dtype (exact in it: bf16 dots take it as is); the other inputs
     as in ``reads_fwd``; ``row_level, row_chunk_lo, row_chunk_hi int32 [S]`` (``read_tables``);
-    ``dq`` a contiguous float32 ``[B, T, H, L, K]`` buffer: levels 1..L-1 are overwritten,
-    level 0 is left alone. ``block_v`` / ``_mutant`` as in ``reads_fwd``.
+    ``dq`` a contiguous ``[B, T, H, L, K]`` buffer in float32 or q's dtype (the float32 values
+    are rounded once, on store): levels 1..L-1 are overwritten, level 0 is left alone.
+    ``block_v`` / ``_mutant`` as in ``reads_fwd``.
     """
     B, T, H, L, K, V, S, N = check_reads(q, r, o0, states, read_row)
     _expect("do", do, (B, T, H, V), (q.dtype,), q.device)
     for name, x in (("row_level", row_level), ("row_chunk_lo", row_chunk_lo), ("row_chunk_hi", row_chunk_hi)):
         _expect(name, x, (S,), (torch.int32,), q.device)
-    _expect("dq", dq, (B, T, H, L, K), (torch.float32,), q.device)
+    _expect("dq", dq, (B, T, H, L, K), (torch.float32, q.dtype), q.device)
     if not dq.is_contiguous():
         raise ValueError("dq must be contiguous (levels 1..L-1 are written into it in place)")
     mutant = mutant_code(_mutant)
