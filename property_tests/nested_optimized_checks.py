@@ -211,9 +211,11 @@ def scan_inputs(d: ScanDraw) -> dict:
 PAIR_NAMES = ("kappa", "nu", "beta", "omega", "gamma")
 
 
-def scan_vs_reference(d: ScanDraw, scan_fwd=promote_scan_fwd, scan_bwd=promote_scan_bwd, log=True):
+def scan_vs_reference(d: ScanDraw, scan_fwd=promote_scan_fwd, scan_bwd=promote_scan_bwd, log=True,
+                      tolerance_dtype="float32"):
     """Every stored state and every gradient of the Triton scan vs ``reference.promote``
-    applied firing by firing in float64 (autograd)."""
+    applied firing by firing in float64 (autograd). ``tolerance_dtype``: the bounds' dtype key
+    (``"tf32"`` for the scan with TF32 dots)."""
     x = scan_inputs(d)
     dev = triton_mode.device()
     f32 = lambda t: t.to(dev, torch.float32).contiguous()  # noqa: E731
@@ -230,7 +232,7 @@ def scan_vs_reference(d: ScanDraw, scan_fwd=promote_scan_fwd, scan_bwd=promote_s
     (ref * x["dstates"]).sum().backward()
     items = {"states": ("states", states, ref), "dinitial_state": ("dinitial_state", dM0, leaves[0].grad)}
     items.update({f"d{n}": (f"d{n}", dp, grad_or_zero(p)) for n, dp, p in zip(PAIR_NAMES, dpairs, leaves[1:])})
-    return check("promote_scan", torch.float32, items, log)
+    return check("promote_scan", tolerance_dtype, items, log)
 
 
 def scan_pair_order(d: ScanDraw, scan_fwd=promote_scan_fwd, log=True):
