@@ -27,14 +27,21 @@ from ngdn.tolerances import assert_passes, failures
 CPU_SEQ_LENS = (1, 17, 64, 100, 130, 200)
 
 
+# CUDA menu: fla's GDN-2 pieces take the stacked value width (J + 7)·V as a constexpr, and J
+# (the bit length of the last chunk index) follows T: every J is a fresh compilation of all of
+# them. Two J per bucket and dtype (J = 1: 65-128 tokens, J = 2: 129-256), each ragged and full;
+# the named nine-chunk case adds J = 4.
+CUDA_SEQ_LENS = (100, 128, 200, 256)
+
+
 def kernel_shapes(bucket=None):
     """CPU: the menu above. CUDA: the level-0 compile bucket's H, K, V (our kernels and fla's GDN-2
     pieces take H, K, V as constexpr; T is a runtime size, the stacked value width (J + 7)·V
-    follows T's chunk count), T from the bucket's lengths."""
+    follows T's chunk count), T from ``CUDA_SEQ_LENS``."""
     if bucket is None:
         return st.builds(FenwickShape, B=st.integers(1, 2), T=st.sampled_from(CPU_SEQ_LENS), H=st.integers(1, 2),
                          K=st.sampled_from((16, 24)), V=st.sampled_from((8, 24)), extra_levels=st.integers(0, 2))
-    return st.builds(FenwickShape, B=st.integers(1, 2), T=st.sampled_from(bucket.seq_lens), H=st.just(bucket.H),
+    return st.builds(FenwickShape, B=st.integers(1, 2), T=st.sampled_from(CUDA_SEQ_LENS), H=st.just(bucket.H),
                      K=st.just(bucket.K), V=st.just(bucket.V), extra_levels=st.integers(0, 2))
 
 
