@@ -8,7 +8,7 @@
 #                  examples/fixed_address.py, each to scheme-<name>.log
 #                  (SCHEME_CHECKS=0: none)
 #   ab:ARGS        python -m bench.reads_ab --out $OUT/ab-<n> ARGS (ARGS: '+' for spaces)
-#   warm:ARGS      the same with --warmup-only, in the background (fills the Triton cache with the
+#   warm:ARGS[,ARGS...]  the same with --warmup-only, in the background, one after another (fills the Triton cache with the
 #                  kernels and autotune candidates a later `ab:` step compiles, but no autotune
 #                  results: those are taken by the timed run on a quiet GPU), log warm-<n>.log
 #   wait           wait for the background warm-ups
@@ -53,12 +53,18 @@ for step in "$@"; do
       echo "ab-$n ($args): exit ${PIPESTATUS[0]} at $(since) s" | tee -a "$OUT/env.txt" ;;
     warm:*)
       n=$((n + 1))
-      args=${step#warm:}; args=${args//+/ }
+      chain=${step#warm:}
       # compiled kernels only: autotune *timings* taken beside other work must not be cached for
-      # the timed run (fla caches its own by default, FLA_CACHE_RESULTS; Triton's with the knob)
-      FLA_CACHE_RESULTS=0 TRITON_CACHE_AUTOTUNING=0 \
-      timeout ${WARM_TIMEOUT:-400} python3 -m bench.reads_ab --out "$OUT/warm-$n" --warmup-only $args \
-        > "$OUT/warm-$n.log" 2>&1 & warm_pids+=($!) ;;
+      # the timed run (fla caches its own by default, FLA_CACHE_RESULTS; Triton's with the knob).
+      # ARGS1,ARGS2,...: one background chain, run in order (one GPU memory footprint at a time)
+      (
+        IFS=',' read -r -a parts <<< "$chain"
+        for part in "${parts[@]}"; do
+          FLA_CACHE_RESULTS=0 TRITON_CACHE_AUTOTUNING=0 \
+          timeout ${WARM_TIMEOUT:-400} python3 -m bench.reads_ab --out "$OUT/warm-$n" --warmup-only ${part//+/ }
+          echo "warm-up [${part//+/ }] exit $? at $(since) s"
+        done
+      ) > "$OUT/warm-$n.log" 2>&1 & warm_pids+=($!) ;;
     wait)
       for p in "${warm_pids[@]}"; do wait "$p"; echo "warm-up pid $p: exit $? at $(since) s" | tee -a "$OUT/env.txt"; done
       warm_pids=() ;;
