@@ -59,6 +59,34 @@ def _inputs(B, T, H, K, V, L, dtype, seed, nested: bool):
     return x, rnd(B, T, H, V).to(dtype)
 
 
+def _rates() -> dict:
+    """The bf16 matmul rate and the copy bandwidth the floors use (``bench.harness.measure_rates``)."""
+    from types import SimpleNamespace
+
+    from bench.harness import CudaDevice, do_bench_timer, measure_rates
+
+    args = SimpleNamespace(matmul_tflops=None, matmul_n=8192, copy_gbps=None, copy_mib=1024)
+    rates = measure_rates(args, do_bench_timer(25, 200), CudaDevice())
+    _log(f"rates: bf16 matmul {rates['matmul_tflops']:.0f} TFLOP/s, copy {rates['copy_gbps']:.0f} GB/s")
+    return rates
+
+
+def _floor_ms(name, B, T, H, K, L, dtype, rates) -> tuple[float, float]:
+    """``(forward, forward+backward)`` floors (``bench/floors.py``: max of FLOPs at the matmul rate
+    and minimum bytes at the copy bandwidth, per pass) of flat GDN-2 or the nested op."""
+    from bench import floors
+    from reference.nested import default_query_counts
+
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    if name == "flat":
+        cost = floors.flat_cost(B, T, L * H, K, K, itemsize)
+    else:
+        cost = floors.nested_cost(B, T, H, K, K, default_query_counts(L, K), [2 ** i for i in range(L - 1)],
+                                  itemsize, 4)
+    fl = floors.floors(cost, rates["matmul_flops"], rates["copy_bytes"])
+    return fl.fwd_ms, fl.fwdbwd_ms
+
+
 VARIANTS = ("torch", "generic", "fused-ieee", "scan-tf32", "triton", "triton+check", "bv16", "bv64")
 
 
@@ -120,10 +148,12 @@ def _write(out: Path, rows: list, B, T, H, K, dtype: str):
              f"torch {torch.__version__}, triton {triton.__version__})", "",
              f"B={B}, T={T}, H={H} per level (flat: L·H heads), K=V={K}, {dtype}; do_bench medians; "
              f"finiteness check off except `triton+check`; `peak` = memory one step allocates on top of its inputs.",
-             "", "| L | op | fwd ms | fwd+bwd ms | fwd / flat | fwd+bwd / flat | peak GiB | peak / flat | peak incl. inputs GiB |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "", "| L | op | fwd ms | fwd+bwd ms | fwd / flat | fwd+bwd / flat | fwd+bwd floor ms | × floor | "
+                 "peak GiB | peak / flat | peak incl. inputs GiB |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     lines += [f"| {r['L']} | {r['op']} | {r['fwd_ms']} | {r['fwdbwd_ms']} | {r['fwd_vs_flat']} | "
-              f"{r['fwdbwd_vs_flat']} | {r['peak_extra_gib']} | {r['peak_vs_flat']} | {r['peak_gib']} |" for r in rows]
+              f"{r['fwdbwd_vs_flat']} | {r['fwdbwd_floor_ms']} | {r['fwdbwd_x_floor']} | {r['peak_extra_gib']} | "
+              f"{r['peak_vs_flat']} | {r['peak_gib']} |" for r in rows]
     (out / "reads_ab.md").write_text("\n".join(lines) + "\n")
     return lines
 
@@ -156,6 +186,7 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     dtype = getattr(torch, args.dtype)
     rows = []
+    rates = None if args.warmup_only else _rates()
     B, T, H, K = args.B, args.T, args.H, args.K
     for L in args.levels:
         ops = _ops(B, T, H, K, K, L, dtype, args.seed, ([] if args.no_flat else ["flat"]) + args.variants)
@@ -201,9 +232,11 @@ def main(argv=None) -> int:
                 traceback.print_exc()
                 _log(f"L={L} {name}: {type(e).__name__}: {e}")
                 fwd = fwdbwd = peak = peak_total = float("nan")
+            floor = _floor_ms(name, B, T, H, K, L, dtype, rates)
             row = {"L": L, "op": name, "B": B, "T": T, "H": H, "K": K, "dtype": args.dtype,
                    "fwd_ms": round(fwd, 3), "fwdbwd_ms": round(fwdbwd, 3), "peak_extra_gib": round(peak, 3),
-                   "peak_gib": round(peak_total, 3)}
+                   "peak_gib": round(peak_total, 3), "fwd_floor_ms": round(floor[0], 3),
+                   "fwdbwd_floor_ms": round(floor[1], 3), "fwdbwd_x_floor": round(fwdbwd / floor[1], 2)}
             rows.append(row)
             _log(str(row))
         del ops
