@@ -11,23 +11,26 @@ shapes (B·H ≤ 2, T ≤ 260, K, V ∈ {16, 32}) and few examples. CUDA: one te
 bucket (``ngdn.compile_buckets.LEVEL0``: fixed H, K, V; everything else drawn). In both modes
 ``test_optimized_covers_every_blocking_path`` runs one case per bucket that reaches every
 blocking path of the scan (three or more V blocks, the last ragged; learned pairs over more
-than one pair block; large gates), with mutants that only such a case catches."""
+than one pair block; large gates), with mutants that only such a case catches. The draws include
+the extreme regime (``ngdn.inputs.REGIMES``; named case ``extreme``), checked against the float64
+reference fed the kernel's level-0 snapshots and end to end with the error inherited from level 0
+allowed for (``nested_optimized_checks.extreme_vs_reference``; results/2026-11-30-extreme-regime-cpu.md)."""
 import dataclasses
 
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import nested_optimized_checks as checks
 import nested_optimized_mutants as mutants
 from nested_optimized_checks import LARGE_GATES
-from ngdn.inputs import GDN2Shape
+from ngdn.inputs import REGIMES, GDN2Shape
 from ngdn.nested_inputs import NestedShape, bounded_query_counts
 from ngdn.compile_buckets import CPU_BLOCK, LEVEL0, bucket_params, buckets, covered_paths, on_bucket
 from ngdn.strategies import examples, seeds
 from ngdn.testing import kernel_dtypes, requires_cuda
-from ngdn.tolerances import assert_passes, failures
+from ngdn.tolerances import assert_passes, failures, relative_error
 from optimized.nested import Pieces
 from optimized.promote_scan import block_sizes as scan_block_sizes
 
@@ -45,10 +48,17 @@ SHORT = 130
 GATE_SCALES = (1.0, LARGE_GATES)
 
 
+# The ci profile's few derandomized draws stay what they were (each costs a minute under the
+# interpreter); it reaches the extreme regime through the named case ``extreme``. Other profiles draw it.
+KERNEL_REGIMES = ("typical",) if settings.get_current_profile_name() == "ci" else REGIMES
+
+
 @st.composite
-def opt_cases(draw, bucket=None, max_L=6):
+def opt_cases(draw, bucket=None, max_L=6, regimes=KERNEL_REGIMES):
     """A nested case: on CUDA with the bucket's H, K, V (B, T, L, schedules, schemes, query
-    counts, reductions, gates and initial states drawn), under the interpreter from the CPU menu."""
+    counts, reductions, gates, initial states and input regime drawn), under the interpreter
+    from the CPU menu. The extreme regime (``ngdn.inputs.REGIMES``) is checked as
+    ``nested_optimized_checks.extreme_vs_reference`` says."""
     L = draw(st.integers(1, max_L))
     if bucket is not None:
         H, K, V = bucket.H, bucket.K, bucket.V
@@ -77,7 +87,8 @@ def opt_cases(draw, bucket=None, max_L=6):
                 intervals=intervals,
                 query_counts=draw(st.none() | per_level(st.integers(1, cap))),
                 reduction=draw(st.sampled_from(("mean", "sum")) | per_level(st.sampled_from(("mean", "sum")))),
-                initial_states=draw(st.booleans()), gate_scale=gate_scale)
+                initial_states=draw(st.booleans()), gate_scale=gate_scale,
+                regime=draw(st.sampled_from(regimes)) if len(regimes) > 1 else regimes[0])
 
 
 def level0_shapes(bucket=None):
@@ -115,10 +126,19 @@ NAMED = {
                            scheme=("merge", "learned"), reduction="sum", intervals=(1, 1),
                            initial_states=(True, False, True), scale=0.3),
     "one_level": Case(on_bucket(NestedShape(B=2, T=17, H=1, L=1, K=32, V=16)), seed=3),
+    # The extreme regime (ngdn.inputs.REGIMES: strong decays, near-one erases, 0/1 writes, ±30 router
+    # logits, initial states at 1e3 / 1e-6), checked as nested_optimized_checks.extreme_vs_reference
+    # says; the ci draws may miss the regime, this case is in every run.
+    "extreme": None,
 }
 # Small enough for the interpreter, big enough that every mutation shows: two full chunks
 # (levels 1 and 2 fire), V = 32 (two V blocks of 16 for the partial-sum mutant).
 MUTANT_CASE = Case(on_bucket(NestedShape(B=1, T=130, H=1, L=3, K=16, V=32)), seed=0, intervals=(1, 1))
+# One extreme draw (see NAMED): one full chunk (both levels fire after it; fed by a level-0 snapshot
+# of error ~1e-5 that the gradients amplify ~100x, results/2026-11-30-extreme-regime-cpu.md).
+EXTREME_CASE = Case(on_bucket(NestedShape(B=1, T=64, H=1, L=3, K=16, V=16)), seed=5, scheme="bounded_erase",
+                    intervals=(1, 1), regime="extreme")
+NAMED["extreme"] = EXTREME_CASE
 
 
 @pytest.mark.parametrize("bucket", bucket_params("level0"))
@@ -239,3 +259,30 @@ def test_bitwise_reproducible_catches_nondeterminism():
     case = Case(on_bucket(NestedShape(B=1, T=17, H=1, L=2, K=16, V=16)), seed=0)
     bad = failures(checks.bitwise_reproducible(case, torch.float32, op=mutants.chunk_nested_gdn2_nondeterministic))
     assert "output" in bad
+
+
+@pytest.mark.mutation
+@pytest.mark.parametrize("mutant, broken", [
+    (mutants.chunk_nested_gdn2_dropped_injection, {"dk", "dv", "dg", "db", "dw"}),
+])
+def test_extreme_regime_catches(mutant, broken):
+    """The extreme draw's bounds (wider end to end, where level 0's error is inherited) keep their
+    teeth: the fed comparison fails, and so does the end-to-end one. (The late-firing mutant is
+    caught the same way, on final_state[1], final_state[2]; left out to keep the CPU run short.)"""
+    bad = failures(checks.optimized_vs_reference(EXTREME_CASE, torch.float32, op=mutant, log=False))
+    assert broken | {q + checks.END_TO_END for q in broken} <= set(bad), (sorted(bad), sorted(broken))
+
+
+def test_reference_loop_equals_naive():
+    """``checks.reference_loop`` (the reference with hooks, which the extreme regime feeds with the
+    kernel's level-0 snapshots) is ``reference.naive_nested_gdn2`` bit for bit, gradients included
+    (with ``capture`` the snapshot's gradient is split off through a view, which reorders the float64
+    sums: 1e-14): float64 only, no kernel (two chunks, ragged third, the non-nested schedule, L = 4)."""
+    case = Case(NestedShape(B=1, T=150, H=2, L=4, K=8, V=8), seed=2, scheme=("learned", "merge", "bounded_erase"),
+                intervals=(1, 2, 1), regime="extreme", initial_states=(True, False, True, True))
+    x = checks.case_inputs(case)
+    naive = checks.outputs_by_label(*checks.run_reference(x, torch.float32))
+    loop = checks.outputs_by_label(*checks.reference_loop(x, torch.float32))
+    assert {label: bool(torch.equal(loop[label], naive[label])) for label in naive} == dict.fromkeys(naive, True)
+    captured = checks.outputs_by_label(*checks.reference_loop(x, torch.float32, capture={}))
+    assert max(relative_error(captured[label], naive[label]) for label in naive) <= 1e-14

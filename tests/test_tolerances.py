@@ -14,8 +14,8 @@ PRECISION_KEYS = {"tf32"}
 
 
 def bad_entries(table: dict) -> list:
-    """Unknown modes or dtypes, and bounds that are not a number in (0, 1) (a relative error of 1
-    or more bounds nothing)."""
+    """Unknown modes or dtypes, bounds that are not a number in (0, 1) (a relative error of 1
+    or more bounds nothing), and ``*_factor`` multipliers outside [1, 100]."""
     bad = []
     for component, modes in table.items():
         for mode, dtypes in modes.items():
@@ -26,7 +26,11 @@ def bad_entries(table: dict) -> list:
                 if dtype not in DTYPES | PRECISION_KEYS:
                     bad.append(f"{component}.{mode}.{dtype}: unknown dtype")
                 for quantity, bound in quantities.items():
-                    if not (tolerances.is_bound(bound) and bound < 1):
+                    if quantity.endswith("_factor"):    # a multiplier of a measured floor (the extreme
+                        ok = tolerances.is_bound(bound) and 1 <= bound <= 100   # regime's bounds): 1 … 100
+                    else:
+                        ok = tolerances.is_bound(bound) and bound < 1
+                    if not ok:
                         bad.append(f"{component}.{mode}.{dtype}.{quantity} = {bound!r}")
     return bad
 
