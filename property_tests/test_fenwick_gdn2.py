@@ -20,7 +20,7 @@ from ngdn.compile_buckets import bucket_params, on_bucket
 from ngdn.fenwick_inputs import FenwickShape
 from ngdn.strategies import examples, seeds
 from ngdn.testing import kernel_dtypes, on_cuda
-from ngdn.tolerances import assert_passes, failures
+from ngdn.tolerances import assert_passes, failures, relative_error
 
 # CPU menu: one token, a partial chunk, one full chunk, ragged 2-4 chunks; K, V not powers of two
 # (masked blocks), several V blocks of the scan (BV = 16 at V = 8, 32 at V = 24).
@@ -116,7 +116,7 @@ def test_optimized_vs_reference_catches(mutant, broken):
 def test_optimized_vs_reference_catches_dropped_level_scale_gradient():
     bad = failures(checks.optimized_vs_reference(
         REDUCTION_SHAPE, 0, optimized=mutants.chunk_fenwick_gdn2_dropped_level_scale_gradient, log=False))
-    assert set(bad) == {"dlevel_scales"}
+    assert "dlevel_scales" in bad, bad
 
 
 @pytest.mark.mutation
@@ -124,7 +124,7 @@ def test_state_passing_catches_ignored_initial_state():
     bad = failures(checks.state_passing(FenwickShape(B=1, T=100, H=1, K=16, V=16), 7, 64,
                                         optimized=mutants.chunk_fenwick_gdn2_initial_state_ignored, log=False,
                                         grads=False))
-    assert set(bad) == {"output", "final_state"}
+    assert {"output", "final_state"} <= set(bad), bad
 
 
 @pytest.mark.skipif(on_cuda(), reason="the CPU menu only")
@@ -155,4 +155,7 @@ def test_backward_without_final_state():
         assert (S is not None) == keep
         o.sum().backward()
         grads.append([ins[n].grad for n in names])
-    assert all(torch.equal(a, b) for a, b in zip(*grads))
+    if on_cuda():   # fla's backward kernels may order float32 sums differently between the two calls
+        assert max(relative_error(a, b) for a, b in zip(*grads)) <= 1e-6
+    else:
+        assert all(torch.equal(a, b) for a, b in zip(*grads))

@@ -117,4 +117,4 @@ def test_optimized_vs_reference_catches(mutant, broken, regime):
     """The extreme regime's wider bounds (``gdn2_extreme``) keep their teeth."""
     bad = failures(checks.optimized_vs_reference(KERNEL_MUTANT_SHAPE, 0, torch.float32, optimized=mutant,
                                                  log=False, regime=regime))
-    assert set(bad) == broken
+    assert broken <= set(bad), (sorted(bad), sorted(broken))     # at least its own quantities fail

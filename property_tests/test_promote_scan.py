@@ -82,7 +82,7 @@ def test_scan_vs_reference_catches_missing_partial_block(regime):
     """Also on the extreme regime, whose bounds sit above the float32 reference's own error."""
     bad = failures(checks.scan_vs_reference(MUTANT_DRAW._replace(regime=regime),
                                             scan_bwd=mutants.promote_scan_bwd_missing_partial_block, log=False))
-    assert set(bad) == {"dkappa", "dbeta", "dgamma"}, bad
+    assert {"dkappa", "dbeta", "dgamma"} <= set(bad), bad
 
 
 @pytest.mark.mutation

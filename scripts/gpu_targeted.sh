@@ -11,7 +11,8 @@
 #   warm:ARGS[,ARGS...]  the same with --warmup-only, in the background, one after another (fills the Triton cache with the
 #                  kernels and autotune candidates a later `ab:` step compiles, but no autotune
 #                  results: those are taken by the timed run on a quiet GPU), log warm-<n>.log
-#   wait           wait for the background warm-ups
+#   wait           wait for the background warm-ups (they compile beside the tests: on 16 cores two
+#                  chains of two warm-ups took 466-480 s next to a 290 s test step)
 # Usage: bash scripts/gpu_targeted.sh warm:--levels+4 tests wait ab:--levels+4+--profile ab:--levels+5+6
 set -uo pipefail
 OUT=${OUT:-/tmp/ngdn-out}
@@ -37,7 +38,10 @@ for step in "$@"; do
         timeout ${SCHEME_TIMEOUT:-300} python3 -m ngdn.cli scheme check examples/fixed_address.py --device cuda \
           > "$OUT/scheme-fixed_address.log" 2>&1 & pids+=($!)
       fi
-      NGDN_ERROR_LOG=$OUT/errors.jsonl timeout ${TESTS_TIMEOUT:-360} python3 -m pytest -q -n 12 -p no:cacheprovider \
+      # SIGINT at the limit: pytest still prints its failure summary (-rfE); NGDN_TEST_LOG keeps every
+      # test's outcome as it finishes (a plain kill at the limit once lost the names of 5 failures)
+      NGDN_ERROR_LOG=$OUT/errors.jsonl NGDN_TEST_LOG=$OUT/tests.jsonl \
+        timeout -s INT -k 30 ${TESTS_TIMEOUT:-360} python3 -m pytest -q -n 12 -p no:cacheprovider \
         -p no:benchmark -rfE --durations=15 ${TESTS:-tests/test_nested_fused_probe.py property_tests/test_probe_fused.py \
         property_tests/test_promote_scan_tf32.py tests/test_nested_hot_path.py tests/test_nested_reads_kernels.py \
         property_tests/test_nested_optimized.py} 2>&1 | tee "$OUT/tests.log" | tail -40
