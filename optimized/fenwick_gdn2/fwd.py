@@ -24,14 +24,7 @@ from optimized import triton_mode  # device mode before fla
 from optimized.fenwick_gdn2.intra import intra_fwd
 from optimized.fenwick_gdn2.states import CHUNK, OWN_LEVELS, states_fwd
 from optimized.fenwick_gdn2.wy import fenwick_wy_fwd
-
-
-def trailing_ones(n: int) -> int:
-    m = 0
-    while n & 1:
-        n >>= 1
-        m += 1
-    return m
+from reference.fenwick import trailing_ones
 
 
 def bucket_blocks(offset: int, T: int, L: int, has_initial_state: bool) -> int:
