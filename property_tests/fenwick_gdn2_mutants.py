@@ -8,7 +8,7 @@ forward saved, so a value mutant is checked on values only.
 """
 from __future__ import annotations
 
-import contextlib
+from unittest import mock
 
 import torch
 
@@ -16,20 +16,8 @@ import optimized.fenwick_gdn2.fwd as fwd
 from optimized.fenwick_gdn2 import chunk_fenwick_gdn2
 
 
-@contextlib.contextmanager
-def _replaced(**pieces):
-    before = {name: getattr(fwd, name) for name in pieces}
-    for name, piece in pieces.items():
-        setattr(fwd, name, piece)
-    try:
-        yield
-    finally:
-        for name, piece in before.items():
-            setattr(fwd, name, piece)
-
-
 def _call(pieces, args, kwargs):
-    with _replaced(**pieces):
+    with mock.patch.multiple(fwd, **pieces):
         return chunk_fenwick_gdn2(*args, **kwargs)
 
 
