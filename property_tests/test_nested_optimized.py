@@ -187,6 +187,22 @@ def test_optimized_equals_reference_named(name):
     assert_passes(checks.optimized_vs_reference(NAMED[name], torch.float32))
 
 
+# The gpu profile's draw that failed on the H200 (2026-11-30) before the bf16 extreme bound took the
+# draw's sensitivity into account (tolerances.yaml nested_extreme bf16_sensitivity_factor): level 0's
+# bf16 snapshots alone move the float64 gradients by 110-160% here (e_inj), so bf16 rounding anywhere
+# loses them; the forward is still checked at the plain bf16 bounds.
+ILL_CONDITIONED_BF16 = Case(NestedShape(B=1, T=130, H=2, L=5, K=112, V=100), seed=352230, scheme="bounded_erase",
+                            query_counts=(1, 15, 4, 42), reduction=("mean", "mean", "mean", "sum"),
+                            gate_scale=LARGE_GATES, regime="extreme")
+
+
+@requires_cuda("bfloat16 runs only on CUDA")
+def test_ill_conditioned_bf16_extreme_draw():
+    errors = checks.optimized_vs_reference(ILL_CONDITIONED_BF16, torch.bfloat16)
+    assert_passes(errors)
+    assert errors["output"][0] < 1e-2                    # the forward is not excused
+
+
 @pytest.mark.parametrize("bucket", bucket_params("level0"))
 @pytest.mark.parametrize("dtype", kernel_dtypes())
 @examples(ci=2, family="level0")

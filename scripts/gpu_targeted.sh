@@ -11,7 +11,9 @@
 #   warm:ARGS[,ARGS...]  the same with --warmup-only, in the background, one after another (fills the Triton cache with the
 #                  kernels and autotune candidates a later `ab:` step compiles, but no autotune
 #                  results: those are taken by the timed run on a quiet GPU), log warm-<n>.log
-#   wait           wait for the background warm-ups (they compile beside the tests: on 16 cores two
+#   peak:ARGS      reads_ab in the background, for its peak-memory column only, log peak-<n>.log
+#   fenwick:ARGS   python -m bench.fenwick_gdn2 --out $OUT/fenwick-<n> ARGS
+#   wait           wait for the background warm-ups and peak runs (they compile beside the tests: on 16 cores two
 #                  chains of two warm-ups took 466-480 s next to a 290 s test step)
 # Usage: bash scripts/gpu_targeted.sh warm:--levels+4 tests wait ab:--levels+4+--profile ab:--levels+5+6
 set -uo pipefail
@@ -69,6 +71,18 @@ for step in "$@"; do
           echo "warm-up [${part//+/ }] exit $? at $(since) s"
         done
       ) > "$OUT/warm-$n.log" 2>&1 & warm_pids+=($!) ;;
+    peak:*)
+      # reads_ab in the background for its peak-memory column only (allocator peaks are per
+      # process, so work beside it does not move them; its times are not quiet and not reported)
+      n=$((n + 1))
+      args=${step#peak:}; args=${args//+/ }
+      ( timeout ${PEAK_TIMEOUT:-400} python3 -m bench.reads_ab --out "$OUT/peak-$n" $args
+        echo "peak-$n ($args): exit $? at $(since) s" ) > "$OUT/peak-$n.log" 2>&1 & warm_pids+=($!) ;;
+    fenwick:*)
+      n=$((n + 1))
+      args=${step#fenwick:}; args=${args//+/ }
+      timeout ${FENWICK_TIMEOUT:-400} python3 -m bench.fenwick_gdn2 --out "$OUT/fenwick-$n" $args 2>&1 | tee "$OUT/fenwick-$n.log" | tail -14
+      echo "fenwick-$n ($args): exit ${PIPESTATUS[0]} at $(since) s" | tee -a "$OUT/env.txt" ;;
     wait)
       for p in "${warm_pids[@]}"; do wait "$p"; echo "warm-up pid $p: exit $? at $(since) s" | tee -a "$OUT/env.txt"; done
       warm_pids=() ;;
