@@ -1,7 +1,7 @@
 """Cost of the Fenwick GDN-2 memory (``optimized.chunk_fenwick_gdn2``) against flat GDN-2
 (``optimized.chunk_gdn2``, the same heads), per token, as T grows (issue 14).
 
-For each T (default 4096 … 65536 at B·T = 65536 tokens per step, H = 16, K = V = 128, bf16):
+For each T (default 4096 … 65536 at B·T = 65536 tokens per step, H = 4, K = V = 128, bf16):
 forward and forward+backward time (``triton.testing.do_bench`` medians, autotuners tuned, one
 warm step first), the time per token, the ratio to flat GDN-2, the peak memory one step
 allocates on top of its inputs, and the floor of the chunked algorithm.
@@ -174,7 +174,10 @@ def main(argv=None) -> int:
     parser.add_argument("--out", required=True)
     parser.add_argument("--T", type=int, nargs="+", default=[4096, 8192, 16384, 32768, 65536])
     parser.add_argument("--tokens", type=int, default=65536, help="B·T per step (B = tokens // T, at least 1)")
-    parser.add_argument("-H", type=int, default=16)
+    # H = 4: the stacked per-chunk states [B, ceil(T/64), H, K, (J + 7)·V] must stay under 2^31 elements
+    # (int32 indexing in fla's kernels and ours); at 65536 tokens per step and K = V = 128 that allows
+    # H ≤ 4 at T = 65536 (1.1e9) and refuses H = 16 at every T (H200 2026-11-30: 3.5e9 at T = 4096)
+    parser.add_argument("-H", type=int, default=4)
     parser.add_argument("-K", type=int, default=128)
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     parser.add_argument("--quick", action="store_true", help="CPU smoke: float32, T = 64, H = 1, K = V = 16")

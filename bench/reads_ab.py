@@ -28,6 +28,7 @@ import argparse
 import csv
 import os
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -198,8 +199,11 @@ def main(argv=None) -> int:
 
             try:
                 with finite_checks(check):
+                    started = time.perf_counter()
+                    _log(f"L={L} {name}: first step (compile, autotune) …")
                     step()                                   # compile, autotune, tables
                     torch.cuda.synchronize()
+                    _log(f"L={L} {name}: first step took {time.perf_counter() - started:.0f} s")
                     if args.warmup_only:
                         _log(f"L={L} {name}: compiled (warm-up only)")
                         continue
