@@ -31,9 +31,12 @@ from ngdn.compile_buckets import FENWICK, LEVEL0, TENSOR3D
 
 ROOT = Path(__file__).resolve().parent.parent
 DTYPES = ("float32", "bfloat16")
-# Longest first: the nested op compiles fla's level-0 kernels, the scan and the state gradient.
-KINDS = ("nested", "delta", "gdn2", "gla", "fenwick")
-FAMILY_OF = {"nested": LEVEL0, "gdn2": LEVEL0, "delta": TENSOR3D, "gla": TENSOR3D, "fenwick": FENWICK}
+# Longest first: fenwick_gdn2 compiles fla's GDN-2 pieces at two stacked value widths (up to
+# 150 s for one bucket on the H200, 2026-11-30); the nested op fla's level-0 kernels, the scan
+# and the state gradient.
+KINDS = ("fenwick_gdn2", "nested", "delta", "gdn2", "gla", "fenwick")
+FAMILY_OF = {"fenwick_gdn2": LEVEL0, "nested": LEVEL0, "gdn2": LEVEL0, "delta": TENSOR3D, "gla": TENSOR3D,
+             "fenwick": FENWICK}
 
 
 def units() -> list[str]:
@@ -86,6 +89,16 @@ def warm(unit: str, require_cuda: bool = True) -> None:
         checks.optimized_vs_reference(checks.OptCase(shape, seed=1, intervals=(1, 1), query_counts=(8, 16),
                                                      initial_states=False), dtype, log=False)
         checks.level0_states_vs_reference(GDN2Shape(B=1, T=130, H=H, K=K, V=V), 0, dtype, log=False)
+    elif kind == "fenwick_gdn2":
+        import fenwick_gdn2_checks
+        from ngdn.fenwick_inputs import FenwickShape
+
+        # the stacked width (J + 7)·V follows the last chunk index: J = 1 (T = 100) and J = 2
+        # (T = 200), the two the properties draw (test_fenwick_gdn2.CUDA_SEQ_LENS); bucket a in
+        # float32 also J = 4 (T = 520, the nine-chunk case)
+        lengths = (100, 200, 520) if (bucket.name, dtype_name) == ("a", "float32") else (100, 200)
+        for T in lengths:
+            fenwick_gdn2_checks.optimized_vs_reference(FenwickShape(B=1, T=T, H=H, K=K, V=V), 0, dtype, log=False)
     elif kind in ("gla", "delta"):
         import tensor3d_checks
         from ngdn.tensor3d_inputs import Tensor3DShape

@@ -16,7 +16,7 @@ def test_units_cover_every_bucket_and_dtype():
         for bucket in family:
             for dtype in suite_precompile.DTYPES:
                 assert f"{kind}:{bucket.name}:{dtype}" in names
-    assert names[0].startswith("nested:")                           # longest first
+    assert names[0].startswith("fenwick_gdn2:")                     # longest first
     assert set(suite_precompile.FAMILY_OF.values()) <= set(compile_buckets.FAMILIES.values())
 
 
