@@ -1,13 +1,13 @@
 """Cost of the Fenwick GDN-2 memory (``optimized.chunk_fenwick_gdn2``) against flat GDN-2
 (``optimized.chunk_gdn2``, the same heads), per token, as T grows (issue 14).
 
-For each T (default 4096 … 65536 at B·T = 65536 tokens per step, H = 4, K = V = 128, bf16):
+For each T (default 4096 … 65536 at B·T = 65536 tokens per step, H = 8, K = V = 128, bf16):
 forward and forward+backward time (``triton.testing.do_bench`` medians, autotuners tuned, one
 warm step first), the time per token, the ratio to flat GDN-2, the peak memory one step
 allocates on top of its inputs, and the floor of the chunked algorithm.
 
 The floor. ``chunk_fenwick_gdn2`` runs fla's GDN-2 chunk pieces on values stacked along V:
-``NB = J + 7`` blocks of width V per chunk, ``J`` the bit length of the last chunk index
+``NB = J + 1`` blocks of width V per chunk, ``J`` the bit length of the last chunk index
 (``optimized/fenwick_gdn2/__init__.py``). The V-proportional part of a GDN-2 step therefore
 costs NB times flat GDN-2's, the K-only part (the WY matrices, ``Aqk``, ``Akk``) once. The
 printed floor is ``flat × NB`` (an upper estimate of what the stacked layout must cost, the
@@ -41,8 +41,11 @@ def _log(message: str):
 
 
 def stacked_blocks(T: int, chunk: int = 64) -> int:
-    """``NB = J + 7``: J = bit length of the last chunk index (the chunk-level buckets)."""
-    return (max(1, math.ceil(T / chunk)) - 1).bit_length() + 7
+    """``NB = J + 1``: J = bit length of the last chunk index (the chunk-level buckets), one own
+    block; a one-chunk call runs the 7 own-level blocks (the last chunk's split pass, 7 blocks over
+    64 tokens, is left out of the floor: 7 / (64·NB) of a step's V-proportional work at T = 4096)."""
+    chunks = max(1, math.ceil(T / chunk))
+    return 7 if chunks == 1 else (chunks - 1).bit_length() + 1
 
 
 def _inputs(B, T, H, K, V, L, dtype, device, seed):
@@ -174,10 +177,11 @@ def main(argv=None) -> int:
     parser.add_argument("--out", required=True)
     parser.add_argument("--T", type=int, nargs="+", default=[4096, 8192, 16384, 32768, 65536])
     parser.add_argument("--tokens", type=int, default=65536, help="B·T per step (B = tokens // T, at least 1)")
-    # H = 4: the stacked per-chunk states [B, ceil(T/64), H, K, (J + 7)·V] must stay under 2^31 elements
-    # (int32 indexing in fla's kernels and ours); at 65536 tokens per step and K = V = 128 that allows
-    # H ≤ 4 at T = 65536 (1.1e9) and refuses H = 16 at every T (H200 2026-11-30: 3.5e9 at T = 4096)
-    parser.add_argument("-H", type=int, default=4)
+    # H = 8: the stacked per-chunk states [B, ceil(T/64), H, K, (J + 1)·V] must stay under 2^31 elements
+    # (int32 indexing in fla's kernels and ours); at 65536 tokens per step and K = V = 128 H = 8 keeps
+    # them ≤ 1.5e9 at every T up to 65536, H = 16 only at T = 4096 (with J + 7 blocks, H200
+    # 2026-11-30, H = 16 was refused at every T: 3.5e9 at T = 4096)
+    parser.add_argument("-H", type=int, default=8)
     parser.add_argument("-K", type=int, default=128)
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     parser.add_argument("--quick", action="store_true", help="CPU smoke: float32, T = 64, H = 1, K = V = 16")

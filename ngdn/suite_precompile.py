@@ -93,7 +93,7 @@ def warm(unit: str, require_cuda: bool = True) -> None:
         import fenwick_gdn2_checks
         from ngdn.fenwick_inputs import FenwickShape
 
-        # the stacked width (J + 7)·V follows the last chunk index: J = 1 (T = 100) and J = 2
+        # the stacked width (J + 1)·V follows the last chunk index: J = 1 (T = 100) and J = 2
         # (T = 200), the two the properties draw (test_fenwick_gdn2.CUDA_SEQ_LENS); bucket a in
         # float32 also J = 4 (T = 520, the nine-chunk case)
         lengths = (100, 200, 520) if (bucket.name, dtype_name) == ("a", "float32") else (100, 200)

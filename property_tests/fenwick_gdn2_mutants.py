@@ -12,6 +12,7 @@ from unittest import mock
 
 import torch
 
+import optimized.fenwick_gdn2.chunk as chunk
 import optimized.fenwick_gdn2.fwd as fwd
 from optimized.fenwick_gdn2 import chunk_fenwick_gdn2
 
@@ -25,6 +26,7 @@ _carry_table = fwd.carry_table
 _states_fwd = fwd.states_fwd
 _intra_fwd = fwd.intra_fwd
 _own_level_masks = fwd.own_level_masks
+_fenwick_gdn2_fwd = chunk.fenwick_gdn2_fwd
 
 
 def _late_carry_table(offset, N, device):
@@ -61,6 +63,16 @@ def chunk_fenwick_gdn2_final_split_off_by_one(*args, **kwargs):
     def rolled(T, device):
         return torch.roll(_own_level_masks(T, device), 1, dims=1)
     return _call({"own_level_masks": rolled}, args, kwargs)
+
+
+def chunk_fenwick_gdn2_final_split_ignored_in_backward(*args, **kwargs):
+    """The backward ignores the last chunk's split pass: the whole own end state of the last
+    chunk takes level 0's final-state gradient (the main pass's unsplit own block)."""
+    def forward_without_tail(*a, **kw):       # the split final states, but nothing saved for the backward
+        o, final, saved, _ = _fenwick_gdn2_fwd(*a, **kw)
+        return o, final, saved, None
+    with mock.patch.object(chunk, "fenwick_gdn2_fwd", forward_without_tail):
+        return chunk_fenwick_gdn2(*args, **kwargs)
 
 
 def chunk_fenwick_gdn2_dropped_level_scale_gradient(q, k, v, g, b, w, level_scales, **kwargs):

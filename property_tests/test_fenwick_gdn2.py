@@ -27,16 +27,16 @@ from ngdn.tolerances import assert_passes, failures, relative_error
 CPU_SEQ_LENS = (1, 17, 64, 100, 130, 200)
 
 
-# CUDA menu: fla's GDN-2 pieces take the stacked value width (J + 7)·V as a constexpr, and J
-# (the bit length of the last chunk index) follows T: every J is a fresh compilation of all of
-# them. Two J per bucket and dtype (J = 1: 65-128 tokens, J = 2: 129-256), each ragged and full;
+# CUDA menu: fla's GDN-2 pieces take the stacked value width (J + 1)·V as a constexpr (and 7·V
+# in the last chunk's split pass), and J (the bit length of the last chunk index) follows T:
+# every J is a fresh compilation of all of them. Two J per bucket and dtype (J = 1: 65-128 tokens, J = 2: 129-256), each ragged and full;
 # the named nine-chunk case adds J = 4.
 CUDA_SEQ_LENS = (100, 128, 200, 256)
 
 
 def kernel_shapes(bucket=None):
     """CPU: the menu above. CUDA: the level-0 compile bucket's H, K, V (our kernels and fla's GDN-2
-    pieces take H, K, V as constexpr; T is a runtime size, the stacked value width (J + 7)·V
+    pieces take H, K, V as constexpr; T is a runtime size, the stacked value width (J + 1)·V
     follows T's chunk count), T from ``CUDA_SEQ_LENS``."""
     if bucket is None:
         return st.builds(FenwickShape, B=st.integers(1, 2), T=st.sampled_from(CPU_SEQ_LENS), H=st.integers(1, 2),
@@ -117,6 +117,15 @@ def test_optimized_vs_reference_catches_dropped_level_scale_gradient():
     bad = failures(checks.optimized_vs_reference(
         REDUCTION_SHAPE, 0, optimized=mutants.chunk_fenwick_gdn2_dropped_level_scale_gradient, log=False))
     assert "dlevel_scales" in bad, bad
+
+
+@pytest.mark.mutation
+def test_optimized_vs_reference_catches_final_split_ignored_in_backward():
+    """Three chunks: the main pass carries one own block; the last chunk's split pass must carry
+    the final-state gradient of levels 0 … 6 (values are right here, gradients are not)."""
+    bad = failures(checks.optimized_vs_reference(
+        MUTANT_SHAPE, 0, optimized=mutants.chunk_fenwick_gdn2_final_split_ignored_in_backward, log=False))
+    assert {"dk", "dv", "dw"} <= set(bad) and not {"output", "final_state"} & set(bad), bad
 
 
 @pytest.mark.mutation

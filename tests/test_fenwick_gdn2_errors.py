@@ -143,10 +143,10 @@ def test_initial_state_on_another_device():
 
 
 def test_sizes_refused_before_any_work():
-    """The stacked per-chunk states ``[B, N, H, K, (J + 7)·V]`` are sized before allocation."""
+    """The stacked per-chunk states ``[B, N, H, K, (J + 1)·V]`` are sized before allocation."""
     T_ = 2 ** 16
     big = {n: torch.empty(1, T_, 1, 256, device="meta") for n in ("q", "k", "g", "b")}
     big.update({n: torch.empty(1, T_, 1, 1024, device="meta") for n in ("v", "w")})
     big["level_scales"] = torch.empty(1, T_, 1, 17, device="meta")
-    _raises(ValueError, "the stacked per-chunk states [B, ceil(T/64), H, K, (J + 7) * V] = (1, 1024, 1, 256, 17408)",
+    _raises(ValueError, "the stacked per-chunk states [B, ceil(T/64), H, K, (J + 1) * V] = (1, 1024, 1, 256, 11264)",
             **big)

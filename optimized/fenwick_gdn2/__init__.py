@@ -59,16 +59,23 @@ sum to ``E``.
 Layout: stacked values
 ----------------------
 
-All bucket states of a chunk are stacked along V: ``NB = J + 7`` blocks of width V,
+All bucket states of a chunk are stacked along V: ``NB = J + 1`` blocks of width V,
 ``J = bit length of the last absolute chunk index`` bucket blocks (block j − 1 holds
-chunk-level j, token level 6 + j, read with ``λ[6 + j]``), then
-7 own blocks, the chunk's end state split by ``level(last token of the chunk, s) = ℓ``. Since
-the transition acts on the K side only, one GDN-2 chunk computation with values
-``v_st = [0, …, 0, v ⊙ [ℓ = 0], …, v ⊙ [ℓ = 6]]``, write gates ``w_st = [0, …, 0, w, …, w]`` and
-pre-state ``h = [Z_1 … Z_J, 0 … 0]`` does every part at once: ``vn = u_st − w_wy h`` and
-``end = diag(e^{G_C}) h + kg^T vn`` are each block's ``Φ_C Z_j`` and ``E_ℓ``. The carry is a fixed
+chunk-level j, token level 6 + j, read with ``λ[6 + j]``), then one own block, the chunk's
+end state ``E``. Since the transition acts on the K side only, one GDN-2 chunk computation
+with values ``v_st = [0, …, 0, v]``, write gates ``w_st = [0, …, 0, w]`` and pre-state
+``h = [Z_1 … Z_J, 0]`` does every part at once: ``vn = u_st − w_wy h`` and
+``end = diag(e^{G_C}) h + kg^T vn`` are each block's ``Φ_C Z_j`` and ``E``. The carry is a fixed
 linear map between chunks (``states.py``). So fla's GDN-2 chunk pieces, forward and backward,
 run unchanged on the stacked values; ours are the carry scan and the masked intra read.
+
+The split of ``E`` by level is needed only for the final states (every carry merges all seven
+own levels, m ≥ 0): a second pass over the last chunk alone, with no bucket blocks and seven
+own blocks ``v ⊙ [level(T − 1, s) = ℓ]`` (write gates ``w`` on each), gives ``S^(0) … S^(6)``; its
+backward adds the final states' gradient of levels 0 … 6 to that chunk's inputs. Without
+``output_final_state`` that pass is skipped; a one-chunk call runs only the split pass. (Until
+2026-11-30 every chunk carried the seven own blocks: ``J + 7`` blocks, 13 instead of 7 at
+T = 4096.)
 
 What runs where
 ---------------

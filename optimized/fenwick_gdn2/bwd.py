@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from optimized.fenwick_gdn2.fwd import Saved, initial_state_grad
+from optimized.fenwick_gdn2.fwd import Saved, initial_state_grad, last_chunk_start
 from optimized.fenwick_gdn2.intra import INTRA_LEVELS, intra_bwd
 from optimized.fenwick_gdn2.states import CHUNK, OWN_LEVELS, states_bwd
 
@@ -34,14 +34,15 @@ def fenwick_gdn2_bwd(s: Saved, do: torch.Tensor, dfinal: torch.Tensor | None):
     V = s.v.shape[-1]
     L = s.lam.shape[-1]
     J = s.J
-    NB = J + OWN_LEVELS
+    n_own = s.own_masks.shape[1]
+    NB = J + n_own
     N = s.h.shape[1]
     do = do.float().contiguous()
 
     dlam = torch.zeros(B, T, H, L, device=do.device, dtype=torch.float32)
     dwv, dlam_own, dAqk_own, dL_own = intra_bwd(s.v, s.w, s.lam, s.Aqk, s.Akk, do)
-    n_own = min(INTRA_LEVELS, L)
-    dlam[..., :n_own] = dlam_own[..., :n_own]
+    n_intra = min(INTRA_LEVELS, L)
+    dlam[..., :n_intra] = dlam_own[..., :n_intra]
     do_st = torch.zeros(B, T, H, NB, V, device=do.device, dtype=torch.float32)
     if J > 0:
         dlam[..., OWN_LEVELS: OWN_LEVELS + J] = torch.einsum("bthjv,bthv->bthj",
@@ -52,7 +53,8 @@ def fenwick_gdn2_bwd(s: Saved, do: torch.Tensor, dfinal: torch.Tensor | None):
     dAqk, dv_intra = chunk_kda_bwd_dAv(q=s.q, k=s.k, v=s.vn.to(s.q.dtype), do=do_st, A=s.Aqk, scale=s.scale,
                                        chunk_size=CHUNK)
     dfinal = None if dfinal is None else dfinal.float().contiguous()
-    dh, dvn, dpre = states_bwd(s.qg, s.kg, s.w_wy, s.gk, do_st, dv_intra, dfinal, s.mtab, s.scale, N, J, L, V)
+    dh, dvn, dpre = states_bwd(s.qg, s.kg, s.w_wy, s.gk, do_st, dv_intra, dfinal, s.mtab, s.scale, N, J, L, V,
+                               n_own)
     dq, dk, dv_st, db, dw_st, dg, dL = chunk_gdn2_bwd_wy_dqkg_fused(
         q=s.q, k=s.k, v=s.v_st, v_new=s.vn.to(s.q.dtype), g=s.gk, b=s.b, w_gate=s.w_st, A=s.Akk,
         h=s.h.to(s.q.dtype), do=do_st, dh=dh.to(s.q.dtype), dv=dvn.to(s.q.dtype), scale=s.scale, chunk_size=CHUNK)
@@ -70,3 +72,21 @@ def fenwick_gdn2_bwd(s: Saved, do: torch.Tensor, dfinal: torch.Tensor | None):
         dh0 = (initial_state_grad(dpre[:, 0, :, :, : J * V], s.offset, L, V) if J > 0
                else dpre.new_zeros(B, H, L, K, V))
     return dq, dk, dv, dg, db, dw, dlam, dh0
+
+
+def fenwick_gdn2_bwd_with_tail(s: Saved, tail: Saved | None, do: torch.Tensor, dfinal: torch.Tensor | None):
+    """The backward of ``fenwick_gdn2_fwd``: the main pass's, and with the last chunk's split pass
+    (``tail``) and a final-state gradient, that pass's for levels 0 … 6 added on the last chunk.
+    The main pass then sees no gradient on levels 0 … 6 (its own block's end is not a final state)."""
+    if tail is None or dfinal is None:
+        return fenwick_gdn2_bwd(s, do, dfinal)
+    L = s.lam.shape[-1]
+    n = min(OWN_LEVELS, L)
+    dfinal_main = dfinal.clone()
+    dfinal_main[:, :, :n] = 0
+    grads = list(fenwick_gdn2_bwd(s, do, dfinal_main))
+    t0 = last_chunk_start(s.q.shape[1])
+    tail_grads = fenwick_gdn2_bwd(tail, do.new_zeros(do[:, t0:].shape), dfinal)
+    for i in range(7):                                                         # dq … dλ
+        grads[i][:, t0:] += tail_grads[i]
+    return tuple(grads)

@@ -4,8 +4,8 @@ from __future__ import annotations
 import torch
 
 from optimized.checks import KERNEL_DTYPES, check_finite_activations, check_kernel_device, check_kernel_dtype
-from optimized.fenwick_gdn2.bwd import fenwick_gdn2_bwd
-from optimized.fenwick_gdn2.fwd import bucket_blocks, fenwick_gdn2_fwd
+from optimized.fenwick_gdn2.bwd import fenwick_gdn2_bwd_with_tail
+from optimized.fenwick_gdn2.fwd import Saved, bucket_blocks, fenwick_gdn2_fwd
 from optimized.fenwick_gdn2.states import CHUNK, OWN_LEVELS
 from reference.fenwick import check_level_scales, min_levels
 from reference.validation import (check_gdn2_inputs, check_same_device, check_same_dtype, check_shape,
@@ -14,25 +14,35 @@ from reference.validation import (check_gdn2_inputs, check_same_device, check_sa
 MAX_HEAD_DIM = 256  # fla's GDN-2 kernels support K <= 256
 
 
+def _meta(saved):
+    return dict(scale=saved.scale, J=saved.J, offset=saved.offset, has_initial_state=saved.has_initial_state)
+
+
+def _unpack(tensors: list, has_reads: bool, meta: dict) -> Saved:
+    if not has_reads:
+        tensors.insert(Saved.TENSORS.index("reads"), None)
+    return Saved.from_tensors(tensors, **meta)
+
+
 class ChunkFenwickGDN2Function(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, g, b, w, level_scales, initial_state, scale, offset, output_final_state):
-        o, final, saved = fenwick_gdn2_fwd(q, k, v, g, b, w, level_scales, scale, initial_state, offset)
-        ctx.save_for_backward(*[t for t in saved.tensors() if t is not None])
-        ctx.has_reads = saved.reads is not None
-        ctx.meta = dict(scale=saved.scale, J=saved.J, offset=saved.offset,
-                        has_initial_state=saved.has_initial_state)
+        o, final, saved, tail = fenwick_gdn2_fwd(q, k, v, g, b, w, level_scales, scale, initial_state, offset,
+                                                 split_final=output_final_state)
+        parts = [saved] + ([tail] if tail is not None else [])
+        lists = [[t for t in p.tensors() if t is not None] for p in parts]
+        ctx.save_for_backward(*[t for tensors in lists for t in tensors])
+        ctx.layout = [(len(tensors), p.reads is not None, _meta(p)) for tensors, p in zip(lists, parts)]
         return o, (final if output_final_state else None)
 
     @staticmethod
     def backward(ctx, do, dfinal):
-        from optimized.fenwick_gdn2.fwd import Saved
-
-        tensors = list(ctx.saved_tensors)
-        if not ctx.has_reads:
-            tensors.insert(Saved.TENSORS.index("reads"), None)
-        saved = Saved.from_tensors(tensors, **ctx.meta)
-        dq, dk, dv, dg, db, dw, dlam, dh0 = fenwick_gdn2_bwd(saved, do, dfinal)
+        tensors, parts = list(ctx.saved_tensors), []
+        for count, has_reads, meta in ctx.layout:
+            parts.append(_unpack(tensors[:count], has_reads, meta))
+            tensors = tensors[count:]
+        saved, tail = parts[0], (parts[1] if len(parts) > 1 else None)
+        dq, dk, dv, dg, db, dw, dlam, dh0 = fenwick_gdn2_bwd_with_tail(saved, tail, do, dfinal)
         q = saved.q
         return (dq.to(q.dtype), dk.to(q.dtype), dv.to(q.dtype), dg.to(q.dtype), db.to(q.dtype), dw.to(q.dtype),
                 dlam.to(q.dtype), dh0, None, None, None)
@@ -66,10 +76,10 @@ def check_fenwick_gdn2_kernel_inputs(q, k, v, g, b, w, level_scales, scale, init
     if K > MAX_HEAD_DIM:
         raise ValueError(f"q: key dim K must be <= {MAX_HEAD_DIM} for fla's GDN-2 kernels, got {K}")
     N = -(-T // CHUNK)
-    NB = bucket_blocks(offset, T, L, initial_state is not None) + OWN_LEVELS
+    NB = bucket_blocks(offset, T, L, initial_state is not None) + (OWN_LEVELS if N == 1 else 1)
     check_sizes((("level_scales [B, T, H, L]", (B, T, H, L)),
-                 ("the stacked values [B, T, H, (J + 7) * V]", (B, T, H, NB * V)),
-                 ("the stacked per-chunk states [B, ceil(T/64), H, K, (J + 7) * V]", (B, N, H, K, NB * V)),
+                 ("the stacked values [B, T, H, (J + 1) * V]", (B, T, H, NB * V)),
+                 ("the stacked per-chunk states [B, ceil(T/64), H, K, (J + 1) * V]", (B, N, H, K, NB * V)),
                  ("the final states [B, H, L, K, V]", (B, H, L, K, V))))
     check_kernel_device("q", q)
     check_kernel_dtype("q", q)

@@ -4,8 +4,8 @@
    matrices ``Aqk``, ``Akk``: fla's ``chunk_gdn2_fwd_intra`` in cuda mode, ours (Triton,
    ``wy.py``, the same matrices, 15x faster under the interpreter) in cpu-interpret mode;
    then fla's ``recompute_w_u_fwd_gdn2`` on the *stacked* values (``v_st``, ``w_st``: zeros on the
-   J bucket blocks, ``v ⊙ [level(last, s) = ℓ]`` and ``w`` on the 7 own-level blocks) giving
-   the WY vectors ``w_wy``, ``u_st``, and ``qg``, ``kg``.
+   J bucket blocks, ``v`` and ``w`` on one own block; in the last chunk's pass ``v ⊙ [level(last,
+   s) = ℓ]`` and ``w`` on 7 own-level blocks) giving the WY vectors ``w_wy``, ``u_st``, and ``qg``, ``kg``.
 2. ours (Triton, ``states.py``): the chunk-level Fenwick scan of the stacked bucket
    states: per-chunk pre-states ``h``, ``vn = u_st − w_wy h``, the final states.
 3. fla: ``chunk_gla_fwd_o_gk`` on the J bucket blocks: ``O_j = scale · qg h_j + Aqk vn_j``,
@@ -122,8 +122,11 @@ class Saved:
         return cls(**dict(zip(cls.TENSORS, tensors)), **meta)
 
 
-def fenwick_gdn2_fwd(q, k, v, g, b, w, lam, scale: float, initial_state=None, offset: int = 0):
-    """Returns ``(o [B, T, H, V] in v's dtype, final [B, H, L, K, V] float32, saved)``."""
+def stacked_pass(q, k, v, g, b, w, lam, scale: float, initial_state, offset: int, J: int, own: torch.Tensor):
+    """One pass of the stacked GDN-2 chunk computation over ``q … lam`` (steps 1-5 above) with
+    ``J`` bucket blocks and the own blocks ``v ⊙ own[:, i]`` (``own [T, n_own]``: the seven
+    level masks, or one column of ones for the unsplit own state). Returns ``(o, final, saved)``;
+    with one own column, final level 0 is the last chunk's unsplit own state."""
     from fla.ops.gla.chunk import chunk_gla_fwd_o_gk
     from fla.ops.utils import chunk_local_cumsum
     from fla.ops.utils.constant import RCP_LN2
@@ -132,14 +135,13 @@ def fenwick_gdn2_fwd(q, k, v, g, b, w, lam, scale: float, initial_state=None, of
     V = v.shape[-1]
     L = lam.shape[-1]
     N = triton.cdiv(T, CHUNK)
-    J = bucket_blocks(offset, T, L, initial_state is not None)
-    NB = J + OWN_LEVELS
+    n_own = own.shape[1]
+    NB = J + n_own
 
     gk = chunk_local_cumsum(g, chunk_size=CHUNK, scale=RCP_LN2)
-    own = own_level_masks(T, q.device)                                         # [T, 7]
     v_st = torch.cat([v.new_zeros(B, T, H, J, V), (v[:, :, :, None, :] * own[None, :, None, :, None]).to(v.dtype)],
                      dim=3).reshape(B, T, H, NB * V)
-    w_st = torch.cat([w.new_zeros(B, T, H, J, V), w[:, :, :, None, :].expand(B, T, H, OWN_LEVELS, V)],
+    w_st = torch.cat([w.new_zeros(B, T, H, J, V), w[:, :, :, None, :].expand(B, T, H, n_own, V)],
                      dim=3).reshape(B, T, H, NB * V)
     if triton_mode.MODE == triton_mode.CUDA:
         from fla.ops.gdn2.chunk_intra import chunk_gdn2_fwd_intra
@@ -153,7 +155,7 @@ def fenwick_gdn2_fwd(q, k, v, g, b, w, lam, scale: float, initial_state=None, of
     if initial_state is not None and J > 0:
         h[:, 0, :, :, : J * V] = initial_pre_state(initial_state.float(), offset, J)
     mtab = carry_table(offset, N, q.device)
-    vn, final = states_fwd(kg, w_wy, u_st, gk, mtab, h, J, L, V)
+    vn, final = states_fwd(kg, w_wy, u_st, gk, mtab, h, J, L, V, n_own)
 
     o = intra_fwd(v, w, lam, Aqk, Akk)
     reads = None
@@ -164,4 +166,37 @@ def fenwick_gdn2_fwd(q, k, v, g, b, w, lam, scale: float, initial_state=None, of
                              lam[..., OWN_LEVELS: OWN_LEVELS + J].float())
     saved = Saved(q, k, v, b, w, lam, gk, v_st, w_st, own, Aqk, Akk, w_wy, qg, kg, h, vn, reads, mtab,
                   scale=scale, J=J, offset=offset, has_initial_state=initial_state is not None)
-    return o.to(v.dtype), final, saved
+    return o, final, saved
+
+
+def last_chunk_start(T: int) -> int:
+    return CHUNK * (triton.cdiv(T, CHUNK) - 1)
+
+
+def fenwick_gdn2_fwd(q, k, v, g, b, w, lam, scale: float, initial_state=None, offset: int = 0,
+                     split_final: bool = True):
+    """Returns ``(o [B, T, H, V] in v's dtype, final [B, H, L, K, V] float32, saved, tail)``.
+
+    Every carry merges all seven own levels of a chunk, so the main pass carries the chunk's
+    own state as one block (``J + 1`` blocks, not ``J + 7``). Only the final states of levels
+    0 … 6 need the split by level: with ``split_final``, a second pass over the last chunk alone
+    (no buckets, seven own blocks; ``tail``, its saved tensors) gives them. One chunk: one pass,
+    split. Without ``split_final`` final levels 0 … 6 are not meaningful (the op returns no
+    final states then)."""
+    T = q.shape[1]
+    L = lam.shape[-1]
+    J = bucket_blocks(offset, T, L, initial_state is not None)
+    if T <= CHUNK:
+        o, final, saved = stacked_pass(q, k, v, g, b, w, lam, scale, initial_state, offset, J,
+                                       own_level_masks(T, q.device))
+        return o.to(v.dtype), final, saved, None
+    o, final, saved = stacked_pass(q, k, v, g, b, w, lam, scale, initial_state, offset, J,
+                                   torch.ones(T, 1, device=q.device))
+    tail = None
+    if split_final:
+        t0 = last_chunk_start(T)
+        piece = [x[:, t0:].contiguous() for x in (q, k, v, g, b, w, lam)]
+        _, tail_final, tail = stacked_pass(*piece, scale, None, offset + t0, 0, own_level_masks(T - t0, q.device))
+        n = min(OWN_LEVELS, L)
+        final[:, :, :n] = tail_final[:, :, :n]
+    return o.to(v.dtype), final, saved, tail

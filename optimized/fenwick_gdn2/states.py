@@ -1,17 +1,20 @@
 """The chunk-level Fenwick counter of bucket states: forward scan and its reverse (Triton).
 
 The bucket states are stacked along V (``optimized.fenwick_gdn2`` explains the layout):
-``NB = J + 7`` blocks of width V, blocks ``0 .. J-1`` the chunk-level buckets
-(token levels ``7 .. 6+J``), blocks ``J .. J+6`` the chunk's own end state split by the
-level its tokens have at the chunk's last token (token levels ``0 .. 6``). Per chunk c
-(fla's WY vectors ``w``, ``u``; ``kg = k ⊙ 2^(G_last − G)``; ``Z`` the stacked pre-state):
+``NB = J + NOWN`` blocks of width V, blocks ``0 .. J-1`` the chunk-level buckets
+(token levels ``7 .. 6+J``), then the chunk's own end state: ``NOWN = 7`` blocks split by the
+level its tokens have at the chunk's last token (token levels ``0 .. 6``), or ``NOWN = 1``
+block, unsplit (every carry merges all seven; the op splits only the last chunk's, in a
+pass of its own). Per chunk c (fla's WY vectors ``w``, ``u``; ``kg = k ⊙ 2^(G_last − G)``;
+``Z`` the stacked pre-state):
 
     vn    = u − w Z                                  # every block; u = 0 on the bucket blocks
     end   = diag(2^G_last) Z + kg^T vn               # the chunk's transition (and own writes)
     carry (c → c+1, m = trailing ones of the absolute chunk index c0 + c):
-          Z'[m]   = Σ_{ℓ=0..6} end[J+ℓ] + Σ_{j<m} end[j]    # levels 0..m merge into m+1
+          Z'[m]   = Σ_{own blocks i} end[J+i] + Σ_{j<m} end[j]   # levels 0..m merge into m+1
           Z'[j]   = end[j]  for j > m;   Z'[j] = 0 for j < m   (end[m] is an empty bucket)
-    last chunk: the blocks' ``end`` are the final states of levels 7+j and ℓ.
+    last chunk: the blocks' ``end`` are the final states of levels 7+j and of own block i
+    (level i; with NOWN = 1 level 0 holds the unsplit sum).
 
 The reverse scan is the transpose: the gradient of ``end`` comes from the next chunk's
 pre-state gradient through the carry (or from the final-state gradient), and
@@ -34,15 +37,15 @@ CHUNK = 64
 OWN_LEVELS = 7
 
 
-@triton.jit(do_not_specialize=["T", "N", "J", "L"])
+@triton.jit(do_not_specialize=["T", "N", "J", "L", "NOWN"])
 def fenwick_states_fwd_kernel(
-    kg, wy, u, gk, mtab, h, vn, final, T, N, J, L,
+    kg, wy, u, gk, mtab, h, vn, final, T, N, J, L, NOWN,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
 ):
     i_v, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
-    NB = J + 7
+    NB = J + NOWN
     NBV = NB * V
     bos = i_b.to(tl.int64) * T
     o_k = tl.arange(0, BK)
@@ -84,15 +87,15 @@ def fenwick_states_fwd_kernel(
         tl.debug_barrier()
 
 
-@triton.jit(do_not_specialize=["T", "N", "J", "L"])
+@triton.jit(do_not_specialize=["T", "N", "J", "L", "NOWN"])
 def fenwick_states_bwd_kernel(
-    qg, kg, wy, gk, do, dv, dfinal, mtab, dh, dv2, dpre, scale, T, N, J, L,
+    qg, kg, wy, gk, do, dv, dfinal, mtab, dh, dv2, dpre, scale, T, N, J, L, NOWN,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_DFINAL: tl.constexpr,
 ):
     i_v, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
-    NB = J + 7
+    NB = J + NOWN
     NBV = NB * V
     JV = tl.maximum(J, 1) * V
     bos = i_b.to(tl.int64) * T
@@ -145,31 +148,34 @@ def block_sizes(K: int, V: int) -> tuple[int, int]:
     return BK, BV
 
 
-def states_fwd(kg, wy, u, gk, mtab, h, J: int, L: int, V: int):
-    """Fills ``h [B, N, H, K, NB·V]`` (``h[:, 0]`` given: the first chunk's pre-state; the rest
-    zero on entry) and returns ``(vn [B, T, H, NB·V] float32, final [B, H, L, K, V] float32)``."""
+def states_fwd(kg, wy, u, gk, mtab, h, J: int, L: int, V: int, n_own: int = OWN_LEVELS):
+    """Fills ``h [B, N, H, K, NB·V]`` (``NB = J + n_own``; ``h[:, 0]`` given: the first chunk's
+    pre-state; the rest zero on entry) and returns ``(vn [B, T, H, NB·V] float32, final [B, H, L,
+    K, V] float32)``; with ``n_own = 1`` final level 0 holds the last chunk's whole own end state
+    and levels 1 … 6 stay zero."""
     B, T, H, K = kg.shape
     N = h.shape[1]
     BK, BV = block_sizes(K, V)
-    vn = torch.empty(B, T, H, (J + OWN_LEVELS) * V, device=kg.device, dtype=torch.float32)
+    vn = torch.empty(B, T, H, (J + n_own) * V, device=kg.device, dtype=torch.float32)
     final = torch.zeros(B, H, L, K, V, device=kg.device, dtype=torch.float32)
     grid = (triton.cdiv(V, BV), B * H)
-    fenwick_states_fwd_kernel[grid](kg, wy, u, gk, mtab, h, vn, final, T, N, J, L,
+    fenwick_states_fwd_kernel[grid](kg, wy, u, gk, mtab, h, vn, final, T, N, J, L, n_own,
                                     H=H, K=K, V=V, BT=CHUNK, BK=BK, BV=BV)
     return vn, final
 
 
-def states_bwd(qg, kg, wy, gk, do, dv, dfinal, mtab, scale: float, N: int, J: int, L: int, V: int):
+def states_bwd(qg, kg, wy, gk, do, dv, dfinal, mtab, scale: float, N: int, J: int, L: int, V: int,
+               n_own: int = OWN_LEVELS):
     """Returns ``dh [B, N, H, K, NB·V]`` (gradient of every chunk's end states), ``dv2`` (the
     gradient of ``vn``) and ``dpre [B, N, H, K, max(J,1)·V]`` (gradient of every chunk's bucket
     pre-states; ``dpre[:, 0]`` is the first chunk's), all float32."""
     B, T, H, K = kg.shape
     BK, BV = block_sizes(K, V)
-    NBV = (J + OWN_LEVELS) * V
+    NBV = (J + n_own) * V
     dh = torch.empty(B, N, H, K, NBV, device=kg.device, dtype=torch.float32)
     dv2 = torch.empty(B, T, H, NBV, device=kg.device, dtype=torch.float32)
     dpre = torch.zeros(B, N, H, K, max(J, 1) * V, device=kg.device, dtype=torch.float32)
     grid = (triton.cdiv(V, BV), B * H)
-    fenwick_states_bwd_kernel[grid](qg, kg, wy, gk, do, dv, dfinal, mtab, dh, dv2, dpre, scale, T, N, J, L,
+    fenwick_states_bwd_kernel[grid](qg, kg, wy, gk, do, dv, dfinal, mtab, dh, dv2, dpre, scale, T, N, J, L, n_own,
                                     H=H, K=K, V=V, BT=CHUNK, BK=BK, BV=BV, HAS_DFINAL=dfinal is not None)
     return dh, dv2, dpre
