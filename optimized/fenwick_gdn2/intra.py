@@ -46,11 +46,10 @@ def _level_weights(p_lam, m_t, L, BT: tl.constexpr, NL: tl.constexpr):
     return W, lev
 
 
-@triton.jit(do_not_specialize=["T", "L"])
-def fenwick_intra_fwd_kernel(
-    v, w, lam, Aqk, Akk, o, T, L,
-    H: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr, NL: tl.constexpr,
-):
+@triton.jit
+def _chunk_prologue(Aqk, Akk, lam, T, L, H: tl.constexpr, BT: tl.constexpr, NL: tl.constexpr):
+    """This program's chunk (``program_id`` = chunk, batch·head): its rows, the causal ``Aqk``,
+    ``Akk``, ``M = Aqk Akk``, the level weights ``Λ``, the level matrix and ``P = Λ ⊙ M``."""
     i_t, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     bos = i_b.to(tl.int64) * T
@@ -65,8 +64,19 @@ def fenwick_intra_fwd_kernel(
     b_aqk = tl.where(causal, b_aqk, 0.0)
     b_akk = tl.where(causal, b_akk, 0.0)
     b_m = tl.dot(b_aqk, b_akk, input_precision="ieee")
-    W, lev = _level_weights(lam + ((bos + o_t) * H + i_h).to(tl.int64) * L, m_t, L, BT, NL)
+    p_lam_row = ((bos + o_t) * H + i_h).to(tl.int64)             # [BT] row index into [B, T, H]
+    W, lev = _level_weights(lam + p_lam_row * L, m_t, L, BT, NL)
     b_p = tl.where(causal, W * b_m, 0.0)
+    return o_i, m_t, m_tt, p_row, p_lam_row, b_aqk, b_akk, causal, b_m, W, lev, b_p
+
+
+@triton.jit(do_not_specialize=["T", "L"])
+def fenwick_intra_fwd_kernel(
+    v, w, lam, Aqk, Akk, o, T, L,
+    H: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr, NL: tl.constexpr,
+):
+    o_i, m_t, m_tt, p_row, p_lam_row, b_aqk, b_akk, causal, b_m, W, lev, b_p = _chunk_prologue(
+        Aqk, Akk, lam, T, L, H, BT, NL)
     for i_v in range(tl.cdiv(V, BV)):
         o_v = i_v * BV + tl.arange(0, BV)
         m_tv = m_t[:, None] & (o_v[None, :] < V)
@@ -82,22 +92,8 @@ def fenwick_intra_bwd_kernel(
     v, w, lam, Aqk, Akk, do, dwv, dlam, dAqk, dL, T, L,
     H: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr, NL: tl.constexpr,
 ):
-    i_t, i_bh = tl.program_id(0), tl.program_id(1)
-    i_b, i_h = i_bh // H, i_bh % H
-    bos = i_b.to(tl.int64) * T
-    o_t = i_t * BT + tl.arange(0, BT)
-    o_i = tl.arange(0, BT)
-    m_t = o_t < T
-    m_tt = m_t[:, None] & (o_i[None, :] < BT)
-    p_row = (bos + o_t[:, None]) * H + i_h
-    b_aqk = tl.load(Aqk + p_row * BT + o_i[None, :], mask=m_tt, other=0.0).to(tl.float32)
-    b_akk = tl.load(Akk + p_row * BT + o_i[None, :], mask=m_tt, other=0.0).to(tl.float32)
-    causal = (o_i[:, None] >= o_i[None, :]) & m_t[:, None] & m_t[None, :]
-    b_aqk = tl.where(causal, b_aqk, 0.0)
-    b_akk = tl.where(causal, b_akk, 0.0)
-    b_m = tl.dot(b_aqk, b_akk, input_precision="ieee")
-    W, lev = _level_weights(lam + ((bos + o_t) * H + i_h).to(tl.int64) * L, m_t, L, BT, NL)
-    b_p = tl.where(causal, W * b_m, 0.0)
+    o_i, m_t, m_tt, p_row, p_lam_row, b_aqk, b_akk, causal, b_m, W, lev, b_p = _chunk_prologue(
+        Aqk, Akk, lam, T, L, H, BT, NL)
 
     b_dp = tl.zeros([BT, BT], dtype=tl.float32)
     for i_v in range(tl.cdiv(V, BV)):
@@ -114,7 +110,7 @@ def fenwick_intra_bwd_kernel(
 
     # dλ_t[ℓ] = Σ_{r: level(t, r) = ℓ} dP[t, r] M[t, r]
     b_dlw = b_dp * b_m
-    p_dlam = dlam + ((bos + o_t) * H + i_h).to(tl.int64) * NL
+    p_dlam = dlam + p_lam_row * NL
     for ell in tl.static_range(NL):
         b_dl = tl.sum(tl.where(lev == ell, b_dlw, 0.0), axis=1)
         tl.store(p_dlam + ell, b_dl, mask=m_t)
