@@ -108,7 +108,8 @@ multiple of 64 and passing ``(final states, offset)`` on equals one call, in val
 gradient (the initial state is differentiable).
 
 Dtypes: float32 everywhere; bfloat16 is accepted in cuda mode only (the interpreter's
-bfloat16 dots are wrong, ``optimized.checks``) and has not been run on a GPU yet.
+bfloat16 dots are wrong, ``optimized.checks``); its properties passed on an H200 (worst 4.5e-3,
+``tolerances.yaml``).
 """
 from optimized.fenwick_gdn2.chunk import ChunkFenwickGDN2Function, chunk_fenwick_gdn2
 
