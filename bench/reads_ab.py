@@ -172,6 +172,9 @@ def main(argv=None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
     parser.add_argument("--no-flat", action="store_true", help="leave flat GDN-2 out (no ratios)")
+    parser.add_argument("--memory-at-peak", action="store_true",
+                        help="one more step per op with the allocator history on: memory_L<L>_<op>.md lists what "
+                             "is alive at the peak and which line allocated it (bench.memory_at_peak)")
     parser.add_argument("--warmup-only", action="store_true",
                         help="one step per op and exit: fills the Triton cache (compiled kernels and autotune "
                              "candidates) for a later timed run in another process")
@@ -220,6 +223,16 @@ def main(argv=None) -> int:
                     peak = peak_total - base / 2 ** 30
                     for t in leaves:
                         t.grad = None
+                    if args.memory_at_peak and not check:
+                        from bench import memory_at_peak
+
+                        snapshot = memory_at_peak.record(step)
+                        memory_at_peak.write_table(
+                            out / f"memory_L{L}_{name}.md",
+                            f"L={L} {name}: memory alive at the peak of one forward+backward "
+                            f"(B={B}, T={T}, H={H}, K=V={K}, {args.dtype})", snapshot)
+                        for t in leaves:
+                            t.grad = None
                     if args.profile and not check and L == args.levels[0]:
                         from torch.profiler import ProfilerActivity, profile
 
