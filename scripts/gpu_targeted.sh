@@ -11,7 +11,9 @@
 #   warm:ARGS[,ARGS...]  the same with --warmup-only, in the background, one after another (fills the Triton cache with the
 #                  kernels and autotune candidates a later `ab:` step compiles, but no autotune
 #                  results: those are taken by the timed run on a quiet GPU), log warm-<n>.log
-#   peak:ARGS      reads_ab in the background, for its peak-memory column only, log peak-<n>.log
+#   peak:ARGS      reads_ab in the background, for its peak-memory column only, log peak-<n>.log; put it
+#                  after `tests`, never beside them (two 35-GiB peak runs beside 12 test workers ran the
+#                  H200 out of memory, 2026-11-30)
 #   fenwick:ARGS   python -m bench.fenwick_gdn2 --out $OUT/fenwick-<n> ARGS
 #   wait           wait for the background warm-ups and peak runs (they compile beside the tests: on 16 cores two
 #                  chains of two warm-ups took 466-480 s next to a 290 s test step)
