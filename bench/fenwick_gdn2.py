@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import math
 import sys
 import time
 from pathlib import Path
@@ -40,12 +39,13 @@ def _log(message: str):
     print(f"[fenwick_gdn2] {message}", file=sys.stderr, flush=True)
 
 
-def stacked_blocks(T: int, chunk: int = 64) -> int:
-    """``NB = J + 1``: J = bit length of the last chunk index (the chunk-level buckets), one own
-    block; a one-chunk call runs the 7 own-level blocks (the last chunk's split pass, 7 blocks over
-    64 tokens, is left out of the floor: 7 / (64·NB) of a step's V-proportional work at T = 4096)."""
-    chunks = max(1, math.ceil(T / chunk))
-    return 7 if chunks == 1 else (chunks - 1).bit_length() + 1
+def stacked_blocks(T: int) -> int:
+    """``NB = J + 1`` (``optimized.fenwick_gdn2.fwd.stacked_blocks``; 7 in a one-chunk call). The
+    last chunk's split pass, 7 blocks over 64 tokens, is left out of the floor: 7 / (64·NB) of a
+    step's V-proportional work at T = 4096."""
+    from optimized.fenwick_gdn2.fwd import stacked_blocks as blocks
+
+    return blocks(0, T, 0, False)
 
 
 def _inputs(B, T, H, K, V, L, dtype, device, seed):

@@ -5,8 +5,8 @@ import torch
 
 from optimized.checks import KERNEL_DTYPES, check_finite_activations, check_kernel_device, check_kernel_dtype
 from optimized.fenwick_gdn2.bwd import fenwick_gdn2_bwd_with_tail
-from optimized.fenwick_gdn2.fwd import Saved, bucket_blocks, fenwick_gdn2_fwd
-from optimized.fenwick_gdn2.states import CHUNK, OWN_LEVELS
+from optimized.fenwick_gdn2.fwd import Saved, fenwick_gdn2_fwd, stacked_blocks
+from optimized.fenwick_gdn2.states import CHUNK
 from reference.fenwick import check_level_scales, min_levels
 from reference.validation import (check_gdn2_inputs, check_same_device, check_same_dtype, check_shape,
                                   check_sizes, check_tensor)
@@ -76,7 +76,7 @@ def check_fenwick_gdn2_kernel_inputs(q, k, v, g, b, w, level_scales, scale, init
     if K > MAX_HEAD_DIM:
         raise ValueError(f"q: key dim K must be <= {MAX_HEAD_DIM} for fla's GDN-2 kernels, got {K}")
     N = -(-T // CHUNK)
-    NB = bucket_blocks(offset, T, L, initial_state is not None) + (OWN_LEVELS if N == 1 else 1)
+    NB = stacked_blocks(offset, T, L, initial_state is not None)
     check_sizes((("level_scales [B, T, H, L]", (B, T, H, L)),
                  ("the stacked values [B, T, H, (J + 1) * V]", (B, T, H, NB * V)),
                  ("the stacked per-chunk states [B, ceil(T/64), H, K, (J + 1) * V]", (B, N, H, K, NB * V)),

@@ -38,6 +38,12 @@ def bucket_blocks(offset: int, T: int, L: int, has_initial_state: bool) -> int:
     return J
 
 
+def stacked_blocks(offset: int, T: int, L: int, has_initial_state: bool) -> int:
+    """``NB``, the value blocks one chunk carries in the main pass: the ``J`` bucket blocks and one
+    own block, or, in a one-chunk call (a single pass, split by level), seven own blocks."""
+    return bucket_blocks(offset, T, L, has_initial_state) + (OWN_LEVELS if T <= CHUNK else 1)
+
+
 def own_level_masks(T: int, device) -> torch.Tensor:
     """``[T, 7]`` float32 one-hot of ``level(last_c, s)`` for token s of chunk c, ``last_c`` the
     chunk's last token (``min(64c + 63, T − 1)``): which of the chunk's own final levels s is in."""
