@@ -17,6 +17,14 @@ it is GDN-2); ``vs floor`` is the measured time over ``flat × NB``.
     python -m bench.fenwick_gdn2 --out results/DIR [--T 4096 16384 65536] [--dtype bfloat16]
     ngdn bench fenwick-gdn2 --out results/DIR
     python -m bench.fenwick_gdn2 --out DIR --quick     # CPU smoke (interpreter, float32, one chunk; ~40 s)
+    python -m bench.fenwick_gdn2 --out DIR --T 8192 --warmup-only   # compile only (one step per op)
+
+``--warmup-only`` runs one forward+backward per op and T and times nothing: it fills the Triton
+cache with every kernel and autotune candidate of that T (each T is a new stacked width
+``(J + 1)·V``, so a new set of compilations, more than 3.5 min per T on the H200). One such process
+per T, in parallel, turns the timed run's compilation into cache loads
+(``scripts/gpu_targeted.sh fenwick-warm:``); run it with ``FLA_CACHE_RESULTS=0
+TRITON_CACHE_AUTOTUNING=0`` so no autotune *result* taken beside other work is kept.
 
 Writes ``DIR/fenwick_gdn2.csv``, ``DIR/fenwick_gdn2.md`` and ``DIR/fenwick_gdn2.png`` (cost per
 token vs T, if matplotlib is installed), rewritten after every T.
@@ -85,8 +93,9 @@ def _timer(device):
     return cpu
 
 
-def measure(T, B, H, K, V, dtype, device, seed=0):
-    """Rows for flat GDN-2 and the Fenwick GDN-2 memory at one T."""
+def measure(T, B, H, K, V, dtype, device, seed=0, warmup_only=False):
+    """Rows for flat GDN-2 and the Fenwick GDN-2 memory at one T (``warmup_only``: one step per
+    op, nothing timed, rows with status ``warm``)."""
     from optimized import chunk_fenwick_gdn2, chunk_gdn2
     from reference.fenwick import min_levels
 
@@ -102,11 +111,17 @@ def measure(T, B, H, K, V, dtype, device, seed=0):
         row = {"T": T, "B": B, "H": H, "K": K, "V": V, "dtype": str(dtype).replace("torch.", ""), "op": name,
                "stacked_blocks": stacked_blocks(T) if name != "flat" else 1, "status": "ok"}
         try:
+            start = time.perf_counter()
             step()                                      # compile, autotune
             for t in leaves:
                 t.grad = None
             if device == "cuda":
                 torch.cuda.synchronize()
+            _log(f"T={T} {name}: first step (compile, autotune) {time.perf_counter() - start:.1f} s")
+            if warmup_only:
+                row["status"] = "warm"
+                rows[name] = row
+                continue
             row["fwd_ms"] = timer(forward, leaves)
             row["fwdbwd_ms"] = timer(step, leaves)
             if device == "cuda":
@@ -185,6 +200,7 @@ def main(argv=None) -> int:
     parser.add_argument("-K", type=int, default=128)
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     parser.add_argument("--quick", action="store_true", help="CPU smoke: float32, T = 64, H = 1, K = V = 16")
+    parser.add_argument("--warmup-only", action="store_true", help="compile only: one step per op and T, no timing")
     args = parser.parse_args(argv)
     if args.quick:
         args.T, args.tokens, args.H, args.K, args.dtype = [64], 1, 1, 16, "float32"
@@ -200,7 +216,8 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     rows, text = [], ""
     for T in args.T:
-        rows += measure(T, max(1, args.tokens // T), args.H, args.K, args.K, getattr(torch, args.dtype), device)
+        rows += measure(T, max(1, args.tokens // T), args.H, args.K, args.K, getattr(torch, args.dtype), device,
+                        warmup_only=args.warmup_only)
         text = write(out, rows)
         if device == "cuda":
             torch.cuda.empty_cache()

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Targeted GPU work on the device machine, from the repo root with the fla-core wheel in .whl/.
 # Steps (arguments, run in order; logs under $OUT):
-#   tests          pytest -n 12 on $TESTS (default: the fused probe, TF32 scan, hot path, reads
+#   tests          pytest -n ${PYTEST_WORKERS:-12} on $TESTS (default: the fused probe, TF32 scan, hot path, reads
 #                  kernels and the nested-optimized properties), error log in errors.jsonl,
 #                  worst errors in worst_errors.md; in parallel `ngdn scheme check` --device cuda
 #                  for each scheme in $SCHEMES (default: bounded_erase learned merge) and the README's
@@ -15,6 +15,9 @@
 #                  after `tests`, never beside them (two 35-GiB peak runs beside 12 test workers ran the
 #                  H200 out of memory, 2026-11-30)
 #   fenwick:ARGS   python -m bench.fenwick_gdn2 --out $OUT/fenwick-<n> ARGS
+#   fenwick-warm:T[,T...][:ARGS]  bench.fenwick_gdn2 --warmup-only, one background process per T
+#                  (in parallel: each T compiles its own stacked width), log fenwick-warm-<T>.log;
+#                  a later fenwick: step then loads the kernels from the cache; `wait` for them
 #   wait           wait for the background warm-ups and peak runs (they compile beside the tests: on 16 cores two
 #                  chains of two warm-ups took 466-480 s next to a 290 s test step)
 # Usage: bash scripts/gpu_targeted.sh warm:--levels+4 tests wait ab:--levels+4+--profile ab:--levels+5+6
@@ -45,7 +48,7 @@ for step in "$@"; do
       # SIGINT at the limit: pytest still prints its failure summary (-rfE); NGDN_TEST_LOG keeps every
       # test's outcome as it finishes (a plain kill at the limit once lost the names of 5 failures)
       NGDN_ERROR_LOG=$OUT/errors.jsonl NGDN_TEST_LOG=$OUT/tests.jsonl \
-        timeout -s INT -k 30 ${TESTS_TIMEOUT:-360} python3 -m pytest -q -n 12 -p no:cacheprovider \
+        timeout -s INT -k 30 ${TESTS_TIMEOUT:-360} python3 -m pytest -q -n ${PYTEST_WORKERS:-12} -p no:cacheprovider \
         -p no:benchmark -rfE --durations=15 ${TESTS:-tests/test_nested_fused_probe.py property_tests/test_probe_fused.py \
         property_tests/test_promote_scan_tf32.py tests/test_nested_hot_path.py tests/test_nested_reads_kernels.py \
         property_tests/test_nested_optimized.py} 2>&1 | tee "$OUT/tests.log" | tail -40
@@ -85,6 +88,15 @@ for step in "$@"; do
       args=${step#fenwick:}; args=${args//+/ }
       timeout ${FENWICK_TIMEOUT:-400} python3 -m bench.fenwick_gdn2 --out "$OUT/fenwick-$n" $args 2>&1 | tee "$OUT/fenwick-$n.log" | tail -14
       echo "fenwick-$n ($args): exit ${PIPESTATUS[0]} at $(since) s" | tee -a "$OUT/env.txt" ;;
+    fenwick-warm:*)
+      spec=${step#fenwick-warm:}; ts=${spec%%:*}; extra=""
+      [ "$spec" != "$ts" ] && extra=${spec#*:}; extra=${extra//+/ }
+      IFS=',' read -r -a tlist <<< "$ts"
+      for T in "${tlist[@]}"; do
+        ( FLA_CACHE_RESULTS=0 TRITON_CACHE_AUTOTUNING=0 timeout ${WARM_TIMEOUT:-400} \
+            python3 -m bench.fenwick_gdn2 --out "$OUT/fenwick-warm-$T" --warmup-only --T "$T" $extra
+          echo "fenwick warm-up T=$T exit $? at $(since) s" ) > "$OUT/fenwick-warm-$T.log" 2>&1 & warm_pids+=($!)
+      done ;;
     wait)
       for p in "${warm_pids[@]}"; do wait "$p"; echo "warm-up pid $p: exit $? at $(since) s" | tee -a "$OUT/env.txt"; done
       warm_pids=() ;;
