@@ -93,9 +93,22 @@ def _timer(device):
     return cpu
 
 
-def measure(T, B, H, K, V, dtype, device, seed=0, warmup_only=False):
+def _profile(out: Path, tag: str, fn, leaves):
+    """torch.profiler kernel table (top 30 by device time) of one call of ``fn`` -> ``out/profile_<tag>.txt``."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    (out / f"profile_{tag}.txt").write_text(prof.key_averages().table(sort_by="cuda_time_total", row_limit=30))
+    for t in leaves:
+        t.grad = None
+
+
+def measure(T, B, H, K, V, dtype, device, seed=0, warmup_only=False, profile_dir=None):
     """Rows for flat GDN-2 and the Fenwick GDN-2 memory at one T (``warmup_only``: one step per
-    op, nothing timed, rows with status ``warm``)."""
+    op, nothing timed, rows with status ``warm``; ``profile_dir``: also the kernel tables of one
+    forward and one forward+backward per op, before the timing)."""
     from optimized import chunk_fenwick_gdn2, chunk_gdn2
     from reference.fenwick import min_levels
 
@@ -122,6 +135,9 @@ def measure(T, B, H, K, V, dtype, device, seed=0, warmup_only=False):
                 row["status"] = "warm"
                 rows[name] = row
                 continue
+            if profile_dir is not None and device == "cuda":
+                _profile(profile_dir, f"T{T}_{name}_fwd", forward, leaves)
+                _profile(profile_dir, f"T{T}_{name}_fwdbwd", step, leaves)
             row["fwd_ms"] = timer(forward, leaves)
             row["fwdbwd_ms"] = timer(step, leaves)
             if device == "cuda":
@@ -201,6 +217,9 @@ def main(argv=None) -> int:
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     parser.add_argument("--quick", action="store_true", help="CPU smoke: float32, T = 64, H = 1, K = V = 16")
     parser.add_argument("--warmup-only", action="store_true", help="compile only: one step per op and T, no timing")
+    parser.add_argument("--profile", action="store_true",
+                        help="kernel tables (torch.profiler, top 30) of one forward and one forward+backward per op "
+                             "at the first T, DIR/profile_T<T>_<op>_<fwd|fwdbwd>.txt")
     args = parser.parse_args(argv)
     if args.quick:
         args.T, args.tokens, args.H, args.K, args.dtype = [64], 1, 1, 16, "float32"
@@ -217,7 +236,7 @@ def main(argv=None) -> int:
     rows, text = [], ""
     for T in args.T:
         rows += measure(T, max(1, args.tokens // T), args.H, args.K, args.K, getattr(torch, args.dtype), device,
-                        warmup_only=args.warmup_only)
+                        warmup_only=args.warmup_only, profile_dir=out if args.profile and T == args.T[0] else None)
         text = write(out, rows)
         if device == "cuda":
             torch.cuda.empty_cache()
