@@ -105,10 +105,14 @@ def _profile(out: Path, tag: str, fn, leaves):
         t.grad = None
 
 
-def measure(T, B, H, K, V, dtype, device, seed=0, warmup_only=False, profile_dir=None):
+OPS = ("flat", "fenwick_gdn2")
+
+
+def measure(T, B, H, K, V, dtype, device, seed=0, warmup_only=False, profile_dir=None, wanted=OPS):
     """Rows for flat GDN-2 and the Fenwick GDN-2 memory at one T (``warmup_only``: one step per
     op, nothing timed, rows with status ``warm``; ``profile_dir``: also the kernel tables of one
-    forward and one forward+backward per op, before the timing)."""
+    forward and one forward+backward per op, before the timing; ``wanted``: which of ``OPS``; without
+    flat, no ratios)."""
     from optimized import chunk_fenwick_gdn2, chunk_gdn2
     from reference.fenwick import min_levels
 
@@ -116,6 +120,7 @@ def measure(T, B, H, K, V, dtype, device, seed=0, warmup_only=False, profile_dir
     x, lam, do = _inputs(B, T, H, K, V, L, dtype, device, seed)
     ops = {"flat": (list(x.values()), lambda: chunk_gdn2(**x)[0]),
            "fenwick_gdn2": (list(x.values()) + [lam], lambda: chunk_fenwick_gdn2(**x, level_scales=lam)[0])}
+    ops = {name: op for name, op in ops.items() if name in wanted}
     timer = _timer(device)
     rows = {}
     for name, (leaves, forward) in ops.items():
@@ -153,7 +158,7 @@ def measure(T, B, H, K, V, dtype, device, seed=0, warmup_only=False, profile_dir
             row["status"] = f"error: {type(e).__name__}: {e}"[:200]
         rows[name] = row
         _log(str(row))
-    flat = rows["flat"].get("fwdbwd_ms")
+    flat = rows["flat"].get("fwdbwd_ms") if "flat" in rows else None
     for row in rows.values():
         ms = row.get("fwdbwd_ms")
         if ms is not None:
@@ -217,6 +222,8 @@ def main(argv=None) -> int:
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     parser.add_argument("--quick", action="store_true", help="CPU smoke: float32, T = 64, H = 1, K = V = 16")
     parser.add_argument("--warmup-only", action="store_true", help="compile only: one step per op and T, no timing")
+    parser.add_argument("--ops", nargs="+", choices=OPS, default=list(OPS),
+                        help="which ops to run (a ratio needs flat in the same run)")
     parser.add_argument("--profile", action="store_true",
                         help="kernel tables (torch.profiler, top 30) of one forward and one forward+backward per op "
                              "at the first T, DIR/profile_T<T>_<op>_<fwd|fwdbwd>.txt")
@@ -236,7 +243,8 @@ def main(argv=None) -> int:
     rows, text = [], ""
     for T in args.T:
         rows += measure(T, max(1, args.tokens // T), args.H, args.K, args.K, getattr(torch, args.dtype), device,
-                        warmup_only=args.warmup_only, profile_dir=out if args.profile and T == args.T[0] else None)
+                        warmup_only=args.warmup_only, wanted=args.ops,
+                        profile_dir=out if args.profile and T == args.T[0] else None)
         text = write(out, rows)
         if device == "cuda":
             torch.cuda.empty_cache()

@@ -51,9 +51,9 @@ def chunk_fenwick_gdn2_transition_on_newest_only(*args, **kwargs):
 
 def chunk_fenwick_gdn2_intra_level_off_by_one(*args, **kwargs):
     """Inside a chunk, a pair at level ℓ ≥ 1 is weighted with ``λ[ℓ + 1]`` (one level too high)."""
-    def intra_shifted(v, w, lam, Aqk, Akk):
+    def intra_shifted(v, w, lam, Aqk, Akk, **kw):
         shifted = torch.cat([lam[..., :1], lam[..., 2:], lam[..., -1:]], dim=-1).contiguous()
-        return _intra_fwd(v, w, shifted, Aqk, Akk)
+        return _intra_fwd(v, w, shifted, Aqk, Akk, **kw)
     return _call({"intra_fwd": intra_shifted}, args, kwargs)
 
 

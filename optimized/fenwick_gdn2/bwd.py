@@ -20,6 +20,7 @@ import torch
 
 from optimized.fenwick_gdn2.fwd import Saved, initial_state_grad, last_chunk_start
 from optimized.fenwick_gdn2.intra import INTRA_LEVELS, intra_bwd
+from optimized.fenwick_gdn2.precision import dot_precision
 from optimized.fenwick_gdn2.states import CHUNK, OWN_LEVELS, states_bwd
 
 
@@ -40,7 +41,8 @@ def fenwick_gdn2_bwd(s: Saved, do: torch.Tensor, dfinal: torch.Tensor | None):
     do = do.float().contiguous()
 
     dlam = torch.zeros(B, T, H, L, device=do.device, dtype=torch.float32)
-    dwv, dlam_own, dAqk_own, dL_own = intra_bwd(s.v, s.w, s.lam, s.Aqk, s.Akk, do)
+    precision = dot_precision(s.q.dtype)
+    dwv, dlam_own, dAqk_own, dL_own = intra_bwd(s.v, s.w, s.lam, s.Aqk, s.Akk, do, precision=precision)
     n_intra = min(INTRA_LEVELS, L)
     dlam[..., :n_intra] = dlam_own[..., :n_intra]
     do_st = torch.zeros(B, T, H, NB, V, device=do.device, dtype=torch.float32)
@@ -54,7 +56,7 @@ def fenwick_gdn2_bwd(s: Saved, do: torch.Tensor, dfinal: torch.Tensor | None):
                                        chunk_size=CHUNK)
     dfinal = None if dfinal is None else dfinal.float().contiguous()
     dh, dvn, dpre = states_bwd(s.qg, s.kg, s.w_wy, s.gk, do_st, dv_intra, dfinal, s.mtab, s.scale, N, J, L, V,
-                               n_own)
+                               n_own, precision=precision)
     dq, dk, dv_st, db, dw_st, dg, dL = chunk_gdn2_bwd_wy_dqkg_fused(
         q=s.q, k=s.k, v=s.v_st, v_new=s.vn.to(s.q.dtype), g=s.gk, b=s.b, w_gate=s.w_st, A=s.Akk,
         h=s.h.to(s.q.dtype), do=do_st, dh=dh.to(s.q.dtype), dv=dvn.to(s.q.dtype), scale=s.scale, chunk_size=CHUNK)

@@ -22,6 +22,7 @@ import triton
 
 from optimized import triton_mode  # device mode before fla
 from optimized.fenwick_gdn2.intra import intra_fwd
+from optimized.fenwick_gdn2.precision import dot_precision
 from optimized.fenwick_gdn2.states import CHUNK, OWN_LEVELS, states_fwd
 from optimized.fenwick_gdn2.wy import fenwick_wy_fwd
 from reference.fenwick import trailing_ones
@@ -161,9 +162,10 @@ def stacked_pass(q, k, v, g, b, w, lam, scale: float, initial_state, offset: int
     if initial_state is not None and J > 0:
         h[:, 0, :, :, : J * V] = initial_pre_state(initial_state.float(), offset, J)
     mtab = carry_table(offset, N, q.device)
-    vn, final = states_fwd(kg, w_wy, u_st, gk, mtab, h, J, L, V, n_own)
+    precision = dot_precision(q.dtype)
+    vn, final = states_fwd(kg, w_wy, u_st, gk, mtab, h, J, L, V, n_own, precision=precision)
 
-    o = intra_fwd(v, w, lam, Aqk, Akk)
+    o = intra_fwd(v, w, lam, Aqk, Akk, precision=precision)
     reads = None
     if J > 0:
         reads = chunk_gla_fwd_o_gk(q=q, v=vn[..., : J * V].to(q.dtype).contiguous(), g=gk, A=Aqk,

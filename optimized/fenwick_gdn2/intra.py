@@ -18,13 +18,16 @@ Backward, with ``dP = do (w ⊙ v)^T`` on ``r ≤ t``:
 
 ``dL`` is what fla's ``chunk_gdn2_bwd_intra`` takes as ``dAkk`` (fla's fused WY kernel
 returns its own part in the same form). Rows past ``T`` in a ragged last chunk are masked.
-Every dot is IEEE float32; no atomics (one program per chunk and head).
+Dots: TF32 in bf16 runs, IEEE float32 in float32 runs (``precision.py``); no atomics (one
+program per chunk and head).
 """
 from __future__ import annotations
 
 import torch
 import triton
 import triton.language as tl
+
+from optimized.fenwick_gdn2.precision import num_warps
 
 CHUNK = 64
 INTRA_LEVELS = 7          # levels 0..6 occur inside a chunk of 64
@@ -47,7 +50,7 @@ def _level_weights(p_lam, m_t, L, BT: tl.constexpr, NL: tl.constexpr):
 
 
 @triton.jit
-def _chunk_prologue(Aqk, Akk, lam, T, L, H: tl.constexpr, BT: tl.constexpr, NL: tl.constexpr):
+def _chunk_prologue(Aqk, Akk, lam, T, L, H: tl.constexpr, BT: tl.constexpr, NL: tl.constexpr, DOT: tl.constexpr):
     """This program's chunk (``program_id`` = chunk, batch·head): its rows, the causal ``Aqk``,
     ``Akk``, ``M = Aqk Akk``, the level weights ``Λ``, the level matrix and ``P = Λ ⊙ M``."""
     i_t, i_bh = tl.program_id(0), tl.program_id(1)
@@ -63,7 +66,7 @@ def _chunk_prologue(Aqk, Akk, lam, T, L, H: tl.constexpr, BT: tl.constexpr, NL: 
     causal = (o_i[:, None] >= o_i[None, :]) & m_t[:, None] & m_t[None, :]
     b_aqk = tl.where(causal, b_aqk, 0.0)
     b_akk = tl.where(causal, b_akk, 0.0)
-    b_m = tl.dot(b_aqk, b_akk, input_precision="ieee")
+    b_m = tl.dot(b_aqk, b_akk, input_precision=DOT)
     p_lam_row = ((bos + o_t) * H + i_h).to(tl.int64)             # [BT] row index into [B, T, H]
     W, lev = _level_weights(lam + p_lam_row * L, m_t, L, BT, NL)
     b_p = tl.where(causal, W * b_m, 0.0)
@@ -73,27 +76,27 @@ def _chunk_prologue(Aqk, Akk, lam, T, L, H: tl.constexpr, BT: tl.constexpr, NL: 
 @triton.jit(do_not_specialize=["T", "L"])
 def fenwick_intra_fwd_kernel(
     v, w, lam, Aqk, Akk, o, T, L,
-    H: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr, NL: tl.constexpr,
+    H: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr, NL: tl.constexpr, DOT: tl.constexpr,
 ):
     o_i, m_t, m_tt, p_row, p_lam_row, b_aqk, b_akk, causal, b_m, W, lev, b_p = _chunk_prologue(
-        Aqk, Akk, lam, T, L, H, BT, NL)
+        Aqk, Akk, lam, T, L, H, BT, NL, DOT)
     for i_v in range(tl.cdiv(V, BV)):
         o_v = i_v * BV + tl.arange(0, BV)
         m_tv = m_t[:, None] & (o_v[None, :] < V)
         p_tv = p_row * V + o_v[None, :]
         b_wv = (tl.load(v + p_tv, mask=m_tv, other=0.0).to(tl.float32)
                 * tl.load(w + p_tv, mask=m_tv, other=0.0).to(tl.float32))
-        b_o = tl.dot(b_p, b_wv, input_precision="ieee")
+        b_o = tl.dot(b_p, b_wv, input_precision=DOT)
         tl.store(o + p_tv, b_o.to(o.dtype.element_ty), mask=m_tv)
 
 
 @triton.jit(do_not_specialize=["T", "L"])
 def fenwick_intra_bwd_kernel(
     v, w, lam, Aqk, Akk, do, dwv, dlam, dAqk, dL, T, L,
-    H: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr, NL: tl.constexpr,
+    H: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr, NL: tl.constexpr, DOT: tl.constexpr,
 ):
     o_i, m_t, m_tt, p_row, p_lam_row, b_aqk, b_akk, causal, b_m, W, lev, b_p = _chunk_prologue(
-        Aqk, Akk, lam, T, L, H, BT, NL)
+        Aqk, Akk, lam, T, L, H, BT, NL, DOT)
 
     b_dp = tl.zeros([BT, BT], dtype=tl.float32)
     for i_v in range(tl.cdiv(V, BV)):
@@ -103,8 +106,8 @@ def fenwick_intra_bwd_kernel(
         b_wv = (tl.load(v + p_tv, mask=m_tv, other=0.0).to(tl.float32)
                 * tl.load(w + p_tv, mask=m_tv, other=0.0).to(tl.float32))
         b_do = tl.load(do + p_tv, mask=m_tv, other=0.0).to(tl.float32)
-        b_dp += tl.dot(b_do, tl.trans(b_wv), input_precision="ieee")
-        b_dwv = tl.dot(tl.trans(b_p), b_do, input_precision="ieee")
+        b_dp += tl.dot(b_do, tl.trans(b_wv), input_precision=DOT)
+        b_dwv = tl.dot(tl.trans(b_p), b_do, input_precision=DOT)
         tl.store(dwv + p_tv, b_dwv.to(dwv.dtype.element_ty), mask=m_tv)
     b_dp = tl.where(causal, b_dp, 0.0)
 
@@ -116,12 +119,12 @@ def fenwick_intra_bwd_kernel(
         tl.store(p_dlam + ell, b_dl, mask=m_t)
 
     b_dm = W * b_dp
-    b_daqk = tl.where(causal, tl.dot(b_dm, tl.trans(b_akk), input_precision="ieee"), 0.0)
+    b_daqk = tl.where(causal, tl.dot(b_dm, tl.trans(b_akk), input_precision=DOT), 0.0)
     tl.store(dAqk + p_row * BT + o_i[None, :], b_daqk.to(dAqk.dtype.element_ty), mask=m_tt)
     strict = (o_i[:, None] > o_i[None, :]) & m_t[:, None] & m_t[None, :]
-    b_dakk = tl.where(strict, tl.dot(tl.trans(b_aqk), b_dm, input_precision="ieee"), 0.0)
-    b_dl2 = tl.dot(tl.trans(b_akk), tl.dot(b_dakk, tl.trans(b_akk), input_precision="ieee"),
-                   input_precision="ieee")
+    b_dakk = tl.where(strict, tl.dot(tl.trans(b_aqk), b_dm, input_precision=DOT), 0.0)
+    b_dl2 = tl.dot(tl.trans(b_akk), tl.dot(b_dakk, tl.trans(b_akk), input_precision=DOT),
+                   input_precision=DOT)
     b_dl2 = tl.where(strict, -b_dl2, 0.0)
     tl.store(dL + p_row * BT + o_i[None, :], b_dl2.to(dL.dtype.element_ty), mask=m_tt)
 
@@ -130,18 +133,18 @@ def _block_v(V: int) -> int:
     return max(16, min(64, triton.next_power_of_2(V)))
 
 
-def intra_fwd(v, w, level_scales, Aqk, Akk):
+def intra_fwd(v, w, level_scales, Aqk, Akk, precision: str = "ieee"):
     """``o_intra [B, T, H, V]`` float32 (the chunk's own tokens, level-weighted)."""
     B, T, H, V = v.shape
     L = level_scales.shape[-1]
     o = torch.empty(B, T, H, V, device=v.device, dtype=torch.float32)
     grid = (triton.cdiv(T, CHUNK), B * H)
     fenwick_intra_fwd_kernel[grid](v, w, level_scales, Aqk, Akk, o, T, L, H=H, V=V, BT=CHUNK, BV=_block_v(V),
-                                   NL=INTRA_LEVELS)
+                                   NL=INTRA_LEVELS, DOT=precision, num_warps=num_warps(CHUNK * CHUNK))
     return o
 
 
-def intra_bwd(v, w, level_scales, Aqk, Akk, do):
+def intra_bwd(v, w, level_scales, Aqk, Akk, do, precision: str = "ieee"):
     """Returns ``d(w ⊙ v) [B, T, H, V]``, ``dλ [B, T, H, 7]`` (levels 0..6), ``dAqk`` (gradient of
     the stored Aqk) and ``dL`` (through the WY inverse), both ``[B, T, H, 64]``; all float32."""
     B, T, H, V = v.shape
@@ -152,5 +155,6 @@ def intra_bwd(v, w, level_scales, Aqk, Akk, do):
     dL = torch.empty(B, T, H, CHUNK, device=v.device, dtype=torch.float32)
     grid = (triton.cdiv(T, CHUNK), B * H)
     fenwick_intra_bwd_kernel[grid](v, w, level_scales, Aqk, Akk, do, dwv, dlam, dAqk, dL, T, L, H=H, V=V,
-                                   BT=CHUNK, BV=_block_v(V), NL=INTRA_LEVELS)
+                                   BT=CHUNK, BV=_block_v(V), NL=INTRA_LEVELS, DOT=precision,
+                                   num_warps=num_warps(CHUNK * CHUNK))
     return dwv, dlam, dAqk, dL

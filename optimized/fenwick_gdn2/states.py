@@ -25,13 +25,16 @@ pre-state gradient through the carry (or from the final-state gradient), and
 (fla's ``chunk_gated_delta_rule_bwd_dhu`` per block, with the carry between chunks).
 One program per (batch·head, block of V columns) walks the chunks in order; the states
 live in global memory between chunks (``tl.debug_barrier`` orders the writes of one chunk
-before the reads of the next). Dots are IEEE float32; no atomics.
+before the reads of the next). Dots: TF32 in bf16 runs, IEEE float32 in float32 runs
+(``precision.py``); no atomics.
 """
 from __future__ import annotations
 
 import torch
 import triton
 import triton.language as tl
+
+from optimized.fenwick_gdn2.precision import num_warps
 
 CHUNK = 64
 OWN_LEVELS = 7
@@ -41,7 +44,7 @@ OWN_LEVELS = 7
 def fenwick_states_fwd_kernel(
     kg, wy, u, gk, mtab, h, vn, final, T, N, J, L, NOWN,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DOT: tl.constexpr,
 ):
     i_v, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
@@ -73,9 +76,9 @@ def fenwick_states_fwd_kernel(
         for blk in range(0, NB):
             b_h = tl.load(p_h0 + blk * V, mask=m_kv, other=0.0).to(tl.float32)
             b_u = tl.load(u + p_tv + blk * V, mask=m_tv, other=0.0).to(tl.float32)
-            b_vn = b_u - tl.dot(b_w, b_h, input_precision="ieee")
+            b_vn = b_u - tl.dot(b_w, b_h, input_precision=DOT)
             tl.store(vn + p_tv + blk * V, b_vn.to(vn.dtype.element_ty), mask=m_tv)
-            b_end = b_h * b_gl[:, None] + tl.dot(tl.trans(b_kg), b_vn, input_precision="ieee")
+            b_end = b_h * b_gl[:, None] + tl.dot(tl.trans(b_kg), b_vn, input_precision=DOT)
             is_own = blk >= J
             lvl = tl.where(is_own, blk - J, blk + 7)
             tl.store(p_f + lvl * K * V, b_end, mask=m_kv & (c == N - 1) & (lvl < L))
@@ -91,7 +94,7 @@ def fenwick_states_fwd_kernel(
 def fenwick_states_bwd_kernel(
     qg, kg, wy, gk, do, dv, dfinal, mtab, dh, dv2, dpre, scale, T, N, J, L, NOWN,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_DFINAL: tl.constexpr,
+    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_DFINAL: tl.constexpr, DOT: tl.constexpr,
 ):
     i_v, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
@@ -132,12 +135,12 @@ def fenwick_states_bwd_kernel(
             ok = (c < N - 1) & (is_own | (blk != m))
             b_dh += tl.load(p_pre1 + src * V, mask=m_kv & ok, other=0.0)
             tl.store(p_dh + blk * V, b_dh.to(dh.dtype.element_ty), mask=m_kv)
-            b_dv = tl.dot(b_kg, b_dh, input_precision="ieee")
+            b_dv = tl.dot(b_kg, b_dh, input_precision=DOT)
             b_dv += tl.load(dv + p_tv + blk * V, mask=m_tv, other=0.0).to(tl.float32)
             tl.store(dv2 + p_tv + blk * V, b_dv.to(dv2.dtype.element_ty), mask=m_tv)
             b_do = tl.load(do + p_tv + blk * V, mask=m_tv, other=0.0).to(tl.float32)
-            b_pre = (b_dh * b_gl[:, None] + scale * tl.dot(tl.trans(b_qg), b_do, input_precision="ieee")
-                     - tl.dot(tl.trans(b_w), b_dv, input_precision="ieee"))
+            b_pre = (b_dh * b_gl[:, None] + scale * tl.dot(tl.trans(b_qg), b_do, input_precision=DOT)
+                     - tl.dot(tl.trans(b_w), b_dv, input_precision=DOT))
             tl.store(p_pre0 + blk * V, b_pre, mask=m_kv & (blk < J))
         tl.debug_barrier()
 
@@ -148,7 +151,7 @@ def block_sizes(K: int, V: int) -> tuple[int, int]:
     return BK, BV
 
 
-def states_fwd(kg, wy, u, gk, mtab, h, J: int, L: int, V: int, n_own: int = OWN_LEVELS):
+def states_fwd(kg, wy, u, gk, mtab, h, J: int, L: int, V: int, n_own: int = OWN_LEVELS, precision: str = "ieee"):
     """Fills ``h [B, N, H, K, NB·V]`` (``NB = J + n_own``; ``h[:, 0]`` given: the first chunk's
     pre-state; the rest zero on entry) and returns ``(vn [B, T, H, NB·V] float32, final [B, H, L,
     K, V] float32)``; with ``n_own = 1`` final level 0 holds the last chunk's whole own end state
@@ -160,12 +163,13 @@ def states_fwd(kg, wy, u, gk, mtab, h, J: int, L: int, V: int, n_own: int = OWN_
     final = torch.zeros(B, H, L, K, V, device=kg.device, dtype=torch.float32)
     grid = (triton.cdiv(V, BV), B * H)
     fenwick_states_fwd_kernel[grid](kg, wy, u, gk, mtab, h, vn, final, T, N, J, L, n_own,
-                                    H=H, K=K, V=V, BT=CHUNK, BK=BK, BV=BV)
+                                    H=H, K=K, V=V, BT=CHUNK, BK=BK, BV=BV, DOT=precision,
+                                    num_warps=num_warps(BK * BV))
     return vn, final
 
 
 def states_bwd(qg, kg, wy, gk, do, dv, dfinal, mtab, scale: float, N: int, J: int, L: int, V: int,
-               n_own: int = OWN_LEVELS):
+               n_own: int = OWN_LEVELS, precision: str = "ieee"):
     """Returns ``dh [B, N, H, K, NB·V]`` (gradient of every chunk's end states), ``dv2`` (the
     gradient of ``vn``) and ``dpre [B, N, H, K, max(J,1)·V]`` (gradient of every chunk's bucket
     pre-states; ``dpre[:, 0]`` is the first chunk's), all float32."""
@@ -177,5 +181,6 @@ def states_bwd(qg, kg, wy, gk, do, dv, dfinal, mtab, scale: float, N: int, J: in
     dpre = torch.zeros(B, N, H, K, max(J, 1) * V, device=kg.device, dtype=torch.float32)
     grid = (triton.cdiv(V, BV), B * H)
     fenwick_states_bwd_kernel[grid](qg, kg, wy, gk, do, dv, dfinal, mtab, dh, dv2, dpre, scale, T, N, J, L, n_own,
-                                    H=H, K=K, V=V, BT=CHUNK, BK=BK, BV=BV, HAS_DFINAL=dfinal is not None)
+                                    H=H, K=K, V=V, BT=CHUNK, BK=BK, BV=BV, HAS_DFINAL=dfinal is not None,
+                                    DOT=precision, num_warps=num_warps(BK * BV))
     return dh, dv2, dpre

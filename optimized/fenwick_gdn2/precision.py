@@ -1,0 +1,24 @@
+"""The dot precision and warp count of the Fenwick GDN-2 kernels (``states.py``, ``intra.py``).
+
+bf16 runs: TF32 tensor cores (2^-11 per product, under bf16's own 2^-8; float32 accumulation,
+float32 states). float32 runs: IEEE float32, as the float32 tolerances were measured.
+On the H200 (bf16, B·T = 65536, H = 8, K = V = 128, T = 4096; 2026-11-30,
+``bench/NOTES.md``) the IEEE dots cost the states forward 435 ms, the intra backward 82 ms and
+the states backward 52 ms of a 627 ms step (13.2 ms for flat GDN-2): Triton lowers IEEE
+float32 dots to FMA loops whose operand tiles (``[64, 128]`` float32, replicated across the
+threads) do not fit the registers of 4 warps.
+"""
+from __future__ import annotations
+
+import torch
+
+
+def dot_precision(dtype: torch.dtype) -> str:
+    """``"tf32"`` when the activations are bf16, ``"ieee"`` otherwise."""
+    return "tf32" if dtype == torch.bfloat16 else "ieee"
+
+
+def num_warps(tile_elements: int) -> int:
+    """8 warps from a ``[64, 32]`` float32 tile on (fewer registers per thread; ptxas spills
+    such tiles with 4, see ``optimized/nested/reads_fwd.py``), 4 below."""
+    return 4 if tile_elements < 64 * 32 else 8
