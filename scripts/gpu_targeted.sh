@@ -15,9 +15,12 @@
 #                  after `tests`, never beside them (two 35-GiB peak runs beside 12 test workers ran the
 #                  H200 out of memory, 2026-11-30)
 #   fenwick:ARGS   python -m bench.fenwick_gdn2 --out $OUT/fenwick-<n> ARGS
-#   fenwick-warm:T[,T...][:ARGS]  bench.fenwick_gdn2 --warmup-only, one background process per T
-#                  (in parallel: each T compiles its own stacked width), log fenwick-warm-<T>.log;
-#                  a later fenwick: step then loads the kernels from the cache; `wait` for them
+#   fenwick-warm:T[,T...][:ARGS]  bench.fenwick_gdn2 --warmup-only --ops fenwick_gdn2 --tokens 1 (B = 1),
+#                  one background process per T (in parallel: each T compiles its own stacked width),
+#                  and one for flat GDN-2 (its kernels do not depend on T), logs fenwick-warm-<T>.log;
+#                  a later fenwick: step then loads the kernels from the cache; `wait` for them.
+#                  (2026-11-30: five full-size warm-ups of both ops compiled flat five times over and
+#                  two ran the GPU out of memory: a fenwick step peaks at 28.5 GiB at 65536 tokens)
 #   wait           wait for the background warm-ups and peak runs (they compile beside the tests: on 16 cores two
 #                  chains of two warm-ups took 466-480 s next to a 290 s test step)
 # Usage: bash scripts/gpu_targeted.sh warm:--levels+4 tests wait ab:--levels+4+--profile ab:--levels+5+6
@@ -92,10 +95,11 @@ for step in "$@"; do
       spec=${step#fenwick-warm:}; ts=${spec%%:*}; extra=""
       [ "$spec" != "$ts" ] && extra=${spec#*:}; extra=${extra//+/ }
       IFS=',' read -r -a tlist <<< "$ts"
-      for T in "${tlist[@]}"; do
+      for T in "${tlist[@]}" flat; do
+        if [ "$T" = flat ]; then what="--ops flat --T ${tlist[0]}"; else what="--ops fenwick_gdn2 --T $T"; fi
         ( FLA_CACHE_RESULTS=0 TRITON_CACHE_AUTOTUNING=0 timeout ${WARM_TIMEOUT:-400} \
-            python3 -m bench.fenwick_gdn2 --out "$OUT/fenwick-warm-$T" --warmup-only --T "$T" $extra
-          echo "fenwick warm-up T=$T exit $? at $(since) s" ) > "$OUT/fenwick-warm-$T.log" 2>&1 & warm_pids+=($!)
+            python3 -m bench.fenwick_gdn2 --out "$OUT/fenwick-warm-$T" --warmup-only --tokens 1 $what $extra
+          echo "fenwick warm-up [$what] exit $? at $(since) s" ) > "$OUT/fenwick-warm-$T.log" 2>&1 & warm_pids+=($!)
       done ;;
     wait)
       for p in "${warm_pids[@]}"; do wait "$p"; echo "warm-up pid $p: exit $? at $(since) s" | tee -a "$OUT/env.txt"; done
