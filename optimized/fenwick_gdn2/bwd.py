@@ -52,14 +52,13 @@ def fenwick_gdn2_bwd(s: Saved, do: torch.Tensor, dfinal: torch.Tensor | None):
         do_st[:, :, :, :J] = s.lam[..., OWN_LEVELS: OWN_LEVELS + J, None].float() * do[:, :, :, None, :]
     do_st = do_st.reshape(B, T, H, NB * V).to(s.q.dtype)
 
-    dAqk, dv_intra = chunk_kda_bwd_dAv(q=s.q, k=s.k, v=s.vn.to(s.q.dtype), do=do_st, A=s.Aqk, scale=s.scale,
-                                       chunk_size=CHUNK)
+    dAqk, dv_intra = chunk_kda_bwd_dAv(q=s.q, k=s.k, v=s.vn, do=do_st, A=s.Aqk, scale=s.scale, chunk_size=CHUNK)
     dfinal = None if dfinal is None else dfinal.float().contiguous()
-    dh, dvn, dpre = states_bwd(s.qg, s.kg, s.w_wy, s.gk, do_st, dv_intra, dfinal, s.mtab, s.scale, N, J, L, V,
-                               n_own, precision=precision)
+    dh, dvn, dpre0 = states_bwd(s.qg, s.kg, s.w_wy, s.gk, do_st, dv_intra, dfinal, s.mtab, s.scale, N, J, L, V,
+                                n_own, precision=precision, dtype=s.q.dtype)
     dq, dk, dv_st, db, dw_st, dg, dL = chunk_gdn2_bwd_wy_dqkg_fused(
-        q=s.q, k=s.k, v=s.v_st, v_new=s.vn.to(s.q.dtype), g=s.gk, b=s.b, w_gate=s.w_st, A=s.Akk,
-        h=s.h.to(s.q.dtype), do=do_st, dh=dh.to(s.q.dtype), dv=dvn.to(s.q.dtype), scale=s.scale, chunk_size=CHUNK)
+        q=s.q, k=s.k, v=s.v_st, v_new=s.vn, g=s.gk, b=s.b, w_gate=s.w_st, A=s.Akk,
+        h=s.h, do=do_st, dh=dh, dv=dvn, scale=s.scale, chunk_size=CHUNK)
     dAqk = dAqk + s.scale * dAqk_own
     dL = dL + dL_own
     dq, dk, db, dg = chunk_gdn2_bwd_intra(q=s.q, k=s.k, g=s.gk, b=s.b, dAqk=dAqk, dAkk=dL, dq=dq, dk=dk, db=db,
@@ -71,8 +70,8 @@ def fenwick_gdn2_bwd(s: Saved, do: torch.Tensor, dfinal: torch.Tensor | None):
     dw = dw_st.float().view(B, T, H, NB, V)[:, :, :, J:].sum(3) + dwv * s.v.float()
     dh0 = None
     if s.has_initial_state:
-        dh0 = (initial_state_grad(dpre[:, 0, :, :, : J * V], s.offset, L, V) if J > 0
-               else dpre.new_zeros(B, H, L, K, V))
+        dh0 = (initial_state_grad(dpre0[:, :, :, : J * V], s.offset, L, V) if J > 0
+               else dpre0.new_zeros(B, H, L, K, V))
     return dq, dk, dv, dg, db, dw, dlam, dh0
 
 

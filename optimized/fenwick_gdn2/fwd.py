@@ -158,18 +158,18 @@ def stacked_pass(q, k, v, g, b, w, lam, scale: float, initial_state, offset: int
     else:
         w_wy, u_st, qg, kg, Aqk, Akk = fenwick_wy_fwd(q, k, v_st, b, w_st, gk, scale)
 
-    h = torch.zeros(B, N, H, K, NB * V, device=q.device, dtype=torch.float32)
+    h0 = torch.zeros(B, H, K, NB * V, device=q.device, dtype=torch.float32)
     if initial_state is not None and J > 0:
-        h[:, 0, :, :, : J * V] = initial_pre_state(initial_state.float(), offset, J)
+        h0[:, :, :, : J * V] = initial_pre_state(initial_state.float(), offset, J)
     mtab = carry_table(offset, N, q.device)
     precision = dot_precision(q.dtype)
-    vn, final = states_fwd(kg, w_wy, u_st, gk, mtab, h, J, L, V, n_own, precision=precision)
+    h, vn, final = states_fwd(kg, w_wy, u_st, gk, mtab, h0, N, J, L, V, n_own, precision=precision, dtype=q.dtype)
 
     o = intra_fwd(v, w, lam, Aqk, Akk, precision=precision)
     reads = None
     if J > 0:
-        reads = chunk_gla_fwd_o_gk(q=q, v=vn[..., : J * V].to(q.dtype).contiguous(), g=gk, A=Aqk,
-                                   h=h[..., : J * V].to(q.dtype).contiguous(), scale=scale, chunk_size=CHUNK)
+        reads = chunk_gla_fwd_o_gk(q=q, v=vn[..., : J * V].contiguous(), g=gk, A=Aqk,
+                                   h=h[..., : J * V].contiguous(), scale=scale, chunk_size=CHUNK)
         o = o + torch.einsum("bthjv,bthj->bthv", reads.float().view(B, T, H, J, V),
                              lam[..., OWN_LEVELS: OWN_LEVELS + J].float())
     saved = Saved(q, k, v, b, w, lam, gk, v_st, w_st, own, Aqk, Akk, w_wy, qg, kg, h, vn, reads, mtab,

@@ -13,6 +13,7 @@ pass of its own). Per chunk c (fla's WY vectors ``w``, ``u``; ``kg = k ⊙ 2^(G_
     carry (c → c+1, m = trailing ones of the absolute chunk index c0 + c):
           Z'[m]   = Σ_{own blocks i} end[J+i] + Σ_{j<m} end[j]   # levels 0..m merge into m+1
           Z'[j]   = end[j]  for j > m;   Z'[j] = 0 for j < m   (end[m] is an empty bucket)
+          Z'[own] = 0                                              # a chunk's own state starts empty
     last chunk: the blocks' ``end`` are the final states of levels 7+j and of own block i
     (level i; with NOWN = 1 level 0 holds the unsplit sum).
 
@@ -23,9 +24,11 @@ pre-state gradient through the carry (or from the final-state gradient), and
     dZ    = diag(2^G_last) dH + scale · qg^T do' − w^T dvn
 
 (fla's ``chunk_gated_delta_rule_bwd_dhu`` per block, with the carry between chunks).
-One program per (batch·head, block of V columns) walks the chunks in order; the states
-live in global memory between chunks (``tl.debug_barrier`` orders the writes of one chunk
-before the reads of the next). Dots: TF32 in bf16 runs, IEEE float32 in float32 runs
+One program per (batch·head, block of V columns) walks the chunks in order. The float32
+states live in two global-memory slots between chunks (chunk c reads slot c mod 2 and writes
+the next pre-state into the other; ``tl.debug_barrier`` orders the writes of one chunk before
+the reads of the next); each chunk's pre-state, ``vn`` and, in the reverse scan, ``dh`` and
+``dvn`` are written once in the activations' dtype, which is what fla's pieces read. Dots: TF32 in bf16 runs, IEEE float32 in float32 runs
 (``precision.py``); no atomics.
 """
 from __future__ import annotations
@@ -42,7 +45,7 @@ OWN_LEVELS = 7
 
 @triton.jit(do_not_specialize=["T", "N", "J", "L", "NOWN"])
 def fenwick_states_fwd_kernel(
-    kg, wy, u, gk, mtab, h, vn, final, T, N, J, L, NOWN,
+    kg, wy, u, gk, mtab, carry, h, vn, final, T, N, J, L, NOWN,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DOT: tl.constexpr,
 ):
@@ -68,13 +71,16 @@ def fenwick_states_fwd_kernel(
         b_gl = tl.exp2(tl.load(gk + ((bos + last) * H + i_h) * K + o_k, mask=m_k, other=0.0).to(tl.float32))
         m = tl.load(mtab + c)
         not_last = c < N - 1
-        p_h0 = h + ((i_b.to(tl.int64) * N + c) * H + i_h) * K * NBV + o_k[:, None] * NBV + o_v[None, :]
-        p_h1 = p_h0 + H * K * NBV                                  # the same block one chunk later
+        p_kv = o_k[:, None] * NBV + o_v[None, :]
+        p_c0 = carry + ((i_b.to(tl.int64) * 2 + c % 2) * H + i_h) * K * NBV + p_kv        # this chunk's slot
+        p_c1 = carry + ((i_b.to(tl.int64) * 2 + (c + 1) % 2) * H + i_h) * K * NBV + p_kv  # the next chunk's
+        p_h = h + ((i_b.to(tl.int64) * N + c) * H + i_h) * K * NBV + p_kv
         p_tv = ((bos + o_t[:, None]) * H + i_h) * NBV + o_v[None, :]
         p_f = final + ((i_b.to(tl.int64) * H + i_h) * L) * K * V + o_k[:, None] * V + o_v[None, :]
         acc = tl.zeros([BK, BV], dtype=tl.float32)
         for blk in range(0, NB):
-            b_h = tl.load(p_h0 + blk * V, mask=m_kv, other=0.0).to(tl.float32)
+            b_h = tl.load(p_c0 + blk * V, mask=m_kv, other=0.0)
+            tl.store(p_h + blk * V, b_h.to(h.dtype.element_ty), mask=m_kv)
             b_u = tl.load(u + p_tv + blk * V, mask=m_tv, other=0.0).to(tl.float32)
             b_vn = b_u - tl.dot(b_w, b_h, input_precision=DOT)
             tl.store(vn + p_tv + blk * V, b_vn.to(vn.dtype.element_ty), mask=m_tv)
@@ -84,9 +90,10 @@ def fenwick_states_fwd_kernel(
             tl.store(p_f + lvl * K * V, b_end, mask=m_kv & (c == N - 1) & (lvl < L))
             take = not_last & (is_own | (blk < m))
             acc += tl.where(take, b_end, 0.0)
-            keep = not_last & (blk < J) & (blk > m)
-            tl.store(p_h1 + blk * V, b_end.to(h.dtype.element_ty), mask=m_kv & keep)
-        tl.store(p_h1 + m * V, acc.to(h.dtype.element_ty), mask=m_kv & not_last)
+            # the next pre-state: end[blk] kept above m, empty below m and on the own blocks
+            keep = (blk < J) & (blk > m)
+            tl.store(p_c1 + blk * V, tl.where(keep, b_end, 0.0), mask=m_kv & not_last & (blk != m))
+        tl.store(p_c1 + m * V, acc, mask=m_kv & not_last)
         tl.debug_barrier()
 
 
@@ -121,8 +128,9 @@ def fenwick_states_bwd_kernel(
         m = tl.load(mtab + c)
         is_last = c == N - 1
         p_dh = dh + ((i_b.to(tl.int64) * N + c) * H + i_h) * K * NBV + o_k[:, None] * NBV + o_v[None, :]
-        p_pre0 = dpre + ((i_b.to(tl.int64) * N + c) * H + i_h) * K * JV + o_k[:, None] * JV + o_v[None, :]
-        p_pre1 = p_pre0 + H * K * JV
+        p_jv = o_k[:, None] * JV + o_v[None, :]
+        p_pre0 = dpre + ((i_b.to(tl.int64) * 2 + c % 2) * H + i_h) * K * JV + p_jv          # chunk c's slot
+        p_pre1 = dpre + ((i_b.to(tl.int64) * 2 + (c + 1) % 2) * H + i_h) * K * JV + p_jv    # chunk c + 1's
         p_tv = ((bos + o_t[:, None]) * H + i_h) * NBV + o_v[None, :]
         for blk in range(0, NB):
             is_own = blk >= J
@@ -151,36 +159,42 @@ def block_sizes(K: int, V: int) -> tuple[int, int]:
     return BK, BV
 
 
-def states_fwd(kg, wy, u, gk, mtab, h, J: int, L: int, V: int, n_own: int = OWN_LEVELS, precision: str = "ieee"):
-    """Fills ``h [B, N, H, K, NB·V]`` (``NB = J + n_own``; ``h[:, 0]`` given: the first chunk's
-    pre-state; the rest zero on entry) and returns ``(vn [B, T, H, NB·V] float32, final [B, H, L,
-    K, V] float32)``; with ``n_own = 1`` final level 0 holds the last chunk's whole own end state
-    and levels 1 … 6 stay zero."""
-    B, T, H, K = kg.shape
-    N = h.shape[1]
-    BK, BV = block_sizes(K, V)
-    vn = torch.empty(B, T, H, (J + n_own) * V, device=kg.device, dtype=torch.float32)
-    final = torch.zeros(B, H, L, K, V, device=kg.device, dtype=torch.float32)
-    grid = (triton.cdiv(V, BV), B * H)
-    fenwick_states_fwd_kernel[grid](kg, wy, u, gk, mtab, h, vn, final, T, N, J, L, n_own,
-                                    H=H, K=K, V=V, BT=CHUNK, BK=BK, BV=BV, DOT=precision,
-                                    num_warps=num_warps(BK * BV))
-    return vn, final
-
-
-def states_bwd(qg, kg, wy, gk, do, dv, dfinal, mtab, scale: float, N: int, J: int, L: int, V: int,
-               n_own: int = OWN_LEVELS, precision: str = "ieee"):
-    """Returns ``dh [B, N, H, K, NB·V]`` (gradient of every chunk's end states), ``dv2`` (the
-    gradient of ``vn``) and ``dpre [B, N, H, K, max(J,1)·V]`` (gradient of every chunk's bucket
-    pre-states; ``dpre[:, 0]`` is the first chunk's), all float32."""
+def states_fwd(kg, wy, u, gk, mtab, h0, N: int, J: int, L: int, V: int, n_own: int = OWN_LEVELS,
+               precision: str = "ieee", dtype: torch.dtype = torch.float32):
+    """From the first chunk's stacked pre-state ``h0 [B, H, K, NB·V]`` float32 (``NB = J + n_own``),
+    returns ``(h [B, N, H, K, NB·V], vn [B, T, H, NB·V], final [B, H, L, K, V] float32)``: every
+    chunk's pre-state and ``vn`` in ``dtype`` (what fla's pieces read; the scan itself carries
+    float32 states between chunks, in two slots), the final states in float32. With ``n_own = 1``
+    final level 0 holds the last chunk's whole own end state and levels 1 … 6 stay zero."""
     B, T, H, K = kg.shape
     BK, BV = block_sizes(K, V)
     NBV = (J + n_own) * V
-    dh = torch.empty(B, N, H, K, NBV, device=kg.device, dtype=torch.float32)
-    dv2 = torch.empty(B, T, H, NBV, device=kg.device, dtype=torch.float32)
-    dpre = torch.zeros(B, N, H, K, max(J, 1) * V, device=kg.device, dtype=torch.float32)
+    carry = torch.empty(B, 2, H, K, NBV, device=kg.device, dtype=torch.float32)
+    carry[:, 0] = h0
+    h = torch.empty(B, N, H, K, NBV, device=kg.device, dtype=dtype)
+    vn = torch.empty(B, T, H, NBV, device=kg.device, dtype=dtype)
+    final = torch.zeros(B, H, L, K, V, device=kg.device, dtype=torch.float32)
+    grid = (triton.cdiv(V, BV), B * H)
+    fenwick_states_fwd_kernel[grid](kg, wy, u, gk, mtab, carry, h, vn, final, T, N, J, L, n_own,
+                                    H=H, K=K, V=V, BT=CHUNK, BK=BK, BV=BV, DOT=precision,
+                                    num_warps=num_warps(BK * BV))
+    return h, vn, final
+
+
+def states_bwd(qg, kg, wy, gk, do, dv, dfinal, mtab, scale: float, N: int, J: int, L: int, V: int,
+               n_own: int = OWN_LEVELS, precision: str = "ieee", dtype: torch.dtype = torch.float32):
+    """Returns ``dh [B, N, H, K, NB·V]`` (gradient of every chunk's end states) and ``dv2`` (the
+    gradient of ``vn``), both in ``dtype`` (what fla's pieces read), and ``dpre0 [B, H, K,
+    max(J,1)·V]`` float32, the gradient of the first chunk's bucket pre-state (the scan carries
+    the pre-state gradients in two float32 slots)."""
+    B, T, H, K = kg.shape
+    BK, BV = block_sizes(K, V)
+    NBV = (J + n_own) * V
+    dh = torch.empty(B, N, H, K, NBV, device=kg.device, dtype=dtype)
+    dv2 = torch.empty(B, T, H, NBV, device=kg.device, dtype=dtype)
+    dpre = torch.zeros(B, 2, H, K, max(J, 1) * V, device=kg.device, dtype=torch.float32)
     grid = (triton.cdiv(V, BV), B * H)
     fenwick_states_bwd_kernel[grid](qg, kg, wy, gk, do, dv, dfinal, mtab, dh, dv2, dpre, scale, T, N, J, L, n_own,
                                     H=H, K=K, V=V, BT=CHUNK, BK=BK, BV=BV, HAS_DFINAL=dfinal is not None,
                                     DOT=precision, num_warps=num_warps(BK * BV))
-    return dh, dv2, dpre
+    return dh, dv2, dpre[:, 0]
