@@ -45,12 +45,12 @@ def fenwick_gdn2_bwd(s: Saved, do: torch.Tensor, dfinal: torch.Tensor | None):
     dwv, dlam_own, dAqk_own, dL_own = intra_bwd(s.v, s.w, s.lam, s.Aqk, s.Akk, do, precision=precision)
     n_intra = min(INTRA_LEVELS, L)
     dlam[..., :n_intra] = dlam_own[..., :n_intra]
-    do_st = torch.zeros(B, T, H, NB, V, device=do.device, dtype=torch.float32)
+    do_st = torch.zeros(B, T, H, NB, V, device=do.device, dtype=s.q.dtype)   # what fla's pieces read
     if J > 0:
         dlam[..., OWN_LEVELS: OWN_LEVELS + J] = torch.einsum("bthjv,bthv->bthj",
                                                              s.reads.float().view(B, T, H, J, V), do)
         do_st[:, :, :, :J] = s.lam[..., OWN_LEVELS: OWN_LEVELS + J, None].float() * do[:, :, :, None, :]
-    do_st = do_st.reshape(B, T, H, NB * V).to(s.q.dtype)
+    do_st = do_st.reshape(B, T, H, NB * V)
 
     dAqk, dv_intra = chunk_kda_bwd_dAv(q=s.q, k=s.k, v=s.vn, do=do_st, A=s.Aqk, scale=s.scale, chunk_size=CHUNK)
     dfinal = None if dfinal is None else dfinal.float().contiguous()
