@@ -46,6 +46,17 @@ def test_fused_probe_equals_generic_probe(scheme, reduction):
     assert all(errors[k] <= bounds[k] for k in errors), {k: e for k, e in errors.items() if e > bounds[k]}
 
 
+@pytest.mark.parametrize("scheme, reduction", [("bounded_erase", "sum")])   # every column of z in use
+def test_recomputed_preactivations_equal_kept_ones(scheme, reduction):
+    """``Pieces(probe_keeps_preactivations=False)`` (the backward recomputes the probe's one
+    matmul instead of keeping it) gives the default op's values and gradients."""
+    kept, recomputed = run(scheme, reduction, Pieces()), run(scheme, reduction, Pieces(probe_keeps_preactivations=False))
+    errors = {k: relative_error(recomputed[k], kept[k]) for k in kept}
+    bounds = {k: tolerance("nested_fused_probe", "gradients" if k.startswith("d") else "values", torch.float32)
+              for k in errors}
+    assert all(errors[k] <= bounds[k] for k in errors), {k: e for k, e in errors.items() if e > bounds[k]}
+
+
 def test_float32_matmuls_sets_and_restores_the_flag():
     """The probe's TF32 switch (bf16 runs) leaves torch's flag as it found it, errors included."""
     from optimized.nested.probe_fused import float32_matmuls

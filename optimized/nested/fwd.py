@@ -53,6 +53,7 @@ def nested_fwd(q, k, v, g, b, w, r, levels, scale, initial_states, pieces: Piece
         if pieces.fused_probe and level.scheme in FUSED_SCHEMES and plan.firings(ℓ) > 0:
             # built-in scheme: fused probe; its outputs and intermediates kept for the hand backward
             pairs, probe_saved = probe_fwd(level.scheme, snaps, p32, level.reduction,
+                                           keep_preactivations=pieces.probe_keeps_preactivations,
                                            precision=pieces.probe_precision(q.dtype))
             pairs = tuple(x.contiguous() for x in pairs)
             probes.append((pairs, probe_saved))

@@ -61,6 +61,9 @@ class Pieces:
     reads_fwd: Callable = reads_router_fwd if READS == "triton" else reads_router_fwd_torch
     reads_bwd: Callable = reads_router_bwd if READS == "triton" else reads_router_bwd_torch
     fused_probe: bool = True        # built-in schemes through probe_fused (False: the generic replay)
+    probe_keeps_preactivations: bool = True   # the fused probe keeps z [H, B·F·n, 3K + V] for its backward
+    #                                 (False: the backward recomputes z, one more bmm per level, and
+    #                                 the step holds 1.7 GiB less at L=4, B=8, T=4096, H=16, K=V=128)
     scan_precision: Callable = scan_precision   # (dtype, 'fwd'|'bwd') -> the scans' dot precision
     probe_precision: Callable = probe_precision  # dtype -> the fused probe's float32 matmul precision
     block_v: int | None = None      # the scan's V block and pair block (None: promote_scan's
