@@ -69,7 +69,7 @@ def _short(f: dict) -> str:
 
 def _in(f: dict, roots) -> bool:
     name = f.get("filename", "")
-    return any(r in name for r in roots) and "memory_at_peak" not in name
+    return any(r in name for r in roots) and not any(m in name for m in ("memory_at_peak", "memory_cpu"))
 
 
 def site(frames: list) -> tuple[str, str]:

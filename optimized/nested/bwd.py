@@ -58,6 +58,13 @@ def nested_bwd(saved: NestedSaved, do, dfinals):
         elif plan.sources[ℓ]:
             add_in_rounds(level_dstates[ℓ - 1], tables.add_rounds[ℓ], d_snaps)   # repeated targets: rounds
 
+    # the upper levels' buffers are spent: free them before level 0's backward, where the step
+    # peaks (bench.memory_cpu: the state gradients of every level, level 1's float32 snapshots
+    # and the last probe's intermediates would otherwise stay alive through it)
+    del dstates, level_dstates
+    snaps = pairs = probe_saved = d_pairs = d_snaps = None
+    do0 = do0.to(s.level0.v.dtype)          # the cast level0_bwd makes, done here: the float32 one is freed
+
     # level 0: fla's backward with the injected end-of-chunk gradients
     dq0, dk, dv, dg, db, dw, dh0 = level0_bwd(
         s.level0, do0, dht=None if dfinals[0] is None else dfinals[0].float().contiguous(),

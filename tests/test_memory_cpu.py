@@ -1,0 +1,38 @@
+"""``bench.memory_cpu``: the CPU tally of what is alive at a step's peak (its event log replayed by
+``bench.memory_at_peak.peak_blocks``)."""
+import torch
+
+from bench.memory_at_peak import peak_blocks
+from bench.memory_cpu import record, table
+
+MIB = 2 ** 20
+
+
+def test_peak_counts_what_is_alive_then_and_not_the_inputs():
+    x = torch.zeros(MIB // 4)                            # an input: 1 MiB, not counted
+
+    def step():
+        a = torch.ones(MIB // 4)                         # 1 MiB
+        b = torch.ones(2 * MIB // 4)                     # 2 MiB: peak 3 MiB with a
+        x.view(-1)[:10].add_(1)                          # ops on the input's storage: not counted
+        del a
+        c = torch.ones(MIB // 8)                         # 0.5 MiB after a is gone: 2.5 MiB
+        return b.sum() + c.sum()
+
+    events = record(step, [x])
+    peak, blocks, _ = peak_blocks(events)
+    assert peak == 3 * MIB, peak
+    assert sorted(size for size, _ in blocks) == [MIB, 2 * MIB]
+    lines = table(events, "t")
+    assert "3.00 MiB in 2 storages" in lines[2], lines[2]
+    assert len(lines) == 6 + 2                           # one row per allocating line: a's and b's
+
+
+def test_views_share_their_storage():
+    def step():
+        a = torch.ones(MIB // 4)
+        views = [a.view(2, -1), a[: MIB // 8], a.reshape(-1), a.t() if a.dim() == 2 else a.unsqueeze(0)]
+        return views                                     # no new memory
+
+    peak, blocks, _ = peak_blocks(record(step, []))
+    assert peak == MIB and len(blocks) == 1
