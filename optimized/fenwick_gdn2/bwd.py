@@ -66,8 +66,8 @@ def fenwick_gdn2_bwd(s: Saved, do: torch.Tensor, dfinal: torch.Tensor | None):
     dg = chunk_local_cumsum(dg, chunk_size=CHUNK, reverse=True)
 
     own = s.own_masks[None, :, None, :, None]                                 # [1, T, 1, 7, 1]
-    dv = (dv_st.float().view(B, T, H, NB, V)[:, :, :, J:] * own).sum(3) + dwv * s.w.float()
-    dw = dw_st.float().view(B, T, H, NB, V)[:, :, :, J:].sum(3) + dwv * s.v.float()
+    dv = (dv_st.view(B, T, H, NB, V)[:, :, :, J:].float() * own).sum(3) + dwv * s.w.float()   # own blocks only
+    dw = dw_st.view(B, T, H, NB, V)[:, :, :, J:].float().sum(3) + dwv * s.v.float()
     dh0 = None
     if s.has_initial_state:
         dh0 = (initial_state_grad(dpre0[:, :, :, : J * V], s.offset, L, V) if J > 0

@@ -146,10 +146,12 @@ def stacked_pass(q, k, v, g, b, w, lam, scale: float, initial_state, offset: int
     NB = J + n_own
 
     gk = chunk_local_cumsum(g, chunk_size=CHUNK, scale=RCP_LN2)
-    v_st = torch.cat([v.new_zeros(B, T, H, J, V), (v[:, :, :, None, :] * own[None, :, None, :, None]).to(v.dtype)],
-                     dim=3).reshape(B, T, H, NB * V)
-    w_st = torch.cat([w.new_zeros(B, T, H, J, V), w[:, :, :, None, :].expand(B, T, H, n_own, V)],
-                     dim=3).reshape(B, T, H, NB * V)
+    v_st, w_st = v.new_empty(B, T, H, NB, V), w.new_empty(B, T, H, NB, V)    # each block written once
+    v_st[:, :, :, :J] = 0
+    w_st[:, :, :, :J] = 0
+    torch.mul(v[:, :, :, None, :], own[None, :, None, :, None], out=v_st[:, :, :, J:])
+    w_st[:, :, :, J:] = w[:, :, :, None, :]
+    v_st, w_st = v_st.reshape(B, T, H, NB * V), w_st.reshape(B, T, H, NB * V)
     if triton_mode.MODE == triton_mode.CUDA:
         from fla.ops.gdn2.chunk_intra import chunk_gdn2_fwd_intra
 
