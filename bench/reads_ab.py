@@ -98,7 +98,8 @@ def _ops(B, T, H, K, V, L, dtype, seed, names=VARIANTS):
     """name -> (step inputs, forward closure, do)."""
     from optimized import chunk_gdn2
     from optimized.nested import Pieces, _nested
-    from optimized.nested.reads_torch import reads_router_bwd_torch, reads_router_fwd_torch
+    from optimized.nested.pieces import reads_router_bwd_torch_levels
+    from optimized.nested.reads_torch import reads_router_fwd_torch
     from reference.nested import make_levels
 
     ops = {}
@@ -113,7 +114,7 @@ def _ops(B, T, H, K, V, L, dtype, seed, names=VARIANTS):
     params = [p for lv in levels for p in lv.params.values()]
     ieee = lambda dtype, direction: "ieee"  # noqa: E731
     variants = {
-        "torch": Pieces(reads_fwd=reads_router_fwd_torch, reads_bwd=reads_router_bwd_torch, fused_probe=False,
+        "torch": Pieces(reads_fwd=reads_router_fwd_torch, reads_bwd=reads_router_bwd_torch_levels, fused_probe=False,
                         scan_precision=ieee),
         "generic": Pieces(fused_probe=False, scan_precision=ieee),
         "fused-ieee": Pieces(scan_precision=ieee, probe_precision=lambda dtype: "ieee"),

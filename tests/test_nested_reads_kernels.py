@@ -171,3 +171,22 @@ def test_dq_in_q_dtype_is_the_float32_dq_rounded_once(dtype):
     want = dq32.to(dtype)
     assert torch.equal(dq, want) if dtype == torch.float32 else \
         bool(((dq.float() - want.float()).abs() <= 2.0 ** -7 * want.float().abs()).all())
+
+
+@pytest.mark.parametrize("name", ["L3_one_chunk", "L2_ragged"])
+def test_state_rows_one_level_at_a_time_equal_all_at_once(name):
+    """``reads_bwd_states`` on a level's rows (what the nested backward asks for, one level at a
+    time) is that slice of ``reads_bwd``'s ``dstates``, bit for bit (the same programs)."""
+    from optimized.nested.reads_bwd import reads_bwd_states
+
+    x, tables, meta = make_case(name)
+    *_, dstates = run(x, tables, meta["scale"], meta["block_v"])
+    S = dstates.shape[1]
+    cuts = sorted(set(tables.row_offset[1:]) | {S})
+    for lo, hi in zip(cuts[:-1], cuts[1:]):
+        part = reads_bwd_states(x["do"], x["q"], x["r"], tables.row_level, tables.row_chunk_lo, tables.row_chunk_hi,
+                                meta["scale"], dstates.shape[-1], slice(lo, hi), block_v=meta["block_v"])
+        assert torch.equal(part, dstates[:, lo:hi]), (lo, hi)
+    with pytest.raises(ValueError, match="step 1"):
+        reads_bwd_states(x["do"], x["q"], x["r"], tables.row_level, tables.row_chunk_lo, tables.row_chunk_hi,
+                         meta["scale"], dstates.shape[-1], slice(0, S, 2))

@@ -22,15 +22,23 @@ def nested_bwd(saved: NestedSaved, do, dfinals):
     tables = s.tables
 
     # reads and router: dq of levels ≥ 1 written in place, in q's dtype (the one rounding the
-    # returned gradient gets anyway: no float32 buffer and no cast copy), dstates [B, S, H, K, V]
+    # returned gradient gets anyway: no float32 buffer and no cast copy); the state gradients per level, later
     dq = torch.empty(B, T, H, L, K, dtype=q.dtype, device=q.device)
-    dr, do0, dstates = s.pieces.reads_bwd(do, q, r, s.o0, s.states, plan, tables, s.scale, dq,
-                                         block_v=s.pieces.block_v)
-    level_dstates = [None] + [dstates[:, tables.row_offset[ℓ]:tables.row_offset[ℓ] + plan.firings(ℓ) + 1]
-                              for ℓ in range(1, L)]
-    for ℓ in range(1, L):
+    dr, do0, dstates_of = s.pieces.reads_bwd(do, q, r, s.o0, s.states, plan, tables, s.scale, dq,
+                                            block_v=s.pieces.block_v)
+
+    def level_dstates_of(ℓ):
+        """Level ℓ's state gradients from the reads, plus its final state's gradient."""
+        d = dstates_of(ℓ)
         if dfinals[ℓ] is not None:
-            level_dstates[ℓ][:, -1] += dfinals[ℓ].float()
+            d[:, -1] += dfinals[ℓ].float()
+        return d
+
+    # made one level at a time, top first: level ℓ's while its scan runs, level ℓ-1's from the
+    # end of level ℓ's probe backward on (it receives that probe's snapshot gradients)
+    level_dstates = [None] * L
+    if L > 1:
+        level_dstates[L - 1] = level_dstates_of(L - 1)
 
     # levels L-1 .. 1: reverse scan, probe backward (fused or replayed), gradients to the level below
     dinit = [None] * L
@@ -47,22 +55,25 @@ def nested_bwd(saved: NestedSaved, do, dfinals):
                                              block_v=s.pieces.block_v, block_n=s.pieces.block_n,
                                              reduce_partials=s.pieces.reduce_partials,
                                              precision=s.pieces.scan_precision(q.dtype, "bwd"))
+            level_dstates[ℓ] = None                        # spent before the probe's backward
             d_snaps, d_p = probe_bwd(level.scheme, probe_saved, snaps, p32, level.reduction, *d_pairs,
                                      precision=s.pieces.probe_precision(q.dtype))
             dparams[ℓ] = {n: d_p[n] for n in p32}
         else:                               # generic: replay the scheme's probe under autograd
             dM0, dparams[ℓ], d_snaps = _generic_probe_bwd(s, plan, tables, ℓ, level, level_dstates[ℓ], H, K, V)
         dinit[ℓ] = dM0 if s.has_initial[ℓ] else None
+        level_dstates[ℓ] = d_pairs = None                  # spent (dM0 may still view it)
         if ℓ == 1:
             d_ends = d_snaps
-        elif plan.sources[ℓ]:
-            add_in_rounds(level_dstates[ℓ - 1], tables.add_rounds[ℓ], d_snaps)   # repeated targets: rounds
+        else:
+            level_dstates[ℓ - 1] = level_dstates_of(ℓ - 1)
+            if plan.sources[ℓ]:
+                add_in_rounds(level_dstates[ℓ - 1], tables.add_rounds[ℓ], d_snaps)   # repeated targets: rounds
 
     # the upper levels' buffers are spent: free them before level 0's backward, where the step
-    # peaks (bench.memory_cpu: the state gradients of every level, level 1's float32 snapshots
-    # and the last probe's intermediates would otherwise stay alive through it)
-    del dstates, level_dstates
-    snaps = pairs = probe_saved = d_pairs = d_snaps = None
+    # peaks (bench.memory_cpu: level 1's float32 snapshots and the last probe's intermediates
+    # would otherwise stay alive through it)
+    snaps = pairs = probe_saved = d_snaps = None
     do0 = do0.to(s.level0.v.dtype)          # the cast level0_bwd makes, done here: the float32 one is freed
 
     # level 0: fla's backward with the injected end-of-chunk gradients

@@ -8,7 +8,7 @@ from typing import Callable
 import torch
 
 from optimized.nested.plan import make_plan
-from optimized.nested.reads_bwd import reads_bwd
+from optimized.nested.reads_bwd import reads_bwd, reads_bwd_states
 from optimized.nested.reads_fwd import reads_fwd
 from optimized.nested.reads_torch import reads_router_bwd_torch, reads_router_fwd_torch
 from optimized.promote_scan import promote_scan_fwd, sum_partials
@@ -21,9 +21,29 @@ def reads_router_fwd(q, r, o0, states, plan, tables, scale, block_v=None):
 
 
 def reads_router_bwd(do, q, r, o0, states, plan, tables, scale, dq, block_v=None):
-    """Its backward (``reads_bwd``): ``dq`` levels ≥ 1 in place; ``(dr, do0, dstates)``."""
-    return reads_bwd(do.to(q.dtype), q, r, o0, states, tables.read_row, tables.row_level, tables.row_chunk_lo,
-                     tables.row_chunk_hi, scale, dq, block_v=block_v)
+    """Its backward (``reads_bwd``): ``dq`` levels ≥ 1 in place; returns ``(dr, do0, dstates_of)``,
+    ``dstates_of(ℓ)`` level ℓ's state gradients ``[B, F_ℓ + 1, H, K, V]`` float32, made when asked
+    for (``reads_bwd_states``: the nested backward holds at most two levels' at a time)."""
+    do = do.to(q.dtype)
+    dr, do0, _ = reads_bwd(do, q, r, o0, states, tables.read_row, tables.row_level, tables.row_chunk_lo,
+                           tables.row_chunk_hi, scale, dq, block_v=block_v, with_states=False)
+
+    def dstates_of(ℓ):
+        off = tables.row_offset[ℓ]
+        return reads_bwd_states(do, q, r, tables.row_level, tables.row_chunk_lo, tables.row_chunk_hi, scale,
+                                states.shape[-1], slice(off, off + plan.firings(ℓ) + 1), block_v=block_v)
+    return dr, do0, dstates_of
+
+
+def reads_router_bwd_torch_levels(do, q, r, o0, states, plan, tables, scale, dq, block_v=None):
+    """``reads_router_bwd_torch`` with ``reads_router_bwd``'s return convention (``dstates_of(ℓ)``:
+    a view of its one buffer)."""
+    dr, do0, dstates = reads_router_bwd_torch(do, q, r, o0, states, plan, tables, scale, dq, block_v)
+
+    def dstates_of(ℓ):
+        off = tables.row_offset[ℓ]
+        return dstates[:, off:off + plan.firings(ℓ) + 1]
+    return dr, do0, dstates_of
 
 
 # ``NGDN_NESTED_READS=torch`` selects the PyTorch reads (einsum per level, the pre-kernel
@@ -59,7 +79,7 @@ class Pieces:
     reduce_partials: Callable = sum_partials
     scan_fwd: Callable = promote_scan_fwd
     reads_fwd: Callable = reads_router_fwd if READS == "triton" else reads_router_fwd_torch
-    reads_bwd: Callable = reads_router_bwd if READS == "triton" else reads_router_bwd_torch
+    reads_bwd: Callable = reads_router_bwd if READS == "triton" else reads_router_bwd_torch_levels
     fused_probe: bool = True        # built-in schemes through probe_fused (False: the generic replay)
     probe_keeps_preactivations: bool = True   # the fused probe keeps z [H, B·F·n, 3K + V] for its backward
     #                                 (False: the backward recomputes z, one more bmm per level, and

@@ -156,7 +156,7 @@ def reads_bwd_states_kernel(
 def reads_bwd(do: torch.Tensor, q: torch.Tensor, r: torch.Tensor, o0: torch.Tensor, states: torch.Tensor,
               read_row: torch.Tensor, row_level: torch.Tensor, row_chunk_lo: torch.Tensor,
               row_chunk_hi: torch.Tensor, scale: float, dq: torch.Tensor, *, block_v: int | None = None,
-              _mutant: str | None = None):
+              with_states: bool = True, _mutant: str | None = None):
     """Gradients of ``reads_fwd`` (module docstring). Returns ``(dr [B, T, H, L], do0 [B, T, H, V],
     dstates [B, S, H, K, V])``, all float32, and writes ``dq[:, :, :, 1:]`` in place.
 
@@ -164,6 +164,7 @@ def reads_bwd(do: torch.Tensor, q: torch.Tensor, r: torch.Tensor, o0: torch.Tens
     as in ``reads_fwd``; ``row_level, row_chunk_lo, row_chunk_hi int32 [S]`` (``read_tables``);
     ``dq`` a contiguous ``[B, T, H, L, K]`` buffer in float32 or q's dtype (the float32 values
     are rounded once, on store): levels 1..L-1 are overwritten, level 0 is left alone.
+    ``with_states=False``: ``dstates`` is None (``reads_bwd_states`` gives any rows of it later).
     ``block_v`` / ``_mutant`` as in ``reads_fwd``.
     """
     B, T, H, L, K, V, S, N = check_reads(q, r, o0, states, read_row)
@@ -182,9 +183,9 @@ def reads_bwd(do: torch.Tensor, q: torch.Tensor, r: torch.Tensor, o0: torch.Tens
     f32 = torch.float32
     dr = torch.empty(B, T, H, L, dtype=f32, device=q.device)
     do0 = torch.empty(B, T, H, V, dtype=f32, device=q.device)
-    dstates = torch.empty(B, S, H, K, V, dtype=f32, device=q.device)
+    dstates = None
     if B * H == 0:
-        return dr, do0, dstates
+        return dr, do0, (torch.empty(B, S, H, K, V, dtype=f32, device=q.device) if with_states else None)
     do, q, r, states = do.contiguous(), q.contiguous(), r.contiguous(), states.contiguous()
     split = q.dtype == torch.bfloat16
     if T > 0:
@@ -193,10 +194,33 @@ def reads_bwd(do: torch.Tensor, q: torch.Tensor, r: torch.Tensor, o0: torch.Tens
             float(scale), T, N, S, L,
             H=H, K=K, V=V, BT=BT, BKA=BKA, BV=BVA, BL=BL, SPLIT=split, MUTANT=mutant,
             num_warps=warps_a)
-    if S > 0 and K * V > 0:
-        reads_bwd_states_kernel[(triton.cdiv(V, BV), S, B * H)](
-            do, q, r, row_level.contiguous(), row_chunk_lo.contiguous(), row_chunk_hi.contiguous(), dstates,
-            float(scale), T, S, L,
-            H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, BL=BL, SPLIT=split, MUTANT=mutant,
-            num_warps=num_warps(BK, BV))
+    if with_states:
+        dstates = reads_bwd_states(do, q, r, row_level, row_chunk_lo, row_chunk_hi, scale, V, slice(0, S),
+                                   block_v=block_v, _mutant=_mutant)
     return dr, do0, dstates
+
+
+def reads_bwd_states(do: torch.Tensor, q: torch.Tensor, r: torch.Tensor, row_level: torch.Tensor,
+                     row_chunk_lo: torch.Tensor, row_chunk_hi: torch.Tensor, scale: float, V: int, rows: slice, *,
+                     block_v: int | None = None, _mutant: str | None = None) -> torch.Tensor:
+    """The stored rows ``rows`` (a step-1 slice of ``0 .. S``) of ``reads_bwd``'s ``dstates``, as a
+    fresh float32 ``[B, len(rows), H, K, V]``: the nested backward asks for one level's rows at a
+    time, so the levels' state gradients are never all alive at once. Same kernel, launched on
+    the row tables' slices; inputs as in ``reads_bwd`` (``do`` in q's dtype)."""
+    B, T, H, L, K = q.shape
+    S = row_level.shape[0]
+    start, stop, step = rows.indices(S)
+    if step != 1:
+        raise ValueError(f"rows must be a slice with step 1, got {rows}")
+    n = max(stop - start, 0)
+    mutant = mutant_code(_mutant)
+    BT, BK, BV, BL = block_sizes(K, V, L, block_v)
+    dstates = torch.empty(B, n, H, K, V, dtype=torch.float32, device=q.device)
+    if n > 0 and B * H > 0 and K * V > 0:
+        reads_bwd_states_kernel[(triton.cdiv(V, BV), n, B * H)](
+            do.contiguous(), q.contiguous(), r.contiguous(), row_level[start:stop].contiguous(),
+            row_chunk_lo[start:stop].contiguous(), row_chunk_hi[start:stop].contiguous(), dstates,
+            float(scale), T, n, L,
+            H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, BL=BL, SPLIT=q.dtype == torch.bfloat16, MUTANT=mutant,
+            num_warps=num_warps(BK, BV))
+    return dstates
