@@ -49,6 +49,14 @@ def chunk_fenwick_gdn2_transition_on_newest_only(*args, **kwargs):
     return _call({"states_fwd": states_without_erase}, args, kwargs)
 
 
+def chunk_fenwick_gdn2_stale_carry_slot(*args, **kwargs):
+    """The scan's recycled carry slot keeps the blocks a carry empties (levels below the merge
+    target): they hold the state of two chunks before instead of nothing."""
+    def states_stale(*a, **kw):
+        return _states_fwd(*a, **kw, _mutant="stale_slot")
+    return _call({"states_fwd": states_stale}, args, kwargs)
+
+
 def chunk_fenwick_gdn2_intra_level_off_by_one(*args, **kwargs):
     """Inside a chunk, a pair at level ℓ ≥ 1 is weighted with ``λ[ℓ + 1]`` (one level too high)."""
     def intra_shifted(v, w, lam, Aqk, Akk, **kw):

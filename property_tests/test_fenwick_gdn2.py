@@ -113,6 +113,15 @@ def test_optimized_vs_reference_catches(mutant, broken):
 
 
 @pytest.mark.mutation
+def test_nine_chunks_catch_a_stale_carry_slot():
+    """The scan carries its float32 states in two slots; a carry with m ≥ 1 must empty blocks
+    0 … m-1 of the recycled slot (3 chunks are too few to see it: the stale values are zeros)."""
+    bad = failures(checks.optimized_vs_reference(LONG, 3, optimized=mutants.chunk_fenwick_gdn2_stale_carry_slot,
+                                                 log=False, grads=False))
+    assert "output" in bad, bad
+
+
+@pytest.mark.mutation
 def test_optimized_vs_reference_catches_dropped_level_scale_gradient():
     bad = failures(checks.optimized_vs_reference(
         REDUCTION_SHAPE, 0, optimized=mutants.chunk_fenwick_gdn2_dropped_level_scale_gradient, log=False))
