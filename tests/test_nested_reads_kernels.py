@@ -184,9 +184,10 @@ def test_state_rows_one_level_at_a_time_equal_all_at_once(name):
     S = dstates.shape[1]
     cuts = sorted(set(tables.row_offset[1:]) | {S})
     for lo, hi in zip(cuts[:-1], cuts[1:]):
-        part = reads_bwd_states(x["do"], x["q"], x["r"], tables.row_level, tables.row_chunk_lo, tables.row_chunk_hi,
-                                meta["scale"], dstates.shape[-1], slice(lo, hi), block_v=meta["block_v"])
+        part = reads_bwd_states(x["do"], x["q"], x["r"], x["o0"], x["states"], tables.read_row, tables.row_level,
+                                tables.row_chunk_lo, tables.row_chunk_hi, meta["scale"], slice(lo, hi),
+                                block_v=meta["block_v"])
         assert torch.equal(part, dstates[:, lo:hi]), (lo, hi)
     with pytest.raises(ValueError, match="step 1"):
-        reads_bwd_states(x["do"], x["q"], x["r"], tables.row_level, tables.row_chunk_lo, tables.row_chunk_hi,
-                         meta["scale"], dstates.shape[-1], slice(0, S, 2))
+        reads_bwd_states(x["do"], x["q"], x["r"], x["o0"], x["states"], tables.read_row, tables.row_level,
+                         tables.row_chunk_lo, tables.row_chunk_hi, meta["scale"], slice(0, S, 2))

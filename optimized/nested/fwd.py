@@ -31,8 +31,7 @@ class NestedSaved:
 
     def level_states(self, ℓ: int) -> torch.Tensor:
         """Level ℓ's stored states ``[B, F_ℓ + 1, H, K, V]`` (a view of ``states``)."""
-        off = self.tables.row_offset[ℓ]
-        return self.states[:, off:off + self.plan.firings(ℓ) + 1]
+        return self.states[:, self.tables.level_rows(ℓ)]
 
 
 def nested_fwd(q, k, v, g, b, w, r, levels, scale, initial_states, pieces: Pieces = DEFAULT_PIECES):
@@ -62,13 +61,12 @@ def nested_fwd(q, k, v, g, b, w, r, levels, scale, initial_states, pieces: Piece
                 pairs = _probe(level, snaps, p32, H, K, V)
             probes.append(None)
         M0 = initial_states[ℓ]
-        off = tables.row_offset[ℓ]
         pieces.scan_fwd(None if M0 is None else M0.detach().float(), *pairs, block_v=pieces.block_v,
-                        block_n=pieces.block_n, out=states[:, off:off + plan.firings(ℓ) + 1],
+                        block_n=pieces.block_n, out=states[:, tables.level_rows(ℓ)],
                         precision=pieces.scan_precision(q.dtype, "fwd"))
     o = pieces.reads_fwd(q, r, o0, states, plan, tables, scale, block_v=pieces.block_v)
     # fresh tensors: outputs must not alias what the backward keeps (no reference cycles)
-    finals = [ht0.clone()] + [states[:, tables.row_offset[ℓ] + plan.firings(ℓ)].clone() for ℓ in range(1, L)]
+    finals = [ht0.clone()] + [states[:, tables.level_rows(ℓ).stop - 1].clone() for ℓ in range(1, L)]
     saved = NestedSaved(plan, tables, list(levels), scale, saved0, ht0, states, o0, q, r, params,
                         [s is not None for s in initial_states], probes, pieces)
     return o, finals, saved

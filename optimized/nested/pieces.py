@@ -29,9 +29,8 @@ def reads_router_bwd(do, q, r, o0, states, plan, tables, scale, dq, block_v=None
                            tables.row_chunk_hi, scale, dq, block_v=block_v, with_states=False)
 
     def dstates_of(ℓ):
-        off = tables.row_offset[ℓ]
-        return reads_bwd_states(do, q, r, tables.row_level, tables.row_chunk_lo, tables.row_chunk_hi, scale,
-                                states.shape[-1], slice(off, off + plan.firings(ℓ) + 1), block_v=block_v)
+        return reads_bwd_states(do, q, r, o0, states, tables.read_row, tables.row_level, tables.row_chunk_lo,
+                                tables.row_chunk_hi, scale, tables.level_rows(ℓ), block_v=block_v)
     return dr, do0, dstates_of
 
 
@@ -41,8 +40,7 @@ def reads_router_bwd_torch_levels(do, q, r, o0, states, plan, tables, scale, dq,
     dr, do0, dstates = reads_router_bwd_torch(do, q, r, o0, states, plan, tables, scale, dq, block_v)
 
     def dstates_of(ℓ):
-        off = tables.row_offset[ℓ]
-        return dstates[:, off:off + plan.firings(ℓ) + 1]
+        return dstates[:, tables.level_rows(ℓ)]
     return dr, do0, dstates_of
 
 

@@ -86,6 +86,12 @@ class DeviceTables:
     add_rounds: tuple
     slots: object
 
+    def level_rows(self, ℓ: int) -> slice:
+        """Level ℓ ≥ 1's rows of the ``[B, S, H, K, V]`` buffer: its ``F_ℓ + 1`` stored states
+        (the levels' rows are consecutive, in level order)."""
+        end = self.row_offset[ℓ + 1] if ℓ + 1 < len(self.row_offset) else self.S
+        return slice(self.row_offset[ℓ], end)
+
 
 def add_rounds(index, device):
     """Split ``dst[:, index[i]] += src[:, i]`` into rounds in which every target appears once

@@ -26,7 +26,7 @@ def _snapshots(plan: Plan, tables, ℓ: int, states: torch.Tensor | None, h=None
     if ℓ == 1:
         return chunk_end_states(h, ht0, plan.sources[1], index=tables.end_index,
                                 includes_final=tables.end_includes_final)
-    below = states[:, tables.row_offset[ℓ - 1]:tables.row_offset[ℓ - 1] + plan.firings(ℓ - 1) + 1]
+    below = states[:, tables.level_rows(ℓ - 1)]
     if not plan.sources[ℓ]:
         return below[:, :0]
     return below.index_select(1, tables.sources[ℓ])

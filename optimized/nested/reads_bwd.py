@@ -167,10 +167,7 @@ def reads_bwd(do: torch.Tensor, q: torch.Tensor, r: torch.Tensor, o0: torch.Tens
     ``with_states=False``: ``dstates`` is None (``reads_bwd_states`` gives any rows of it later).
     ``block_v`` / ``_mutant`` as in ``reads_fwd``.
     """
-    B, T, H, L, K, V, S, N = check_reads(q, r, o0, states, read_row)
-    _expect("do", do, (B, T, H, V), (q.dtype,), q.device)
-    for name, x in (("row_level", row_level), ("row_chunk_lo", row_chunk_lo), ("row_chunk_hi", row_chunk_hi)):
-        _expect(name, x, (S,), (torch.int32,), q.device)
+    B, T, H, L, K, V, S, N = _check_bwd(do, q, r, o0, states, read_row, row_level, row_chunk_lo, row_chunk_hi)
     _expect("dq", dq, (B, T, H, L, K), (torch.float32, q.dtype), q.device)
     if not dq.is_contiguous():
         raise ValueError("dq must be contiguous (levels 1..L-1 are written into it in place)")
@@ -195,20 +192,31 @@ def reads_bwd(do: torch.Tensor, q: torch.Tensor, r: torch.Tensor, o0: torch.Tens
             H=H, K=K, V=V, BT=BT, BKA=BKA, BV=BVA, BL=BL, SPLIT=split, MUTANT=mutant,
             num_warps=warps_a)
     if with_states:
-        dstates = reads_bwd_states(do, q, r, row_level, row_chunk_lo, row_chunk_hi, scale, V, slice(0, S),
-                                   block_v=block_v, _mutant=_mutant)
+        dstates = reads_bwd_states(do, q, r, o0, states, read_row, row_level, row_chunk_lo, row_chunk_hi, scale,
+                                   slice(0, S), block_v=block_v, _mutant=_mutant)
     return dr, do0, dstates
 
 
-def reads_bwd_states(do: torch.Tensor, q: torch.Tensor, r: torch.Tensor, row_level: torch.Tensor,
-                     row_chunk_lo: torch.Tensor, row_chunk_hi: torch.Tensor, scale: float, V: int, rows: slice, *,
-                     block_v: int | None = None, _mutant: str | None = None) -> torch.Tensor:
+def _check_bwd(do, q, r, o0, states, read_row, row_level, row_chunk_lo, row_chunk_hi):
+    """``check_reads`` and the backward's own inputs; returns the same sizes."""
+    B, T, H, L, K, V, S, N = check_reads(q, r, o0, states, read_row)
+    _expect("do", do, (B, T, H, V), (q.dtype,), q.device)
+    for name, x in (("row_level", row_level), ("row_chunk_lo", row_chunk_lo), ("row_chunk_hi", row_chunk_hi)):
+        _expect(name, x, (S,), (torch.int32,), q.device)
+    return B, T, H, L, K, V, S, N
+
+
+def reads_bwd_states(do: torch.Tensor, q: torch.Tensor, r: torch.Tensor, o0: torch.Tensor, states: torch.Tensor,
+                     read_row: torch.Tensor, row_level: torch.Tensor, row_chunk_lo: torch.Tensor,
+                     row_chunk_hi: torch.Tensor, scale: float, rows: slice, *, block_v: int | None = None,
+                     _mutant: str | None = None) -> torch.Tensor:
     """The stored rows ``rows`` (a step-1 slice of ``0 .. S``) of ``reads_bwd``'s ``dstates``, as a
     fresh float32 ``[B, len(rows), H, K, V]``: the nested backward asks for one level's rows at a
     time, so the levels' state gradients are never all alive at once. Same kernel, launched on
-    the row tables' slices; inputs as in ``reads_bwd`` (``do`` in q's dtype)."""
-    B, T, H, L, K = q.shape
-    S = row_level.shape[0]
+    the row tables' slices; inputs as in ``reads_bwd`` (checked the same way)."""
+    B, T, H, L, K, V, S, N = _check_bwd(do, q, r, o0, states, read_row, row_level, row_chunk_lo, row_chunk_hi)
+    if not isinstance(rows, slice):
+        raise TypeError(f"rows must be a slice, got {type(rows).__name__}")
     start, stop, step = rows.indices(S)
     if step != 1:
         raise ValueError(f"rows must be a slice with step 1, got {rows}")

@@ -77,8 +77,7 @@ def reads_router_fwd_torch(q, r, o0, states, plan, tables, scale, block_v=None):
     p = torch.softmax(r.float(), dim=-1)
     o = p[..., 0, None] * o0.float()
     for ℓ in range(1, plan.L):
-        off = tables.row_offset[ℓ]
-        level = states[:, off:off + plan.firings(ℓ) + 1]
+        level = states[:, tables.level_rows(ℓ)]
         o = o + p[..., ℓ, None] * read_fwd(level, q[:, :, :, ℓ], plan.read_index[ℓ], plan.read_group[ℓ], scale)
     return o.to(q.dtype)
 
@@ -92,8 +91,7 @@ def reads_router_bwd_torch(do, q, r, o0, states, plan, tables, scale, dq, block_
     dp[..., 0] = (do * o0.float()).sum(-1)
     dstates = torch.zeros_like(states)
     for ℓ in range(1, plan.L):
-        off = tables.row_offset[ℓ]
-        rows = slice(off, off + plan.firings(ℓ) + 1)
+        rows = tables.level_rows(ℓ)
         o_l = read_fwd(states[:, rows], q[:, :, :, ℓ], plan.read_index[ℓ], plan.read_group[ℓ], scale)
         dp[..., ℓ] = (do * o_l).sum(-1)
         dq[:, :, :, ℓ], dstates[:, rows] = read_bwd(states[:, rows], q[:, :, :, ℓ], p[..., ℓ, None] * do,
