@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from optimized.fenwick_gdn2.precision import num_warps
+from optimized.warps import num_warps
 
 CHUNK = 64
 INTRA_LEVELS = 7          # levels 0..6 occur inside a chunk of 64
@@ -140,7 +140,7 @@ def intra_fwd(v, w, level_scales, Aqk, Akk, precision: str = "ieee"):
     o = torch.empty(B, T, H, V, device=v.device, dtype=torch.float32)
     grid = (triton.cdiv(T, CHUNK), B * H)
     fenwick_intra_fwd_kernel[grid](v, w, level_scales, Aqk, Akk, o, T, L, H=H, V=V, BT=CHUNK, BV=_block_v(V),
-                                   NL=INTRA_LEVELS, DOT=precision, num_warps=num_warps(CHUNK * CHUNK))
+                                   NL=INTRA_LEVELS, DOT=precision, num_warps=num_warps(CHUNK, CHUNK))
     return o
 
 
@@ -156,5 +156,5 @@ def intra_bwd(v, w, level_scales, Aqk, Akk, do, precision: str = "ieee"):
     grid = (triton.cdiv(T, CHUNK), B * H)
     fenwick_intra_bwd_kernel[grid](v, w, level_scales, Aqk, Akk, do, dwv, dlam, dAqk, dL, T, L, H=H, V=V,
                                    BT=CHUNK, BV=_block_v(V), NL=INTRA_LEVELS, DOT=precision,
-                                   num_warps=num_warps(CHUNK * CHUNK))
+                                   num_warps=num_warps(CHUNK, CHUNK))
     return dwv, dlam, dAqk, dL

@@ -1,4 +1,5 @@
-"""The dot precision and warp count of the Fenwick GDN-2 kernels (``states.py``, ``intra.py``).
+"""The dot precision of the Fenwick GDN-2 kernels (``states.py``, ``intra.py``; their warps:
+``optimized.warps``).
 
 bf16 runs: TF32 tensor cores (2^-11 per product, under bf16's own 2^-8; float32 accumulation,
 float32 states). float32 runs: IEEE float32, as the float32 tolerances were measured.
@@ -17,8 +18,3 @@ def dot_precision(dtype: torch.dtype) -> str:
     """``"tf32"`` when the activations are bf16, ``"ieee"`` otherwise."""
     return "tf32" if dtype == torch.bfloat16 else "ieee"
 
-
-def num_warps(tile_elements: int) -> int:
-    """8 warps from a ``[64, 32]`` float32 tile on (fewer registers per thread; ptxas spills
-    such tiles with 4, see ``optimized/nested/reads_fwd.py``), 4 below."""
-    return 4 if tile_elements < 64 * 32 else 8

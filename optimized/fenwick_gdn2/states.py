@@ -28,8 +28,8 @@ One program per (batch·head, block of V columns) walks the chunks in order. The
 states live in two global-memory slots between chunks (chunk c reads slot c mod 2 and writes
 the next pre-state into the other; ``tl.debug_barrier`` orders the writes of one chunk before
 the reads of the next); each chunk's pre-state, ``vn`` and, in the reverse scan, ``dh`` and
-``dvn`` are written once in the activations' dtype, which is what fla's pieces read. Dots: TF32 in bf16 runs, IEEE float32 in float32 runs
-(``precision.py``); no atomics.
+``dvn`` are written once in the activations' dtype, which is what fla's pieces read. Dots:
+TF32 in bf16 runs, IEEE float32 in float32 runs (``precision.py``); no atomics.
 """
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ import torch
 import triton
 import triton.language as tl
 
-from optimized.fenwick_gdn2.precision import num_warps
+from optimized.warps import num_warps
 
 CHUNK = 64
 OWN_LEVELS = 7
@@ -184,7 +184,7 @@ def states_fwd(kg, wy, u, gk, mtab, h0, N: int, J: int, L: int, V: int, n_own: i
     grid = (triton.cdiv(V, BV), B * H)
     fenwick_states_fwd_kernel[grid](kg, wy, u, gk, mtab, carry, h, vn, final, T, N, J, L, n_own,
                                     H=H, K=K, V=V, BT=CHUNK, BK=BK, BV=BV, DOT=precision,
-                                    MUTANT=1 if _mutant == "stale_slot" else 0, num_warps=num_warps(BK * BV))
+                                    MUTANT=1 if _mutant == "stale_slot" else 0, num_warps=num_warps(BK, BV))
     return h, vn, final
 
 
@@ -203,5 +203,5 @@ def states_bwd(qg, kg, wy, gk, do, dv, dfinal, mtab, scale: float, N: int, J: in
     grid = (triton.cdiv(V, BV), B * H)
     fenwick_states_bwd_kernel[grid](qg, kg, wy, gk, do, dv, dfinal, mtab, dh, dv2, dpre, scale, T, N, J, L, n_own,
                                     H=H, K=K, V=V, BT=CHUNK, BK=BK, BV=BV, HAS_DFINAL=dfinal is not None,
-                                    DOT=precision, num_warps=num_warps(BK * BV))
+                                    DOT=precision, num_warps=num_warps(BK, BV))
     return dh, dv2, dpre[:, 0]

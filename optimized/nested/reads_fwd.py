@@ -36,6 +36,7 @@ import triton
 import triton.language as tl
 
 from optimized.level0 import CHUNK
+from optimized.warps import num_warps
 
 # CUDA limits the 2nd and 3rd grid dimensions to 65535 programs.
 MAX_GRID_YZ = 65535
@@ -230,12 +231,6 @@ def block_sizes(K: int, V: int, L: int, block_v: int | None = None) -> tuple[int
     BV = max(16, min(triton.next_power_of_2(block_v), triton.next_power_of_2(V)))
     BL = max(2, triton.next_power_of_2(L))
     return CHUNK, BK, BV, BL
-
-
-def num_warps(BK: int, BV: int) -> int:
-    """8 warps from a ``[64, 32]`` state block on: with 4, ptxas spills at K = 64, BV = 32
-    (sm_90, float32 and bf16; no spill with 8 up to K = 128, BV = 32 and K = 64, BV = 64)."""
-    return 4 if BK * BV < 64 * 32 else 8
 
 
 def mutant_code(mutant) -> int:
