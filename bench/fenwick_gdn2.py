@@ -93,18 +93,6 @@ def _timer(device):
     return cpu
 
 
-def _profile(out: Path, tag: str, fn, leaves):
-    """torch.profiler kernel table (top 30 by device time) of one call of ``fn`` -> ``out/profile_<tag>.txt``."""
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
-        fn()
-        torch.cuda.synchronize()
-    (out / f"profile_{tag}.txt").write_text(prof.key_averages().table(sort_by="cuda_time_total", row_limit=30))
-    for t in leaves:
-        t.grad = None
-
-
 OPS = ("flat", "fenwick_gdn2")
 
 
@@ -141,8 +129,10 @@ def measure(T, B, H, K, V, dtype, device, seed=0, warmup_only=False, profile_dir
                 rows[name] = row
                 continue
             if profile_dir is not None and device == "cuda":
-                _profile(profile_dir, f"T{T}_{name}_fwd", forward, leaves)
-                _profile(profile_dir, f"T{T}_{name}_fwdbwd", step, leaves)
+                from bench.harness import write_profile_table
+
+                write_profile_table(profile_dir / f"profile_T{T}_{name}_fwd.txt", forward, leaves)
+                write_profile_table(profile_dir / f"profile_T{T}_{name}_fwdbwd.txt", step, leaves)
             row["fwd_ms"] = timer(forward, leaves)
             row["fwdbwd_ms"] = timer(step, leaves)
             if device == "cuda":

@@ -89,6 +89,20 @@ def do_bench_timer(warmup_ms: float, rep_ms: float) -> Callable[[Callable], floa
     return lambda fn: float(do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median"))
 
 
+def write_profile_table(path, fn, leaves=()) -> None:
+    """The torch.profiler kernel table (top 30 by device time) of one call of ``fn`` (a CUDA step)
+    -> ``path``; the gradients of ``leaves`` reset after it."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    with open(path, "w") as fh:
+        fh.write(prof.key_averages().table(sort_by="cuda_time_total", row_limit=30))
+    for t in leaves:
+        t.grad = None
+
+
 def stderr_log(message: str):
     print(message, file=sys.stderr, flush=True)
 

@@ -36,7 +36,7 @@ from pathlib import Path
 
 import torch
 
-from bench.harness import prepare_environment
+from bench.harness import prepare_environment, write_profile_table
 
 
 def _log(message: str):
@@ -239,15 +239,7 @@ def main(argv=None) -> int:
                         for t in leaves:
                             t.grad = None
                     if args.profile and not check and L == args.levels[0]:
-                        from torch.profiler import ProfilerActivity, profile
-
-                        with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
-                            step()
-                            torch.cuda.synchronize()
-                        table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=30)
-                        (out / f"profile_L{L}_{name}.txt").write_text(table)
-                        for t in leaves:
-                            t.grad = None
+                        write_profile_table(out / f"profile_L{L}_{name}.txt", step, leaves)
             except Exception as e:      # one broken op must not cost the others' numbers
                 import traceback
 
