@@ -141,8 +141,8 @@ def main(argv=None) -> int:
     parser.add_argument("-H", type=int, default=1)
     parser.add_argument("-K", type=int, default=128, help="K = V")
     parser.add_argument("--levels", type=int, nargs="+", default=[4])
-    parser.add_argument("--recompute-z", action="store_true",
-                        help="Pieces(probe_keeps_preactivations=False) instead of the default op")
+    parser.add_argument("--keep-z", action="store_true",
+                        help="Pieces(probe_keeps_preactivations=True) instead of the default op")
     args = parser.parse_args(argv)
     from optimized import triton_mode
 
@@ -153,7 +153,7 @@ def main(argv=None) -> int:
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    pieces = Pieces(probe_keeps_preactivations=not args.recompute_z)
+    pieces = Pieces(probe_keeps_preactivations=args.keep_z)
     for L in args.levels:
         step, known = nested_step(args.B, args.T, args.H, args.K, args.K, L, pieces=pieces)
         with finite_checks(False):
@@ -161,7 +161,7 @@ def main(argv=None) -> int:
             for t in known:
                 t.grad = None
             events = record(step, known)
-        variant = "recompute-z" if args.recompute_z else "default"
+        variant = "keep-z" if args.keep_z else "default"
         lines = table(events, f"L={L} nested ({variant}), one forward+backward on the CPU: memory alive at its peak "
                               f"(B={args.B}, T={args.T}, H={args.H}, K=V={args.K}, float32)")
         path = out / f"memory_cpu_L{L}_{variant}.md"

@@ -48,9 +48,9 @@ def test_fused_probe_equals_generic_probe(scheme, reduction):
 
 @pytest.mark.parametrize("scheme, reduction", [("bounded_erase", "sum")])   # every column of z in use
 def test_recomputed_preactivations_equal_kept_ones(scheme, reduction):
-    """``Pieces(probe_keeps_preactivations=False)`` (the backward recomputes the probe's one
-    matmul instead of keeping it) gives the default op's values and gradients."""
-    kept, recomputed = run(scheme, reduction, Pieces()), run(scheme, reduction, Pieces(probe_keeps_preactivations=False))
+    """The default op (the backward recomputes the probe's one matmul) gives the values and
+    gradients of ``Pieces(probe_keeps_preactivations=True)`` (it keeps them)."""
+    kept, recomputed = run(scheme, reduction, Pieces(probe_keeps_preactivations=True)), run(scheme, reduction, Pieces())
     errors = {k: relative_error(recomputed[k], kept[k]) for k in kept}
     bounds = {k: tolerance("nested_fused_probe", "gradients" if k.startswith("d") else "values", torch.float32)
               for k in errors}

@@ -79,9 +79,11 @@ class Pieces:
     reads_fwd: Callable = reads_router_fwd if READS == "triton" else reads_router_fwd_torch
     reads_bwd: Callable = reads_router_bwd if READS == "triton" else reads_router_bwd_torch_levels
     fused_probe: bool = True        # built-in schemes through probe_fused (False: the generic replay)
-    probe_keeps_preactivations: bool = True   # the fused probe keeps z [H, B·F·n, 3K + V] for its backward
-    #                                 (False: the backward recomputes z, one more bmm per level, and
-    #                                 the step holds 1.7 GiB less at L=4, B=8, T=4096, H=16, K=V=128)
+    probe_keeps_preactivations: bool = False  # True: the fused probe keeps z [H, B·F·n, 3K + V] for its
+    #                                 backward instead of recomputing it (one bmm per level). H200, L=4,
+    #                                 B=8, T=4096, H=16, K=V=128, bf16, side by side: recomputing costs
+    #                                 +0.33 ms per step (35.45 → 35.79 ms) and saves 0.75 GiB of the
+    #                                 peak (8.07 → 7.32 GiB); results/2026-11-30-nested-memory-gpu/
     scan_precision: Callable = scan_precision   # (dtype, 'fwd'|'bwd') -> the scans' dot precision
     probe_precision: Callable = probe_precision  # dtype -> the fused probe's float32 matmul precision
     block_v: int | None = None      # the scan's V block and pair block (None: promote_scan's
