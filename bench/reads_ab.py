@@ -14,7 +14,9 @@ heads. Variants (``--variants``, default all):
 - ``keep-z``: the default op with the fused probe's pre-activations kept for the backward
   instead of recomputed (``Pieces.probe_keeps_preactivations=True``: one bmm per level less,
   0.75 GiB more at L = 4; the default until 2026-11-30, when that run was the variant
-  ``recompute-z``).
+  ``recompute-z``);
+- ``scan-2phase``: the default op with the reverse promote scans in two phases (the carried state
+  gradient alone, then every firing's pair gradients in parallel: ``optimized.promote_scan_two_phase``).
 
 For each depth: forward and forward+backward times (``triton.testing.do_bench`` medians,
 autotuners tuned: one warm step first), the nested/flat ratios, peak memory of one step,
@@ -93,14 +95,14 @@ def _floor_ms(name, B, T, H, K, L, dtype, rates) -> tuple[float, float]:
     return fl.fwd_ms, fl.fwdbwd_ms
 
 
-VARIANTS = ("torch", "generic", "fused-ieee", "scan-tf32", "triton", "triton+check", "bv16", "bv64", "keep-z")
+VARIANTS = ("torch", "generic", "fused-ieee", "scan-tf32", "triton", "triton+check", "bv16", "bv64", "keep-z", "scan-2phase")
 
 
 def _ops(B, T, H, K, V, L, dtype, seed, names=VARIANTS):
     """name -> (step inputs, forward closure, do)."""
     from optimized import chunk_gdn2
     from optimized.nested import Pieces, _nested
-    from optimized.nested.pieces import reads_router_bwd_torch_levels
+    from optimized.nested.pieces import reads_router_bwd_torch_levels, scan_bwd_two_phase
     from optimized.nested.reads_torch import reads_router_fwd_torch
     from reference.nested import make_levels
 
@@ -125,6 +127,7 @@ def _ops(B, T, H, K, V, L, dtype, seed, names=VARIANTS):
         "bv16": Pieces(block_v=16),     # the default op with V blocks of 16 in the scans and reads
         "bv64": Pieces(block_v=64),     # ... of 64 (default: 32 at K ≤ 128)
         "keep-z": Pieces(probe_keeps_preactivations=True),
+        "scan-2phase": Pieces(scan_bwd=scan_bwd_two_phase),
     }
     for name in names:
         if name == "flat":

@@ -32,6 +32,7 @@ from ngdn.strategies import examples, seeds
 from ngdn.testing import kernel_dtypes, requires_cuda
 from ngdn.tolerances import assert_passes, failures, relative_error
 from optimized.nested import Pieces
+from optimized.nested.pieces import scan_bwd_two_phase
 from optimized.promote_scan import block_sizes as scan_block_sizes
 
 Case = checks.OptCase
@@ -155,6 +156,14 @@ def test_optimized_covers_every_blocking_path(dtype, bucket):
     """The bucket's covering case (see ``covering_case``): every path the draws might miss."""
     op = mutants.nested_with(covering_pieces(bucket))
     assert_passes(checks.optimized_vs_reference(covering_case(bucket), dtype, op=op))
+
+
+@pytest.mark.parametrize("bucket", bucket_params("level0"))
+def test_two_phase_reverse_scan_in_the_op(bucket):
+    """``Pieces(scan_bwd=scan_bwd_two_phase)`` (the reverse scans in two phases, on the backward's
+    own state-gradient buffers) on the covering case, float32."""
+    op = mutants.nested_with(dataclasses.replace(covering_pieces(bucket), scan_bwd=scan_bwd_two_phase))
+    assert_passes(checks.optimized_vs_reference(covering_case(bucket), torch.float32, op=op))
 
 
 def covering_paths(bucket) -> dict:

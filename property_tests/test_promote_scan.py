@@ -2,7 +2,8 @@
 over firings and its hand-written reverse scan equal ``reference.promote`` applied firing
 by firing (float64 autograd) for every stored state and every gradient, with ragged
 K, V, n (masks), several V blocks (partial sums) and both schemes; permuting the pairs
-of every firing changes nothing. Each property has a mutation test."""
+of every firing changes nothing; the two-phase backward (``optimized.promote_scan_two_phase``)
+equals the same reference. Each property has a mutation test."""
 import functools
 
 import pytest
@@ -17,6 +18,7 @@ from ngdn.strategies import examples, seeds
 from ngdn.testing import on_cuda
 from ngdn.tolerances import assert_passes, failures
 from optimized.promote_scan import promote_scan_bwd, promote_scan_fwd
+from optimized.promote_scan_two_phase import promote_scan_bwd_two_phase
 
 Draw = checks.ScanDraw
 # Sizes below, between and over blocks: CUDA with the default blocks (BV = BN = 32), CPU with
@@ -66,6 +68,26 @@ def test_scan_equals_reference_promote_firing_by_firing(d, bv, bn):
     fwd = lambda *a: promote_scan_fwd(*a, block_v=bv, block_n=bn)  # noqa: E731
     bwd = lambda *a: promote_scan_bwd(*a, block_v=bv, block_n=bn)  # noqa: E731
     assert_passes(checks.scan_vs_reference(d, scan_fwd=fwd, scan_bwd=bwd))
+
+
+@examples(ci=6)
+@given(d=scan_draws(), bv=st.sampled_from((None, 16)), bn=st.sampled_from((None, 16)), consume=st.booleans())
+@example(d=COVERING_DRAW, bv=16, bn=16, consume=True)
+@example(d=EXTREME_DRAWS[0], bv=16, bn=16, consume=False)
+def test_two_phase_scan_equals_reference_promote_firing_by_firing(d, bv, bn, consume):
+    """The reverse scan in two phases (the carried gradient alone, then every firing in parallel),
+    on the caller's ``dstates`` (``consume``) or a copy."""
+    fwd = functools.partial(promote_scan_fwd, block_v=bv, block_n=bn)
+    bwd = functools.partial(promote_scan_bwd_two_phase, block_v=bv, block_n=bn, consume_dstates=consume)
+    assert_passes(checks.scan_vs_reference(d, scan_fwd=fwd, scan_bwd=bwd))
+
+
+@pytest.mark.mutation
+def test_two_phase_scan_catches_pairs_reading_one_firing_early():
+    fwd = functools.partial(promote_scan_fwd, block_v=16, block_n=16)
+    bwd = functools.partial(promote_scan_bwd_two_phase, block_v=16, block_n=16, _mutant=1)
+    assert {"dkappa", "dnu", "dbeta", "domega", "dgamma"} <= set(
+        failures(checks.scan_vs_reference(COVERING_DRAW, scan_fwd=fwd, scan_bwd=bwd, log=False)))
 
 
 @examples(ci=6)

@@ -15,6 +15,7 @@ from ngdn.tolerances import assert_passes, failures
 from optimized import triton_mode
 from optimized.nested.pieces import scan_precision
 from optimized.promote_scan import promote_scan_bwd, promote_scan_fwd
+from optimized.promote_scan_two_phase import promote_scan_bwd_two_phase
 
 Draw = checks.ScanDraw
 # CUDA's default blocks are BV = BN = 32: V = 80 is three V blocks (ragged), n = 48 two pair blocks.
@@ -47,9 +48,10 @@ def _tf32(fn, **kw):
 
 
 @cuda_only
+@pytest.mark.parametrize("scan_bwd", [promote_scan_bwd, promote_scan_bwd_two_phase], ids=["fused", "two_phase"])
 @pytest.mark.parametrize("d", DRAWS, ids=lambda d: f"{d.scheme}-K{d.K}-V{d.V}-n{d.n}")
-def test_tf32_scan_equals_reference(d):
-    assert_passes(checks.scan_vs_reference(d, scan_fwd=_tf32(promote_scan_fwd), scan_bwd=_tf32(promote_scan_bwd),
+def test_tf32_scan_equals_reference(d, scan_bwd):
+    assert_passes(checks.scan_vs_reference(d, scan_fwd=_tf32(promote_scan_fwd), scan_bwd=_tf32(scan_bwd),
                                            tolerance_dtype="tf32"))
 
 

@@ -1,11 +1,15 @@
 """The nested op's hot path (issue 12 item 3): no host syncs with the finiteness check off,
-the schedule's index tensors built once per (T, intervals, device), and the check's flag."""
+the schedule's index tensors built once per (T, intervals, device), and the check's flag; its
+memory (issue 13 item 4): the upper levels' saved buffers gone before level 0's backward."""
+import weakref
+
 import pytest
 import torch
 
 from ngdn.compile_buckets import on_bucket
 from ngdn.nested_inputs import NestedShape, nested_inputs
 from optimized import chunk_nested_gdn2, triton_mode
+import optimized.nested.bwd as nested_bwd_module
 from optimized.checks import finite_checks, finite_checks_enabled
 from optimized.nested.plan import device_tables, make_plan
 from reference.nested import Level
@@ -87,3 +91,26 @@ def test_level1_snapshots_from_the_cached_tables(T, intervals):
     want = torch.stack(want, 1) if want else h.new_zeros(2, 0, 3, 4, 5)
     assert got.dtype == torch.float32 and torch.equal(got, want)
     assert torch.equal(chunk_end_states(h, final, plan.sources[1]), want)   # the tensor-index path
+
+
+@pytest.mark.parametrize("retain_graph", [False, True], ids=["plain", "retain_graph"])
+def test_upper_level_buffers_released_before_level0_backward(monkeypatch, retain_graph):
+    """A plain backward drops the stored states and the probes' outputs before level 0's
+    backward, where the step peaks; with retain_graph=True they stay (a second backward needs
+    them, and agrees: tests/test_nested_optimized_errors.py)."""
+    args = inputs(on_bucket(NestedShape(B=1, T=130, H=1, L=3, K=16, V=16)))
+    o = chunk_nested_gdn2(**args)[0]
+    saved = o.grad_fn.saved
+    states, pairs = weakref.ref(saved.states), weakref.ref(saved.probes[1][0][0])
+    alive = {}
+    level0_bwd = nested_bwd_module.level0_bwd
+
+    def spy(*a, **kw):
+        alive["states"], alive["pairs"] = states() is not None, pairs() is not None
+        return level0_bwd(*a, **kw)
+
+    monkeypatch.setattr(nested_bwd_module, "level0_bwd", spy)
+    do = torch.randn(o.shape, generator=torch.Generator().manual_seed(1)).to(o.device)
+    leaves = [args[n] for n in NAMES]
+    torch.autograd.grad(o, leaves, do, retain_graph=retain_graph)
+    assert alive == {"states": retain_graph, "pairs": retain_graph}

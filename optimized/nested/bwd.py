@@ -8,13 +8,14 @@ from optimized.nested.fwd import NestedSaved
 from optimized.nested.plan import add_in_rounds
 from optimized.nested.probe import _probe, _snapshots
 from optimized.nested.probe_fused import probe_bwd
-from optimized.promote_scan import promote_scan_bwd
 
 
-def nested_bwd(saved: NestedSaved, do, dfinals):
+def nested_bwd(saved: NestedSaved, do, dfinals, release: bool = False):
     """Gradients of every input: returns ``dq`` (in q's dtype), ``dk, dv, dg, db, dw, dr``
     (float32; all in input shapes), ``dinit`` (L entries, float32 or None) and ``dparams`` (per level ℓ ≥ 1,
-    ``{name: float32 gradient}``; index 0 None)."""
+    ``{name: float32 gradient}``; index 0 None). ``release``: the graph is not kept (no second
+    backward), so the upper levels' stored states and probe outputs are dropped from ``saved``
+    once spent, before level 0's backward (``NestedSaved.release_upper_levels``)."""
     s, plan = saved, saved.plan
     q, r = s.q, s.r
     B, T, H, L, K = q.shape
@@ -51,7 +52,7 @@ def nested_bwd(saved: NestedSaved, do, dfinals):
             pairs, probe_saved = s.probes[ℓ]
             snaps = _snapshots(plan, tables, ℓ, s.states, h, ht0)
             p32 = {n: t.detach().float() for n, t in s.params[ℓ].items()}
-            dM0, *d_pairs = promote_scan_bwd(s.level_states(ℓ), *pairs, level_dstates[ℓ],
+            dM0, *d_pairs = s.pieces.scan_bwd(s.level_states(ℓ), *pairs, level_dstates[ℓ],
                                              block_v=s.pieces.block_v, block_n=s.pieces.block_n,
                                              reduce_partials=s.pieces.reduce_partials,
                                              precision=s.pieces.scan_precision(q.dtype, "bwd"))
@@ -74,6 +75,9 @@ def nested_bwd(saved: NestedSaved, do, dfinals):
     # peaks (bench.memory_cpu: level 1's float32 snapshots and the last probe's intermediates
     # would otherwise stay alive through it)
     snaps = pairs = probe_saved = d_snaps = None
+    if release:             # and the stored states and probe outputs, which only `saved` still holds
+        dstates_of = None                   # (its closure holds the states)
+        s.release_upper_levels()
     do0 = do0.to(s.level0.v.dtype)          # the cast level0_bwd makes, done here: the float32 one is freed
 
     # level 0: fla's backward with the injected end-of-chunk gradients
@@ -98,7 +102,7 @@ def _generic_probe_bwd(s: NestedSaved, plan, tables, ℓ, level, dstates, H, K, 
         dM0 = dstates[:, 0]
         d_pairs = None
     else:
-        dM0, *d_pairs = promote_scan_bwd(s.level_states(ℓ), *(x.detach() for x in pairs), dstates,
+        dM0, *d_pairs = s.pieces.scan_bwd(s.level_states(ℓ), *(x.detach() for x in pairs), dstates,
                                          block_v=s.pieces.block_v, block_n=s.pieces.block_n,
                                          reduce_partials=s.pieces.reduce_partials,
                                          precision=s.pieces.scan_precision(s.q.dtype, "bwd"))

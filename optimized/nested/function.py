@@ -53,14 +53,15 @@ class NestedGDN2Function(torch.autograd.Function):
         q = saved.q
         if do is None:
             do = torch.zeros(q.shape[:3] + (saved.o0.shape[-1],), dtype=torch.float32, device=q.device)
+        kept = _graph_kept()
         with _device_of(q):
-            dq, dk, dv, dg, db, dw, dr, dinit, dparams = nested_bwd(saved, do, list(dfinals))
+            dq, dk, dv, dg, db, dw, dr, dinit, dparams = nested_bwd(saved, do, list(dfinals), release=not kept)
         ins = meta["inputs"]
         cast = lambda gr, like: None if (gr is None or like is None) else gr.to(like.dtype)  # noqa: E731
         flat = [cast(dinit[ℓ], ins["initial_states"][ℓ]) for ℓ in range(meta["L"])]
         for ℓ, level in enumerate(saved.levels, start=1):
             flat += [dparams[ℓ][n].to(p.dtype) for n, p in level.params.items()]
-        if not _graph_kept():
+        if not kept:
             ctx.saved = None   # as autograd frees saved tensors: nothing outlives a plain backward
         return (None, dq.to(q.dtype), dk.to(q.dtype), dv.to(q.dtype), dg.to(q.dtype), db.to(q.dtype),
                 dw.to(q.dtype), dr.to(saved.r.dtype), *flat)

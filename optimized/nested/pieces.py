@@ -11,7 +11,8 @@ from optimized.nested.plan import make_plan
 from optimized.nested.reads_bwd import reads_bwd, reads_bwd_states
 from optimized.nested.reads_fwd import reads_fwd
 from optimized.nested.reads_torch import reads_router_bwd_torch, reads_router_fwd_torch
-from optimized.promote_scan import promote_scan_fwd, sum_partials
+from optimized.promote_scan import promote_scan_bwd, promote_scan_fwd, sum_partials
+from optimized.promote_scan_two_phase import promote_scan_bwd_two_phase
 from optimized.state_grad import state_grad_bwd
 
 
@@ -42,6 +43,12 @@ def reads_router_bwd_torch_levels(do, q, r, o0, states, plan, tables, scale, dq,
     def dstates_of(ℓ):
         return dstates[:, tables.level_rows(ℓ)]
     return dr, do0, dstates_of
+
+
+def scan_bwd_two_phase(*args, **kwargs):
+    """``promote_scan_bwd_two_phase`` on the nested backward's per-level state gradients, which
+    are spent once the scan has run (``consume_dstates``: no copy)."""
+    return promote_scan_bwd_two_phase(*args, consume_dstates=True, **kwargs)
 
 
 # ``NGDN_NESTED_READS=torch`` selects the PyTorch reads (einsum per level, the pre-kernel
@@ -76,6 +83,7 @@ class Pieces:
     state_grad: Callable = state_grad_bwd
     reduce_partials: Callable = sum_partials
     scan_fwd: Callable = promote_scan_fwd
+    scan_bwd: Callable = promote_scan_bwd   # or scan_bwd_two_phase (the reverse scan in two phases)
     reads_fwd: Callable = reads_router_fwd if READS == "triton" else reads_router_fwd_torch
     reads_bwd: Callable = reads_router_bwd if READS == "triton" else reads_router_bwd_torch_levels
     fused_probe: bool = True        # built-in schemes through probe_fused (False: the generic replay)

@@ -1,0 +1,163 @@
+"""The promote scan's backward in two phases (an alternative to ``promote_scan_bwd``'s one fused
+reverse scan; same inputs, same outputs, same math).
+
+The reverse scan carries one thing from firing to firing: ``G_m``, the whole gradient on the
+state after ``m`` firings,
+
+    G_F = dstates[F],    G_m = exp(γ_m) ⊙ (G_{m+1} - Σ_pairs P_m^T (κ_m G_{m+1})) + dstates[m]
+
+(``P = β ⊙ κ``). Everything else a firing's gradients need is then local to that firing: given
+``G_{m+1}`` and the stored ``M_m``, the pair gradients of firing ``m`` are those of
+``promote_scan_bwd_kernel``'s docstring with ``dM = G_{m+1}``.
+
+- Phase 1 (``promote_scan_bwd_carry_kernel``): one program per (batch, head, V block) runs the
+  recurrence alone: two dots per pair block per firing, no ν, ω or stored state loaded, and
+  writes ``G_m`` over ``dstates[m]`` (read once, just before).
+- Phase 2 (``promote_scan_bwd_pairs_kernel``): one program per (firing, batch, head, V block),
+  all in parallel: ``dν, dω`` and the per-V-block partials of ``dκ, dβ, dγ`` from ``G_{m+1}``,
+  ``M_m`` and the pairs.
+
+The sequential chain keeps 2 of the fused kernel's 5 dots per pair block; phase 2 does 5 dots
+per pair block again, but with ``F`` times more programs in flight.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from optimized.promote_scan import (_batch_strided, _check, _check_precision, _check_states, block_sizes, num_warps,
+                                    sum_partials)
+
+
+@triton.jit(do_not_specialize=["F", "N", "stride_gb"])
+def promote_scan_bwd_carry_kernel(
+    kappa, beta, gamma, g,
+    F, N, stride_gb,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BK: tl.constexpr, BN: tl.constexpr, BV: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    """For one (batch, head, V block), in place on ``g`` (``dstates`` on entry):
+
+        G = g[F]
+        for m = F-1 .. 0:
+            G = exp(γ[m]) ⊙ (G - Σ_blocks (β[m] ⊙ κ[m])^T @ (κ[m] @ G)) + g[m]
+            g[m] = G
+    """
+    i_v, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = i_bh // H, i_bh % H
+
+    o_k = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_k, m_v = o_k < K, o_v < V
+    o_kv = o_k[:, None] * V + o_v[None, :]
+    m_kv = m_k[:, None] & m_v[None, :]
+    p_g = g + i_b.to(tl.int64) * stride_gb + i_h * K * V + o_kv       # slot 0 of this (batch, head)
+
+    b_g = tl.load(p_g + F * H * K * V, mask=m_kv, other=0.0)
+    for i in range(0, F):
+        m = F - 1 - i
+        i_f = (i_b.to(tl.int64) * F + m) * H + i_h
+        b_decay = tl.exp(tl.load(gamma + i_f * K + o_k, mask=m_k, other=0.0))
+        b_gd = b_g                                                       # G - Σ P^T (κ G)
+        for i_n in range(0, tl.cdiv(N, BN)):
+            o_n = i_n * BN + tl.arange(0, BN)
+            o_nk = o_n[:, None] * K + o_k[None, :]
+            m_nk = (o_n < N)[:, None] & m_k[None, :]
+            b_kappa = tl.load(kappa + i_f * N * K + o_nk, mask=m_nk, other=0.0)
+            b_beta = tl.load(beta + i_f * N * K + o_nk, mask=m_nk, other=0.0)
+            b_dd = tl.dot(b_kappa, b_g, input_precision=DOT_PRECISION)
+            b_gd -= tl.dot(tl.trans(b_beta * b_kappa), b_dd, input_precision=DOT_PRECISION)
+        b_g = b_gd * b_decay[:, None] + tl.load(p_g + m * H * K * V, mask=m_kv, other=0.0)
+        tl.store(p_g + m * H * K * V, b_g, mask=m_kv)
+
+
+@triton.jit(do_not_specialize=["F", "B", "N", "stride_sb", "stride_gb"])
+def promote_scan_bwd_pairs_kernel(
+    states, kappa, nu, beta, omega, gamma, g,
+    dkappa_part, dnu, dbeta_part, domega, dgamma_part,
+    F, B, N, stride_sb, stride_gb,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BK: tl.constexpr, BN: tl.constexpr, BV: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    MUTANT: tl.constexpr = 0,
+):
+    """Firing ``m`` of one (batch, head, V block), with ``dM = G_{m+1} = g[m + 1]`` and
+    ``M' = exp(γ[m]) ⊙ states[m]``: per pair block ``D = ω ⊙ ν - P M'``, ``dD = κ dM``,
+    ``dν = dD ⊙ ω``, ``dω = dD ⊙ ν``, ``dP = -dD M'^T``, ``dκ_part = D dM^T + dP ⊙ β``,
+    ``dβ_part = dP ⊙ κ``; ``dγ_part = Σ_v (dM - Σ P^T dD) ⊙ M'``.
+    ``MUTANT`` (tests only): 1 reads ``G_m`` instead of ``G_{m+1}`` (one firing early)."""
+    i_v, m, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_b, i_h = i_bh // H, i_bh % H
+
+    o_k = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_k, m_v = o_k < K, o_v < V
+    o_kv = o_k[:, None] * V + o_v[None, :]
+    m_kv = m_k[:, None] & m_v[None, :]
+    i_f = (i_b.to(tl.int64) * F + m) * H + i_h
+    part = i_v.to(tl.int64) * B * F * H
+
+    slot = m if MUTANT == 1 else m + 1
+    b_dm = tl.load(g + i_b.to(tl.int64) * stride_gb + (slot * H + i_h) * K * V + o_kv, mask=m_kv, other=0.0)
+    b_decay = tl.exp(tl.load(gamma + i_f * K + o_k, mask=m_k, other=0.0))
+    b_md = tl.load(states + i_b.to(tl.int64) * stride_sb + (m * H + i_h) * K * V + o_kv,
+                   mask=m_kv, other=0.0) * b_decay[:, None]
+    b_dmd = b_dm
+    for i_n in range(0, tl.cdiv(N, BN)):
+        o_n = i_n * BN + tl.arange(0, BN)
+        m_n = o_n < N
+        o_nk = o_n[:, None] * K + o_k[None, :]
+        m_nk = m_n[:, None] & m_k[None, :]
+        o_nv = o_n[:, None] * V + o_v[None, :]
+        m_nv = m_n[:, None] & m_v[None, :]
+        b_kappa = tl.load(kappa + i_f * N * K + o_nk, mask=m_nk, other=0.0)
+        b_beta = tl.load(beta + i_f * N * K + o_nk, mask=m_nk, other=0.0)
+        b_nu = tl.load(nu + i_f * N * V + o_nv, mask=m_nv, other=0.0)
+        b_omega = tl.load(omega + i_f * N * V + o_nv, mask=m_nv, other=0.0)
+        b_p = b_beta * b_kappa
+        b_d = b_omega * b_nu - tl.dot(b_p, b_md, input_precision=DOT_PRECISION)
+        b_dd = tl.dot(b_kappa, b_dm, input_precision=DOT_PRECISION)
+        tl.store(dnu + i_f * N * V + o_nv, b_dd * b_omega, mask=m_nv)
+        tl.store(domega + i_f * N * V + o_nv, b_dd * b_nu, mask=m_nv)
+        b_dp = -tl.dot(b_dd, tl.trans(b_md), input_precision=DOT_PRECISION)
+        b_dkappa = tl.dot(b_d, tl.trans(b_dm), input_precision=DOT_PRECISION) + b_dp * b_beta
+        tl.store(dkappa_part + (part + i_f) * N * K + o_nk, b_dkappa, mask=m_nk)
+        tl.store(dbeta_part + (part + i_f) * N * K + o_nk, b_dp * b_kappa, mask=m_nk)
+        b_dmd -= tl.dot(tl.trans(b_p), b_dd, input_precision=DOT_PRECISION)
+    tl.store(dgamma_part + (part + i_f) * K + o_k, tl.sum(b_dmd * b_md, axis=1), mask=m_k)
+
+
+def promote_scan_bwd_two_phase(states, kappa, nu, beta, omega, gamma, dstates, block_v: int | None = None,
+                               block_n: int | None = None, reduce_partials=sum_partials, precision: str = "ieee",
+                               consume_dstates: bool = False, _mutant: int = 0):
+    """``promote_scan_bwd``'s contract, computed in two phases (module docstring): returns
+    ``(dM0 [B, H, K, V], dκ, dν, dβ, dω, dγ)``. ``consume_dstates``: phase 1 writes its carried
+    gradients over ``dstates`` (the caller's buffer is spent; saves one ``[B, F+1, H, K, V]``
+    float32 copy); otherwise it works on a copy. ``_mutant`` (tests only): see
+    ``promote_scan_bwd_pairs_kernel``."""
+    B, F, H, n, K, V = _check(None, kappa, nu, beta, omega, gamma)
+    _check_precision(precision)
+    for name, x in (("states", states), ("dstates", dstates)):
+        _check_states(name, x, (B, F + 1, H, K, V))
+    if not _batch_strided(states):
+        states = states.contiguous()
+    g = dstates if consume_dstates and _batch_strided(dstates) else dstates.contiguous().clone()
+    kappa, nu, beta, omega, gamma = (x.contiguous() for x in (kappa, nu, beta, omega, gamma))
+    BK, BN, BV = block_sizes(K, V, n, block_v, block_n)
+    NV = triton.cdiv(V, BV)
+    warps = num_warps(BK, BV)
+    promote_scan_bwd_carry_kernel[(NV, B * H)](
+        kappa, beta, gamma, g, F, n, g.stride(0),
+        H=H, K=K, V=V, BK=BK, BN=BN, BV=BV, DOT_PRECISION=precision, num_warps=warps)
+    dnu = torch.empty_like(nu)
+    domega = torch.empty_like(omega)
+    dkappa_part = kappa.new_empty(NV, B, F, H, n, K)
+    dbeta_part = kappa.new_empty(NV, B, F, H, n, K)
+    dgamma_part = kappa.new_empty(NV, B, F, H, K)
+    if F > 0:
+        promote_scan_bwd_pairs_kernel[(NV, F, B * H)](
+            states, kappa, nu, beta, omega, gamma, g,
+            dkappa_part, dnu, dbeta_part, domega, dgamma_part, F, B, n, states.stride(0), g.stride(0),
+            H=H, K=K, V=V, BK=BK, BN=BN, BV=BV, DOT_PRECISION=precision, MUTANT=_mutant, num_warps=warps)
+    return (g[:, 0].clone(), reduce_partials(dkappa_part), dnu, reduce_partials(dbeta_part), domega,
+            reduce_partials(dgamma_part))
