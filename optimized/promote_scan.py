@@ -37,6 +37,34 @@ import triton
 import triton.language as tl
 
 
+@triton.jit
+def state_block(i_v, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+    """Offsets and mask of one program's ``[BK, BV]`` block of a ``[K, V]`` state (V block
+    ``i_v``): ``(o_k, m_k, o_v, m_v, o_kv, m_kv)``."""
+    o_k = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_k, m_v = o_k < K, o_v < V
+    return o_k, m_k, o_v, m_v, o_k[:, None] * V + o_v[None, :], m_k[:, None] & m_v[None, :]
+
+
+@triton.jit
+def pair_block(kappa, nu, beta, omega, i_f, i_n, N, o_k, m_k, o_v, m_v,
+               K: tl.constexpr, V: tl.constexpr, BN: tl.constexpr):
+    """Pair block ``i_n`` of firing ``i_f`` (rows ≥ N masked to 0): ``(κ, β [BN, BK], ν, ω
+    [BN, BV], o_nk, m_nk, o_nv, m_nv)``, the offsets to store gradients of the same shapes."""
+    o_n = i_n * BN + tl.arange(0, BN)
+    m_n = o_n < N
+    o_nk = o_n[:, None] * K + o_k[None, :]
+    m_nk = m_n[:, None] & m_k[None, :]
+    o_nv = o_n[:, None] * V + o_v[None, :]
+    m_nv = m_n[:, None] & m_v[None, :]
+    b_kappa = tl.load(kappa + i_f * N * K + o_nk, mask=m_nk, other=0.0)
+    b_beta = tl.load(beta + i_f * N * K + o_nk, mask=m_nk, other=0.0)
+    b_nu = tl.load(nu + i_f * N * V + o_nv, mask=m_nv, other=0.0)
+    b_omega = tl.load(omega + i_f * N * V + o_nv, mask=m_nv, other=0.0)
+    return b_kappa, b_beta, b_nu, b_omega, o_nk, m_nk, o_nv, m_nv
+
+
 # F (firings) and N (pairs per firing) are runtime sizes, not specialised: a new level
 # depth, schedule or query count reuses the compiled kernel (only H, K, V and the blocks
 # pick a variant).
@@ -63,12 +91,7 @@ def promote_scan_fwd_kernel(
     """
     i_v, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
-
-    o_k = tl.arange(0, BK)
-    o_v = i_v * BV + tl.arange(0, BV)
-    m_k, m_v = o_k < K, o_v < V
-    o_kv = o_k[:, None] * V + o_v[None, :]
-    m_kv = m_k[:, None] & m_v[None, :]
+    o_k, m_k, o_v, m_v, o_kv, m_kv = state_block(i_v, K, V, BK, BV)
 
     b_m = tl.zeros([BK, BV], dtype=tl.float32)
     if HAS_M0:
@@ -81,16 +104,8 @@ def promote_scan_fwd_kernel(
         b_md = b_m * tl.exp(b_gamma)[:, None]               # M'
         b_m = b_md
         for i_n in range(0, tl.cdiv(N, BN)):
-            o_n = i_n * BN + tl.arange(0, BN)
-            m_n = o_n < N
-            o_nk = o_n[:, None] * K + o_k[None, :]
-            m_nk = m_n[:, None] & m_k[None, :]
-            o_nv = o_n[:, None] * V + o_v[None, :]
-            m_nv = m_n[:, None] & m_v[None, :]
-            b_kappa = tl.load(kappa + i_f * N * K + o_nk, mask=m_nk, other=0.0)
-            b_beta = tl.load(beta + i_f * N * K + o_nk, mask=m_nk, other=0.0)
-            b_nu = tl.load(nu + i_f * N * V + o_nv, mask=m_nv, other=0.0)
-            b_omega = tl.load(omega + i_f * N * V + o_nv, mask=m_nv, other=0.0)
+            b_kappa, b_beta, b_nu, b_omega, o_nk, m_nk, o_nv, m_nv = pair_block(
+                kappa, nu, beta, omega, i_f, i_n, N, o_k, m_k, o_v, m_v, K, V, BN)
             # ω ⊙ ν - (β ⊙ κ) M'
             b_d = b_omega * b_nu - tl.dot(b_beta * b_kappa, b_md, input_precision=DOT_PRECISION)
             b_m += tl.dot(tl.trans(b_kappa), b_d, input_precision=DOT_PRECISION)
@@ -122,12 +137,7 @@ def promote_scan_bwd_kernel(
     """
     i_v, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
-
-    o_k = tl.arange(0, BK)
-    o_v = i_v * BV + tl.arange(0, BV)
-    m_k, m_v = o_k < K, o_v < V
-    o_kv = o_k[:, None] * V + o_v[None, :]
-    m_kv = m_k[:, None] & m_v[None, :]
+    o_k, m_k, o_v, m_v, o_kv, m_kv = state_block(i_v, K, V, BK, BV)
     part = i_v.to(tl.int64) * B * F * H        # this V block's partial buffer, counted in firings
 
     b_dm = tl.load(dstates + i_b.to(tl.int64) * stride_db + (F * H + i_h) * K * V + o_kv, mask=m_kv, other=0.0)
@@ -139,16 +149,8 @@ def promote_scan_bwd_kernel(
         b_md = b_m * b_decay[:, None]                                   # M'
         b_dmd = b_dm                                                    # dM', accumulated over pairs
         for i_n in range(0, tl.cdiv(N, BN)):
-            o_n = i_n * BN + tl.arange(0, BN)
-            m_n = o_n < N
-            o_nk = o_n[:, None] * K + o_k[None, :]
-            m_nk = m_n[:, None] & m_k[None, :]
-            o_nv = o_n[:, None] * V + o_v[None, :]
-            m_nv = m_n[:, None] & m_v[None, :]
-            b_kappa = tl.load(kappa + i_f * N * K + o_nk, mask=m_nk, other=0.0)
-            b_beta = tl.load(beta + i_f * N * K + o_nk, mask=m_nk, other=0.0)
-            b_nu = tl.load(nu + i_f * N * V + o_nv, mask=m_nv, other=0.0)
-            b_omega = tl.load(omega + i_f * N * V + o_nv, mask=m_nv, other=0.0)
+            b_kappa, b_beta, b_nu, b_omega, o_nk, m_nk, o_nv, m_nv = pair_block(
+                kappa, nu, beta, omega, i_f, i_n, N, o_k, m_k, o_v, m_v, K, V, BN)
             b_p = b_beta * b_kappa                                      # P
             b_d = b_omega * b_nu - tl.dot(b_p, b_md, input_precision=DOT_PRECISION)             # D
 

@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 
 from optimized.promote_scan import (_batch_strided, _check, _check_precision, _check_states, block_sizes, num_warps,
-                                    sum_partials)
+                                    pair_block, state_block, sum_partials)
 
 
 @triton.jit(do_not_specialize=["F", "N", "stride_gb"])
@@ -46,12 +46,7 @@ def promote_scan_bwd_carry_kernel(
     """
     i_v, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
-
-    o_k = tl.arange(0, BK)
-    o_v = i_v * BV + tl.arange(0, BV)
-    m_k, m_v = o_k < K, o_v < V
-    o_kv = o_k[:, None] * V + o_v[None, :]
-    m_kv = m_k[:, None] & m_v[None, :]
+    o_k, m_k, o_v, m_v, o_kv, m_kv = state_block(i_v, K, V, BK, BV)
     p_g = g + i_b.to(tl.int64) * stride_gb + i_h * K * V + o_kv       # slot 0 of this (batch, head)
 
     b_g = tl.load(p_g + F * H * K * V, mask=m_kv, other=0.0)
@@ -88,12 +83,7 @@ def promote_scan_bwd_pairs_kernel(
     ``MUTANT`` (tests only): 1 reads ``G_m`` instead of ``G_{m+1}`` (one firing early)."""
     i_v, m, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
-
-    o_k = tl.arange(0, BK)
-    o_v = i_v * BV + tl.arange(0, BV)
-    m_k, m_v = o_k < K, o_v < V
-    o_kv = o_k[:, None] * V + o_v[None, :]
-    m_kv = m_k[:, None] & m_v[None, :]
+    o_k, m_k, o_v, m_v, o_kv, m_kv = state_block(i_v, K, V, BK, BV)
     i_f = (i_b.to(tl.int64) * F + m) * H + i_h
     part = i_v.to(tl.int64) * B * F * H
 
@@ -104,16 +94,8 @@ def promote_scan_bwd_pairs_kernel(
                    mask=m_kv, other=0.0) * b_decay[:, None]
     b_dmd = b_dm
     for i_n in range(0, tl.cdiv(N, BN)):
-        o_n = i_n * BN + tl.arange(0, BN)
-        m_n = o_n < N
-        o_nk = o_n[:, None] * K + o_k[None, :]
-        m_nk = m_n[:, None] & m_k[None, :]
-        o_nv = o_n[:, None] * V + o_v[None, :]
-        m_nv = m_n[:, None] & m_v[None, :]
-        b_kappa = tl.load(kappa + i_f * N * K + o_nk, mask=m_nk, other=0.0)
-        b_beta = tl.load(beta + i_f * N * K + o_nk, mask=m_nk, other=0.0)
-        b_nu = tl.load(nu + i_f * N * V + o_nv, mask=m_nv, other=0.0)
-        b_omega = tl.load(omega + i_f * N * V + o_nv, mask=m_nv, other=0.0)
+        b_kappa, b_beta, b_nu, b_omega, o_nk, m_nk, o_nv, m_nv = pair_block(
+            kappa, nu, beta, omega, i_f, i_n, N, o_k, m_k, o_v, m_v, K, V, BN)
         b_p = b_beta * b_kappa
         b_d = b_omega * b_nu - tl.dot(b_p, b_md, input_precision=DOT_PRECISION)
         b_dd = tl.dot(b_kappa, b_dm, input_precision=DOT_PRECISION)
