@@ -200,8 +200,8 @@ def test_optimized_equals_reference_named(name):
 # draw's sensitivity into account (tolerances.yaml nested_extreme bf16_sensitivity_factor): level 0's
 # bf16 snapshots alone move the float64 gradients by 110-160% here (e_inj), so bf16 rounding anywhere
 # loses them; the forward is still checked at the plain bf16 bounds. (Since the thorough run of
-# 2026-11-30 the gradients through level 0 and the probes are checked finite only in bf16 extreme
-# draws: nested_optimized_checks.BF16_EXTREME_LOST.)
+# 2026-11-30 the gradients through level 0, the probes and the router are checked finite only in
+# bf16 extreme draws: nested_optimized_checks.BF16_EXTREME_LOST.)
 ILL_CONDITIONED_BF16 = Case(NestedShape(B=1, T=130, H=2, L=5, K=112, V=100), seed=352230, scheme="bounded_erase",
                             query_counts=(1, 15, 4, 42), reduction=("mean", "mean", "mean", "sum"),
                             gate_scale=LARGE_GATES, regime="extreme")
