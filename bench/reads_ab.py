@@ -250,6 +250,8 @@ def main(argv=None) -> int:
 
                 traceback.print_exc()
                 _log(f"L={L} {name}: {type(e).__name__}: {e}")
+                if args.warmup_only:    # no rates, no row: go on compiling the rest
+                    continue
                 fwd = fwdbwd = peak = peak_total = float("nan")
             floor = _floor_ms(name, B, T, H, K, L, dtype, rates)
             row = {"L": L, "op": name, "B": B, "T": T, "H": H, "K": K, "dtype": args.dtype,
