@@ -255,6 +255,23 @@ def _batch_strided(x: torch.Tensor) -> bool:
     return x.stride()[1:] == (H * K * V, K * V, V, 1) and x.stride(0) >= F1 * H * K * V
 
 
+def check_bwd(states, kappa, nu, beta, omega, gamma, dstates, precision: str) -> tuple:
+    """The reverse scan's inputs (both backward implementations): returns ``(B, F, H, n, K, V)``."""
+    B, F, H, n, K, V = _check(None, kappa, nu, beta, omega, gamma)
+    _check_precision(precision)
+    for name, x in (("states", states), ("dstates", dstates)):
+        _check_states(name, x, (B, F + 1, H, K, V))
+    return B, F, H, n, K, V
+
+
+def pair_grad_buffers(kappa: torch.Tensor, nu: torch.Tensor, NV: int) -> tuple:
+    """The reverse scan's outputs before the kernel writes them: ``(dκ, dβ, dγ`` partials, one per
+    V block, and ``dν, dω)`` as ``(dkappa_part, dnu, dbeta_part, domega, dgamma_part)``."""
+    B, F, H, n, K = kappa.shape
+    return (kappa.new_empty(NV, B, F, H, n, K), torch.empty_like(nu), kappa.new_empty(NV, B, F, H, n, K),
+            torch.empty_like(nu), kappa.new_empty(NV, B, F, H, K))
+
+
 def sum_partials(partials: torch.Tensor, blocks: int | None = None) -> torch.Tensor:
     """Sum of the per-V-block partial buffers (leading axis), in a fixed order."""
     return partials.sum(0) if blocks is None else partials[:blocks].sum(0)
@@ -267,19 +284,12 @@ def promote_scan_bwd(states, kappa, nu, beta, omega, gamma, dstates, block_v: in
 
     Returns ``(dM0 [B, H, K, V], dκ, dν, dβ, dω, dγ)`` shaped like the inputs.
     """
-    B, F, H, n, K, V = _check(None, kappa, nu, beta, omega, gamma)
-    _check_precision(precision)
-    for name, x in (("states", states), ("dstates", dstates)):
-        _check_states(name, x, (B, F + 1, H, K, V))
+    B, F, H, n, K, V = check_bwd(states, kappa, nu, beta, omega, gamma, dstates, precision)
     states, dstates = (x if _batch_strided(x) else x.contiguous() for x in (states, dstates))
     BK, BN, BV = block_sizes(K, V, n, block_v, block_n)
     NV = triton.cdiv(V, BV)
     dm0 = states.new_empty(B, H, K, V)
-    dnu = torch.empty_like(nu)
-    domega = torch.empty_like(omega)
-    dkappa_part = kappa.new_empty(NV, B, F, H, n, K)
-    dbeta_part = kappa.new_empty(NV, B, F, H, n, K)
-    dgamma_part = kappa.new_empty(NV, B, F, H, K)
+    dkappa_part, dnu, dbeta_part, domega, dgamma_part = pair_grad_buffers(kappa, nu, NV)
     grid = (NV, B * H)
     promote_scan_bwd_kernel[grid](
         states, kappa.contiguous(), nu.contiguous(), beta.contiguous(), omega.contiguous(),

@@ -22,12 +22,11 @@ per pair block again, but with ``F`` times more programs in flight.
 """
 from __future__ import annotations
 
-import torch
 import triton
 import triton.language as tl
 
-from optimized.promote_scan import (_batch_strided, _check, _check_precision, _check_states, block_sizes, num_warps,
-                                    pair_block, state_block, sum_partials)
+from optimized.promote_scan import (_batch_strided, block_sizes, check_bwd, num_warps, pair_block, pair_grad_buffers,
+                                    state_block, sum_partials)
 
 
 @triton.jit(do_not_specialize=["F", "N", "stride_gb"])
@@ -117,10 +116,7 @@ def promote_scan_bwd_two_phase(states, kappa, nu, beta, omega, gamma, dstates, b
     gradients over ``dstates`` (the caller's buffer is spent; saves one ``[B, F+1, H, K, V]``
     float32 copy); otherwise it works on a copy. ``_mutant`` (tests only): see
     ``promote_scan_bwd_pairs_kernel``."""
-    B, F, H, n, K, V = _check(None, kappa, nu, beta, omega, gamma)
-    _check_precision(precision)
-    for name, x in (("states", states), ("dstates", dstates)):
-        _check_states(name, x, (B, F + 1, H, K, V))
+    B, F, H, n, K, V = check_bwd(states, kappa, nu, beta, omega, gamma, dstates, precision)
     if not _batch_strided(states):
         states = states.contiguous()
     g = dstates if consume_dstates and _batch_strided(dstates) else dstates.contiguous().clone()
@@ -131,11 +127,7 @@ def promote_scan_bwd_two_phase(states, kappa, nu, beta, omega, gamma, dstates, b
     promote_scan_bwd_carry_kernel[(NV, B * H)](
         kappa, beta, gamma, g, F, n, g.stride(0),
         H=H, K=K, V=V, BK=BK, BN=BN, BV=BV, DOT_PRECISION=precision, num_warps=warps)
-    dnu = torch.empty_like(nu)
-    domega = torch.empty_like(omega)
-    dkappa_part = kappa.new_empty(NV, B, F, H, n, K)
-    dbeta_part = kappa.new_empty(NV, B, F, H, n, K)
-    dgamma_part = kappa.new_empty(NV, B, F, H, K)
+    dkappa_part, dnu, dbeta_part, domega, dgamma_part = pair_grad_buffers(kappa, nu, NV)
     if F > 0:
         promote_scan_bwd_pairs_kernel[(NV, F, B * H)](
             states, kappa, nu, beta, omega, gamma, g,

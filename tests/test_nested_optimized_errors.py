@@ -7,6 +7,7 @@ from ngdn.nested_inputs import NestedShape, nested_inputs
 from optimized import chunk_nested_gdn2, triton_mode
 from optimized.level0 import injection_slots
 from optimized.promote_scan import promote_scan_bwd, promote_scan_fwd
+from optimized.promote_scan_two_phase import promote_scan_bwd_two_phase
 from optimized.state_grad import state_grad_bwd
 from reference.nested import Level
 
@@ -132,12 +133,15 @@ def test_scan_rejects_non_float32():
         promote_scan_fwd(*scan_args(dtype=torch.float64))
 
 
-def test_scan_backward_rejects_bad_state_count():
+@pytest.mark.parametrize("scan_bwd", [promote_scan_bwd, promote_scan_bwd_two_phase], ids=["fused", "two_phase"])
+def test_scan_backward_rejects_bad_state_count(scan_bwd):
     M0, *pairs = scan_args()
     states = torch.zeros(1, 3, 1, 16, 16, device=DEV)          # F + 1 = 3 stored states
     with pytest.raises(ValueError, match=r"dstates must have shape \(1, 3, 1, 16, 16\) .*, "
                                          r"got \(1, 2, 1, 16, 16\)"):
-        promote_scan_bwd(states, *pairs, states[:, :2])
+        scan_bwd(states, *pairs, states[:, :2])
+    with pytest.raises(ValueError, match="precision must be one of"):
+        scan_bwd(states, *pairs, states, precision="bf16")
 
 
 def test_state_grad_rejects_bad_slots():

@@ -31,16 +31,14 @@ class NestedSaved:
 
     def level_states(self, ℓ: int) -> torch.Tensor:
         """Level ℓ's stored states ``[B, F_ℓ + 1, H, K, V]`` (a view of ``states``)."""
-        if self.states is None:
-            raise RuntimeError("chunk_nested_gdn2: the upper levels' saved states were released by a backward "
-                               "that did not keep the graph; pass retain_graph=True to the first backward")
         return self.states[:, self.tables.level_rows(ℓ)]
 
     def release_upper_levels(self) -> None:
         """Drop the stored states and the probes' outputs and intermediates (spent once the upper
         levels' backward is done): level 0's backward, where a step peaks, runs without them
         (H200, L = 4, B = 8, T = 4096, H = 16, K = V = 128: 0.90 GiB of states, ≈ 0.75 GiB of probe
-        outputs). Only for a backward that does not keep the graph."""
+        outputs). Only for a backward that does not keep the graph (which then drops the whole
+        saved state: a second backward gets ``NestedGDN2Function``'s error)."""
         self.states = None
         self.probes = [None] * len(self.probes)
 
