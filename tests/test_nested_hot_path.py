@@ -11,7 +11,7 @@ from ngdn.nested_inputs import NestedShape, nested_inputs
 from optimized import chunk_nested_gdn2, triton_mode
 import optimized.nested.bwd as nested_bwd_module
 from optimized.checks import finite_checks, finite_checks_enabled
-from optimized.nested.plan import device_tables, make_plan
+from optimized.nested.plan import add_in_rounds, add_rounds, device_tables, make_plan
 from reference.nested import Level
 
 NAMES = ("q", "k", "v", "g", "b", "w", "r")
@@ -24,6 +24,24 @@ def inputs(shape, dtype=torch.float32):
     args["levels"] = [Level(lv.scheme, lv.interval, {n: p.to(DEV, torch.float32) for n, p in lv.params.items()},
                             lv.reduction) for lv in x["levels"]]
     return args
+
+
+@pytest.mark.parametrize("index", [[0, 2, 4, 6], [3], [1, 1, 4, 1, 2], [0, 1, 3, 7], []],
+                         ids=["even", "one", "repeated", "uneven", "none"])
+def test_add_in_rounds_is_an_accumulating_scatter(index):
+    """``dst[:, index[i]] += src[:, i]`` for every i, repeated targets included; evenly spaced
+    targets take the one-add slice path (the built-in schedules' case)."""
+    gen = torch.Generator().manual_seed(0)
+    dst, src = torch.randn(2, 9, 3, generator=gen), torch.randn(2, len(index), 3, generator=gen)
+    want = dst.clone()
+    for i, t in enumerate(index):
+        want[:, t] += src[:, i]
+    rounds = add_rounds(index, "cpu")
+    assert len(rounds) == max([index.count(t) for t in index], default=0)
+    if index and index in ([0, 2, 4, 6], [3]):
+        assert all(isinstance(x, slice) for x in rounds[0])
+    add_in_rounds(dst, rounds, src)
+    assert torch.equal(dst, want)
 
 
 def test_device_tables_are_built_once_per_plan_and_device():
@@ -95,22 +113,30 @@ def test_level1_snapshots_from_the_cached_tables(T, intervals):
 
 @pytest.mark.parametrize("retain_graph", [False, True], ids=["plain", "retain_graph"])
 def test_upper_level_buffers_released_before_level0_backward(monkeypatch, retain_graph):
-    """A plain backward drops the stored states and the probes' outputs before level 0's
-    backward, where the step peaks; with retain_graph=True they stay (a second backward needs
-    them, and agrees: tests/test_nested_optimized_errors.py)."""
+    """A plain backward drops the stored states once level 1's scan is done (before level 1's
+    probe backward, where the step peaked: H200, 6.58 GiB at L = 4) and the probes' outputs
+    before level 0's backward; with retain_graph=True they stay (a second backward needs them,
+    and agrees: tests/test_nested_optimized_errors.py)."""
     args = inputs(on_bucket(NestedShape(B=1, T=130, H=1, L=3, K=16, V=16)))
     o = chunk_nested_gdn2(**args)[0]
     saved = o.grad_fn.saved
     states, pairs = weakref.ref(saved.states), weakref.ref(saved.probes[1][0][0])
-    alive = {}
-    level0_bwd = nested_bwd_module.level0_bwd
+    alive, states_at_probe_bwd = {}, []
+    level0_bwd, probe_bwd = nested_bwd_module.level0_bwd, nested_bwd_module.probe_bwd
 
     def spy(*a, **kw):
         alive["states"], alive["pairs"] = states() is not None, pairs() is not None
         return level0_bwd(*a, **kw)
 
+    def probe_spy(*a, **kw):
+        states_at_probe_bwd.append(states() is not None)
+        return probe_bwd(*a, **kw)
+
     monkeypatch.setattr(nested_bwd_module, "level0_bwd", spy)
+    monkeypatch.setattr(nested_bwd_module, "probe_bwd", probe_spy)
     do = torch.randn(o.shape, generator=torch.Generator().manual_seed(1)).to(o.device)
     leaves = [args[n] for n in NAMES]
     torch.autograd.grad(o, leaves, do, retain_graph=retain_graph)
     assert alive == {"states": retain_graph, "pairs": retain_graph}
+    # levels 2 then 1: level 1's scan still needs the states at level 2's probe backward
+    assert states_at_probe_bwd == [True, retain_graph]

@@ -14,8 +14,9 @@ def nested_bwd(saved: NestedSaved, do, dfinals, release: bool = False):
     """Gradients of every input: returns ``dq`` (in q's dtype), ``dk, dv, dg, db, dw, dr``
     (float32; all in input shapes), ``dinit`` (L entries, float32 or None) and ``dparams`` (per level ℓ ≥ 1,
     ``{name: float32 gradient}``; index 0 None). ``release``: the graph is not kept (no second
-    backward), so the upper levels' stored states and probe outputs are dropped from ``saved``
-    once spent, before level 0's backward (``NestedSaved.release_upper_levels``)."""
+    backward), so the upper levels' stored states are dropped from ``saved`` once level 1's
+    reverse scan is done (``NestedSaved.release_states``) and the probe outputs before level 0's
+    backward (``NestedSaved.release_upper_levels``)."""
     s, plan = saved, saved.plan
     q, r = s.q, s.r
     B, T, H, L, K = q.shape
@@ -57,11 +58,17 @@ def nested_bwd(saved: NestedSaved, do, dfinals, release: bool = False):
                                              reduce_partials=s.pieces.reduce_partials,
                                              precision=s.pieces.scan_precision(q.dtype, "bwd"))
             level_dstates[ℓ] = None                        # spent before the probe's backward
+            if release and ℓ == 1:          # every level's scan is done: the stored states are spent
+                dstates_of = None                           # (its closure holds them)
+                s.release_states()
             d_snaps, d_p = probe_bwd(level.scheme, probe_saved, snaps, p32, level.reduction, *d_pairs,
                                      precision=s.pieces.probe_precision(q.dtype))
             dparams[ℓ] = {n: d_p[n] for n in p32}
         else:                               # generic: replay the scheme's probe under autograd
             dM0, dparams[ℓ], d_snaps = _generic_probe_bwd(s, plan, tables, ℓ, level, level_dstates[ℓ], H, K, V)
+            if release and ℓ == 1:
+                dstates_of = None
+                s.release_states()
         dinit[ℓ] = dM0 if s.has_initial[ℓ] else None
         level_dstates[ℓ] = d_pairs = None                  # spent (dM0 may still view it)
         if ℓ == 1:

@@ -33,13 +33,19 @@ class NestedSaved:
         """Level ℓ's stored states ``[B, F_ℓ + 1, H, K, V]`` (a view of ``states``)."""
         return self.states[:, self.tables.level_rows(ℓ)]
 
+    def release_states(self) -> None:
+        """Drop the stored states (one buffer for every upper level), spent once level 1's reverse
+        scan is done: level 1's probe backward, where a step peaked once the probe outputs went
+        (H200, L = 4, B = 8, T = 4096, H = 16, K = V = 128: 6.58 GiB), runs without their 0.90 GiB.
+        Only for a backward that does not keep the graph (which then drops the whole saved state:
+        a second backward gets ``NestedGDN2Function``'s error)."""
+        self.states = None
+
     def release_upper_levels(self) -> None:
         """Drop the stored states and the probes' outputs and intermediates (spent once the upper
-        levels' backward is done): level 0's backward, where a step peaks, runs without them
-        (H200, L = 4, B = 8, T = 4096, H = 16, K = V = 128: 0.90 GiB of states, ≈ 0.75 GiB of probe
-        outputs). Only for a backward that does not keep the graph (which then drops the whole
-        saved state: a second backward gets ``NestedGDN2Function``'s error)."""
-        self.states = None
+        levels' backward is done): level 0's backward runs without them (≈ 0.75 GiB of probe
+        outputs at the shape above). Same condition as ``release_states``."""
+        self.release_states()
         self.probes = [None] * len(self.probes)
 
 

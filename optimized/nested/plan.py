@@ -95,7 +95,9 @@ class DeviceTables:
 
 def add_rounds(index, device):
     """Split ``dst[:, index[i]] += src[:, i]`` into rounds in which every target appears once
-    (in increasing i): ``(targets, rows)`` index tensors per round, for ``add_in_rounds``."""
+    (in increasing i): ``(targets, rows)`` per round, for ``add_in_rounds``; each a ``slice``
+    where evenly spaced (every built-in schedule: one round of two slices), else a long index
+    tensor on ``device``."""
     import torch
 
     rank, seen = [], {}
@@ -105,16 +107,20 @@ def add_rounds(index, device):
     rounds = []
     for r in range(max(rank, default=-1) + 1):
         sel = [i for i, k in enumerate(rank) if k == r]
-        rounds.append((torch.tensor([index[i] for i in sel], device=device),
-                       torch.tensor(sel, device=device)))
+        targets = [index[i] for i in sel]
+        rounds.append(tuple(_as_slice(x) or torch.tensor(x, device=device) for x in (targets, sel)))
     return tuple(rounds)
 
 
 def add_in_rounds(dst, rounds, src) -> None:
     """``dst[:, index[i]] += src[:, i]`` along dim 1 with ``rounds = add_rounds(index, ...)``:
-    deterministic, no atomics, no accumulating scatter."""
+    deterministic, no atomics, no accumulating scatter. A round of two slices is one in-place
+    add on strided views (H200, L = 4: a gather, an add and a scatter before, ≈ 1 ms a step)."""
     for targets, rows in rounds:
-        dst[:, targets] = dst[:, targets] + src[:, rows]
+        if isinstance(targets, slice) and isinstance(rows, slice):
+            dst[:, targets] += src[:, rows]
+        else:
+            dst[:, targets] = dst[:, targets] + src[:, rows]
 
 
 def _as_slice(index: list) -> slice | None:
