@@ -97,10 +97,32 @@ def write_profile_table(path, fn, leaves=()) -> None:
     with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
         fn()
         torch.cuda.synchronize()
+    averages = prof.key_averages()
     with open(path, "w") as fh:
-        fh.write(prof.key_averages().table(sort_by="cuda_time_total", row_limit=30))
+        fh.write(averages.table(sort_by="cuda_time_total", row_limit=30))
+        fh.write("\n" + "\n".join(stage_table(averages)) + "\n")
     for t in leaves:
         t.grad = None
+
+
+def stage_table(averages, prefix: str = "nested.") -> list[str]:
+    """The ``record_function`` ranges named ``prefix…`` (the nested op's stages,
+    ``optimized/nested/fwd.py``, ``bwd.py``, ``function.py``; they do not nest, so each kernel
+    counts in one stage at most) of a profiler's ``key_averages()``: calls, device time of the
+    kernels each launched (ms) and CPU time, as a Markdown table sorted by device time; the
+    stages' sum against the step's total shows what ran outside them."""
+    rows = []
+    for evt in averages:
+        if evt.key.startswith(prefix):
+            device_us = getattr(evt, "device_time_total", None)
+            if device_us is None:
+                device_us = getattr(evt, "cuda_time_total", 0.0)
+            rows.append((evt.key, evt.count, device_us / 1e3, evt.cpu_time_total / 1e3))
+    rows.sort(key=lambda r: -r[2])
+    lines = ["| stage | calls | device ms | CPU ms |", "|---|---|---|---|"]
+    lines += [f"| {k} | {n} | {d:.3f} | {c:.3f} |" for k, n, d, c in rows]
+    lines.append(f"| (sum of stages) | | {sum(r[2] for r in rows):.3f} | |")
+    return lines
 
 
 def stderr_log(message: str):

@@ -16,7 +16,14 @@ heads. Variants (``--variants``, default all):
   0.75 GiB more at L = 4; the default until 2026-11-30, when that run was the variant
   ``recompute-z``);
 - ``scan-2phase``: the default op with the reverse promote scans in two phases (the carried state
-  gradient alone, then every firing's pair gradients in parallel: ``optimized.promote_scan_two_phase``).
+  gradient alone, then every firing's pair gradients in parallel: ``optimized.promote_scan_two_phase``;
+  H200 2026-11-30: slower, 37.45 against 35.46 ms at L = 4);
+- ``scan-bv16``: the default op with V blocks of 16 in the scans only (``Pieces.scan_block_v``; the
+  reads keep 32): twice the programs for the scans' sequential chains;
+- ``bn16``, ``bn64``: the default op with pair blocks of 16 / 64 in the scans (default 32 at
+  K ≤ 128): the ladder's upper levels (n = 64, 128) run n / BN pair blocks one after another per firing;
+- ``gates-triton``: the default op with the fused probe's gates (l2norm, sigmoids, softplus and its
+  reduction, and their backward) in one Triton kernel per pass (``optimized.nested.probe_gates``).
 
 For each depth: forward and forward+backward times (``triton.testing.do_bench`` medians,
 autotuners tuned: one warm step first), the nested/flat ratios, peak memory of one step,
@@ -95,7 +102,8 @@ def _floor_ms(name, B, T, H, K, L, dtype, rates) -> tuple[float, float]:
     return fl.fwd_ms, fl.fwdbwd_ms
 
 
-VARIANTS = ("torch", "generic", "fused-ieee", "scan-tf32", "triton", "triton+check", "bv16", "bv64", "keep-z", "scan-2phase")
+VARIANTS = ("torch", "generic", "fused-ieee", "scan-tf32", "triton", "triton+check", "bv16", "bv64", "keep-z", "scan-2phase",
+            "scan-bv16", "bn16", "bn64", "gates-triton")
 
 
 def _ops(B, T, H, K, V, L, dtype, seed, names=VARIANTS):
@@ -128,6 +136,10 @@ def _ops(B, T, H, K, V, L, dtype, seed, names=VARIANTS):
         "bv64": Pieces(block_v=64),     # ... of 64 (default: 32 at K ≤ 128)
         "keep-z": Pieces(probe_keeps_preactivations=True),
         "scan-2phase": Pieces(scan_bwd=scan_bwd_two_phase),
+        "scan-bv16": Pieces(scan_block_v=16),
+        "bn16": Pieces(block_n=16),
+        "bn64": Pieces(block_n=64),
+        "gates-triton": Pieces(probe_gates="triton"),
     }
     for name in names:
         if name == "flat":

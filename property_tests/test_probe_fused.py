@@ -28,7 +28,10 @@ from hypothesis import strategies as st
 from ngdn.inputs import generator, randn
 from ngdn.strategies import examples, seeds
 from ngdn.tolerances import assert_passes, failures, record, relative_error, tolerance
+from optimized import triton_mode
 from optimized.nested.probe_fused import FUSED_SCHEMES, MUTANTS, probe_bwd, probe_fwd
+from optimized.nested.probe_gates import GATE_SCHEMES
+from optimized.nested.probe_gates import MUTANTS as GATE_MUTANTS
 from reference.nested import make_levels
 from reference.schemes import PROBE_OUTPUTS, get_scheme
 
@@ -40,6 +43,7 @@ from reference.schemes import PROBE_OUTPUTS, get_scheme
 # components cancel in dQ = Σ dν Mᵀ (they are orthogonal to ν W_K ∝ y W_K). The fused path must be
 # within the bound of float64 or no worse than the path it replaces.
 COMPONENT = "probe_fused"
+DEV = triton_mode.device()
 GATE_SCALES = (1.0, 8.0, 30.0)
 SNAP_KINDS = ("normal", "rank_one", "tiny", "mixed")
 # Near-rank-one snapshots x yᵀ + 0.1 · noise: every firing's keys overlap (r_i ≈ n). Closer to rank
@@ -124,9 +128,10 @@ def generic(d: ProbeDraw, snaps, params, grads):
     return [x.detach() for x in outs], got[0], dict(zip(leaves, got[1:]))
 
 
-def fused_vs_generic(d: ProbeDraw, dtype=torch.float64, mutant=None, log=True) -> dict:
+def fused_vs_generic(d: ProbeDraw, dtype=torch.float64, mutant=None, log=True, gates="torch") -> dict:
     """``{quantity: (relative error, bound)}`` of the fused probe in ``dtype`` against the generic
-    float64 path on the same (``dtype``-rounded) inputs."""
+    float64 path on the same (``dtype``-rounded) inputs. ``gates="triton"``: the fused probe with
+    its gates in ``optimized.nested.probe_gates`` (float32, on the Triton device)."""
     snaps, params, grads = probe_inputs(d)
     rounded = lambda x: None if x is None else x.to(dtype)          # noqa: E731
     snaps_f, params_f = rounded(snaps), {k: rounded(p) for k, p in params.items()}
@@ -134,8 +139,16 @@ def fused_vs_generic(d: ProbeDraw, dtype=torch.float64, mutant=None, log=True) -
     as64 = lambda x: None if x is None else x.to(torch.float64)     # noqa: E731
     outs_ref, ds_ref, dp_ref = generic(d, as64(snaps_f), {k: as64(p) for k, p in params_f.items()},
                                        [as64(g) for g in grads_f])
-    outs, saved = probe_fwd(d.scheme, snaps_f, params_f, d.reduction)
-    ds, dp = probe_bwd(d.scheme, saved, snaps_f, params_f, d.reduction, *grads_f, _mutant=mutant)
+    if gates == "torch":
+        outs, saved = probe_fwd(d.scheme, snaps_f, params_f, d.reduction)
+        ds, dp = probe_bwd(d.scheme, saved, snaps_f, params_f, d.reduction, *grads_f, _mutant=mutant)
+    else:                               # on the Triton device and back
+        dev = lambda x: None if x is None else x.to(DEV)            # noqa: E731
+        outs, saved = probe_fwd(d.scheme, dev(snaps_f), {k: dev(p) for k, p in params_f.items()}, d.reduction,
+                                gates=gates)
+        ds, dp = probe_bwd(d.scheme, saved, dev(snaps_f), {k: dev(p) for k, p in params_f.items()}, d.reduction,
+                           *(dev(g) for g in grads_f), gates=gates, _mutant=mutant)
+        outs, ds, dp = [x.cpu() for x in outs], ds.cpu(), {k: x.cpu() for k, x in dp.items()}
     pairs = dict(zip(OUTPUT_NAMES, zip(outs, outs_ref)))
     pairs["d_snaps"] = (ds, ds_ref)
     for k in dp_ref:
@@ -211,6 +224,58 @@ def test_fused_probe_equals_generic_float64(scheme, reduction, data):
 @given(data=st.data())
 def test_fused_probe_float32_near_generic_float64(scheme, reduction, data):
     assert_passes(fused_vs_generic(data.draw(probe_draws(scheme, reduction)), torch.float32))
+
+
+# --- the gates in one Triton kernel (optimized.nested.probe_gates; learned and merge) ------------
+GATE_COMBOS = [(s, r) for s, r in COMBOS if s in GATE_SCHEMES]
+GATE_FIXED = [d for d in FIXED_DRAWS if d.scheme in GATE_SCHEMES]
+
+
+@pytest.mark.parametrize("d", GATE_FIXED, ids=lambda d: f"{d.scheme}-{d.reduction}-F{d.F}-n{d.n}-{d.snaps}")
+def test_triton_gates_fixed_draws(d):
+    """Float32 on the Triton device against the generic float64 path, as the PyTorch gates are:
+    the fixed draws cover n = 1 … K, the largest gates (softplus above its threshold, saturated
+    sigmoids), zero snapshots and every missing upstream gradient."""
+    assert_passes(fused_vs_generic(d, torch.float32, gates="triton"))
+
+
+@pytest.mark.parametrize("scheme,reduction", GATE_COMBOS)
+@examples(scale=3)
+@given(data=st.data())
+def test_triton_gates_float32_near_generic_float64(scheme, reduction, data):
+    assert_passes(fused_vs_generic(data.draw(probe_draws(scheme, reduction)), torch.float32, gates="triton"))
+
+
+def test_triton_gates_cover_more_than_one_row_block():
+    """n = 40 rows at K = V = 128 take several row blocks of the kernel (``BN`` = 32), a ragged last
+    one, and γ's sum carried across them."""
+    from optimized.nested.probe_gates import _sizes
+
+    d = ProbeDraw("learned", "mean", B=1, F=2, H=2, K=128, V=128, n=40, seed=11, gate_scale=30.0)
+    assert _sizes("learned", torch.empty(2, 2 * 40, 3 * 128 + 128), 2, 2, 40, 128, 128)[2] == 32
+    assert_passes(fused_vs_generic(d, torch.float32, gates="triton"))
+
+
+@pytest.mark.parametrize("mutant", sorted(GATE_MUTANTS))
+def test_triton_gates_mutant_fails(mutant):
+    """The kernel's own planted errors (γ's gradient summed instead of averaged; l2norm without its
+    projection) fail the float32 property on their draws, which the kernel passes unmutated."""
+    d = MUTANT_DRAWS[mutant]
+    assert not failures(fused_vs_generic(d, torch.float32, gates="triton"))
+    bad = failures(fused_vs_generic(d, torch.float32, mutant=mutant, log=False, gates="triton"))
+    assert bad and max(e for e, _ in bad.values()) > 1e-4, bad
+
+
+def test_triton_gates_refuse_bounded_erase_and_bad_z():
+    from optimized.nested.probe_gates import probe_gates_bwd
+
+    z = torch.zeros(1, 2, 3 * 4 + 5)
+    with pytest.raises(ValueError, match="bounded_erase keeps the PyTorch gates"):
+        probe_gates_bwd("bounded_erase", z, 1, 1, 2, 4, 5, "mean")
+    with pytest.raises(ValueError, match="contiguous float32"):
+        probe_gates_bwd("learned", z.double(), 1, 1, 2, 4, 5, "mean")
+    with pytest.raises(ValueError, match="gates must be one of"):
+        probe_fwd("learned", torch.zeros(1, 1, 4, 5), {}, "mean", gates="cuda")
 
 
 # --- mutants: each must fail the float64 property on its draw -------------------------------------

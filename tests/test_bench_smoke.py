@@ -154,6 +154,27 @@ def test_errors_and_oom_are_recorded_and_the_run_goes_on(tmp_path):
     assert "nested L=4 not written yet" in (out / "results.md").read_text()
 
 
+@pytest.mark.parametrize("check", [False, True], ids=["default", "check-finite"])
+def test_finiteness_check_is_off_unless_asked_and_the_header_says_which(tmp_path, check):
+    """The ops' input check (a host sync and a read of every input per forward) is not timed by
+    default: the 2026-11-30 full run had it on and spent about 6 ms of flat's 13.8 ms forward in it."""
+    from optimized.checks import finite_checks_enabled
+
+    seen = set()
+
+    def flat(*a, **kw):
+        seen.add(finite_checks_enabled())
+        return flat_stub(*a, **kw)
+
+    out = tmp_path / "res"
+    argv = TINY + ["--out", str(out), "--no-plots", "--sweeps", "depth"] + (["--check-finite"] if check else [])
+    before = finite_checks_enabled()
+    assert nvf.run(nvf.parse_args(argv), hooks(flat_op=flat)) == 0
+    assert seen == {check} and finite_checks_enabled() == before
+    header, _ = read_rows(out / "results.csv")
+    assert any(("ON (--check-finite)" if check else "off (--check-finite") in line for line in header)
+
+
 def test_resume_and_time_budget(tmp_path):
     out = tmp_path / "res"
     args = TINY + ["--out", str(out), "--no-plots", "--sweeps", "depth"]
@@ -367,3 +388,23 @@ def test_bench_modules_import_no_circle():
 
     assert graph["precompile"] & {"plan", "harness", "measure"} and "nested_vs_flat" not in graph["precompile"]
     assert [m for m in graph if reaches(m, m)] == []
+
+
+def test_stage_table_lists_the_nested_ranges_of_a_profile():
+    """``bench.harness.stage_table``: the ``nested.*`` record_function ranges of a profile, one row
+    each with its call count, nothing else."""
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    from bench.harness import stage_table
+
+    x = torch.randn(64, 64)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(2):
+            with record_function("nested.scan_fwd"):
+                x = x @ x
+        with record_function("other.range"):
+            x = x + 1
+    lines = stage_table(prof.key_averages())
+    assert lines[0].startswith("| stage | calls | device ms")
+    assert any(line.startswith("| nested.scan_fwd | 2 |") for line in lines)
+    assert not any("other.range" in line for line in lines) and lines[-1].startswith("| (sum of stages)")

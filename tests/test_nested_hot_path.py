@@ -18,8 +18,8 @@ NAMES = ("q", "k", "v", "g", "b", "w", "r")
 DEV = triton_mode.device()
 
 
-def inputs(shape, dtype=torch.float32):
-    x = nested_inputs(shape, seed=0)
+def inputs(shape, dtype=torch.float32, scheme="learned"):
+    x = nested_inputs(shape, seed=0, scheme=scheme)
     args = {n: x[n].to(DEV, dtype).requires_grad_() for n in NAMES}
     args["levels"] = [Level(lv.scheme, lv.interval, {n: p.to(DEV, torch.float32) for n, p in lv.params.items()},
                             lv.reduction) for lv in x["levels"]]
@@ -140,3 +140,61 @@ def test_upper_level_buffers_released_before_level0_backward(monkeypatch, retain
     assert alive == {"states": retain_graph, "pairs": retain_graph}
     # levels 2 then 1: level 1's scan still needs the states at level 2's probe backward
     assert states_at_probe_bwd == [True, retain_graph]
+
+
+def test_scan_block_v_splits_the_scans_alone_and_agrees():
+    """``Pieces(scan_block_v=16)`` (reads_ab ``scan-bv16``): the promote scans run on V blocks of 16
+    while the reads keep their default, and the op's values and gradients agree with the default
+    pieces (only the order of the per-V-block partial sums differs)."""
+    from optimized.nested import Pieces, _nested
+    import optimized.nested.pieces as pieces_module
+
+    seen = []
+    scan_fwd = pieces_module.promote_scan_fwd
+
+    def spy(*a, block_v=None, **kw):
+        seen.append(block_v)
+        return scan_fwd(*a, block_v=block_v, **kw)
+
+    results = []
+    for pieces in (Pieces(), Pieces(scan_fwd=spy, scan_block_v=16)):
+        args = inputs(on_bucket(NestedShape(B=1, T=130, H=1, L=3, K=32, V=32)))
+        o = _nested(pieces=pieces, **args)[0]
+        leaves = [args[n] for n in NAMES]
+        do = torch.randn(o.shape, generator=torch.Generator().manual_seed(1)).to(o.device)
+        results.append([o, *torch.autograd.grad(o, leaves, do)])
+    assert seen == [16, 16]
+    for want, got in zip(*results):
+        assert torch.allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("scheme", ["learned", "merge"])
+def test_triton_probe_gates_in_the_op_agree(scheme):
+    """``Pieces(probe_gates="triton")`` (reads_ab ``gates-triton``): the op's values and every
+    gradient agree with the PyTorch gates (the kernels' own properties: property_tests/test_probe_fused.py)."""
+    from optimized.nested import Pieces, _nested
+    import optimized.nested.probe_fused as probe_fused_module
+
+    calls = []
+    gates_fwd = probe_fused_module.probe_gates_fwd
+
+    def spy(*a, **kw):
+        calls.append(a[0])
+        return gates_fwd(*a, **kw)
+
+    results = []
+    for pieces in (Pieces(), Pieces(probe_gates="triton")):
+        args = inputs(on_bucket(NestedShape(B=1, T=130, H=1, L=3, K=16, V=16)), scheme=scheme)
+        args["levels"] = [Level(lv.scheme, lv.interval, {n: p.requires_grad_() for n, p in lv.params.items()},
+                                lv.reduction) for lv in args["levels"]]
+        probe_fused_module.probe_gates_fwd = spy
+        try:
+            o = _nested(pieces=pieces, **args)[0]
+            leaves = [args[n] for n in NAMES] + [p for lv in args["levels"] for p in lv.params.values()]
+            do = torch.randn(o.shape, generator=torch.Generator().manual_seed(1)).to(o.device)
+            results.append([o, *torch.autograd.grad(o, leaves, do)])
+        finally:
+            probe_fused_module.probe_gates_fwd = gates_fwd
+    assert calls == [scheme, scheme]          # the second run only, one call per upper level
+    for want, got in zip(*results):
+        assert torch.allclose(got, want, rtol=1e-4, atol=1e-6), (got - want).abs().max()

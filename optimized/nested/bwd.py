@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import torch
+from torch.profiler import record_function
 
 from optimized.level0 import level0_bwd
 from optimized.nested.fwd import NestedSaved
@@ -26,14 +27,16 @@ def nested_bwd(saved: NestedSaved, do, dfinals, release: bool = False):
     # reads and router: dq of levels ≥ 1 written in place, in q's dtype (the one rounding the
     # returned gradient gets anyway: no float32 buffer and no cast copy); the state gradients per level, later
     dq = torch.empty(B, T, H, L, K, dtype=q.dtype, device=q.device)
-    dr, do0, dstates_of = s.pieces.reads_bwd(do, q, r, s.o0, s.states, plan, tables, s.scale, dq,
-                                            block_v=s.pieces.block_v)
+    with record_function("nested.reads_bwd"):   # the stages' device times in the profiler's table
+        dr, do0, dstates_of = s.pieces.reads_bwd(do, q, r, s.o0, s.states, plan, tables, s.scale, dq,
+                                                block_v=s.pieces.block_v)
 
     def level_dstates_of(ℓ):
         """Level ℓ's state gradients from the reads, plus its final state's gradient."""
-        d = dstates_of(ℓ)
-        if dfinals[ℓ] is not None:
-            d[:, -1] += dfinals[ℓ].float()
+        with record_function("nested.reads_bwd_states"):
+            d = dstates_of(ℓ)
+            if dfinals[ℓ] is not None:
+                d[:, -1] += dfinals[ℓ].float()
         return d
 
     # made one level at a time, top first: level ℓ's while its scan runs, level ℓ-1's from the
@@ -51,21 +54,27 @@ def nested_bwd(saved: NestedSaved, do, dfinals, release: bool = False):
         level = s.levels[ℓ - 1]
         if s.probes[ℓ] is not None:         # fused probe of a built-in scheme: hand-written backward
             pairs, probe_saved = s.probes[ℓ]
-            snaps = _snapshots(plan, tables, ℓ, s.states, h, ht0)
             p32 = {n: t.detach().float() for n, t in s.params[ℓ].items()}
-            dM0, *d_pairs = s.pieces.scan_bwd(s.level_states(ℓ), *pairs, level_dstates[ℓ],
-                                             block_v=s.pieces.block_v, block_n=s.pieces.block_n,
-                                             reduce_partials=s.pieces.reduce_partials,
-                                             precision=s.pieces.scan_precision(q.dtype, "bwd"))
+            with record_function("nested.scan_bwd"):
+                dM0, *d_pairs = s.pieces.scan_bwd(s.level_states(ℓ), *pairs, level_dstates[ℓ],
+                                                 block_v=s.pieces.scan_block(), block_n=s.pieces.block_n,
+                                                 reduce_partials=s.pieces.reduce_partials,
+                                                 precision=s.pieces.scan_precision(q.dtype, "bwd"))
             level_dstates[ℓ] = None                        # spent before the probe's backward
+            # the snapshots only after the scan: not alive at its peak (level 1's are a float32
+            # copy of fla's h, 0.5 GiB at L = 4, where the step peaked in level 1's scan)
+            with record_function("nested.snapshots"):
+                snaps = _snapshots(plan, tables, ℓ, s.states, h, ht0)
             if release and ℓ == 1:          # every level's scan is done: the stored states are spent
                 dstates_of = None                           # (its closure holds them)
                 s.release_states()
-            d_snaps, d_p = probe_bwd(level.scheme, probe_saved, snaps, p32, level.reduction, *d_pairs,
-                                     precision=s.pieces.probe_precision(q.dtype))
+            with record_function("nested.probe_bwd"):
+                d_snaps, d_p = probe_bwd(level.scheme, probe_saved, snaps, p32, level.reduction, *d_pairs,
+                                         precision=s.pieces.probe_precision(q.dtype), gates=s.pieces.probe_gates)
             dparams[ℓ] = {n: d_p[n] for n in p32}
         else:                               # generic: replay the scheme's probe under autograd
-            dM0, dparams[ℓ], d_snaps = _generic_probe_bwd(s, plan, tables, ℓ, level, level_dstates[ℓ], H, K, V)
+            with record_function("nested.generic_probe_bwd"):
+                dM0, dparams[ℓ], d_snaps = _generic_probe_bwd(s, plan, tables, ℓ, level, level_dstates[ℓ], H, K, V)
             if release and ℓ == 1:
                 dstates_of = None
                 s.release_states()
@@ -76,7 +85,9 @@ def nested_bwd(saved: NestedSaved, do, dfinals, release: bool = False):
         else:
             level_dstates[ℓ - 1] = level_dstates_of(ℓ - 1)
             if plan.sources[ℓ]:
-                add_in_rounds(level_dstates[ℓ - 1], tables.add_rounds[ℓ], d_snaps)   # repeated targets: rounds
+                with record_function("nested.add_snapshot_grads"):
+                    add_in_rounds(level_dstates[ℓ - 1], tables.add_rounds[ℓ], d_snaps)   # repeated targets: rounds
+            snaps = d_snaps = None          # spent: not alive through the next level's scan
 
     # the upper levels' buffers are spent: free them before level 0's backward, where the step
     # peaks (bench.memory_cpu: level 1's float32 snapshots and the last probe's intermediates
@@ -88,11 +99,12 @@ def nested_bwd(saved: NestedSaved, do, dfinals, release: bool = False):
     do0 = do0.to(s.level0.v.dtype)          # the cast level0_bwd makes, done here: the float32 one is freed
 
     # level 0: fla's backward with the injected end-of-chunk gradients
-    dq0, dk, dv, dg, db, dw, dh0 = level0_bwd(
-        s.level0, do0, dht=None if dfinals[0] is None else dfinals[0].float().contiguous(),
-        d_ends=d_ends, end_chunks=plan.sources[1] if L > 1 else (), state_grad=s.pieces.state_grad,
-        slots=tables.slots)
-    dq[:, :, :, 0] = dq0
+    with record_function("nested.level0_bwd"):
+        dq0, dk, dv, dg, db, dw, dh0 = level0_bwd(
+            s.level0, do0, dht=None if dfinals[0] is None else dfinals[0].float().contiguous(),
+            d_ends=d_ends, end_chunks=plan.sources[1] if L > 1 else (), state_grad=s.pieces.state_grad,
+            slots=tables.slots)
+        dq[:, :, :, 0] = dq0
     dinit[0] = dh0 if s.has_initial[0] else None
     return dq, dk, dv, dg, db, dw, dr, dinit, dparams
 
@@ -110,7 +122,7 @@ def _generic_probe_bwd(s: NestedSaved, plan, tables, ℓ, level, dstates, H, K, 
         d_pairs = None
     else:
         dM0, *d_pairs = s.pieces.scan_bwd(s.level_states(ℓ), *(x.detach() for x in pairs), dstates,
-                                         block_v=s.pieces.block_v, block_n=s.pieces.block_n,
+                                         block_v=s.pieces.scan_block(), block_n=s.pieces.block_n,
                                          reduce_partials=s.pieces.reduce_partials,
                                          precision=s.pieces.scan_precision(s.q.dtype, "bwd"))
     names = list(leaves)

@@ -63,8 +63,10 @@ class NestedGDN2Function(torch.autograd.Function):
             flat += [dparams[ℓ][n].to(p.dtype) for n, p in level.params.items()]
         if not kept:
             ctx.saved = None   # as autograd frees saved tensors: nothing outlives a plain backward
-        return (None, dq.to(q.dtype), dk.to(q.dtype), dv.to(q.dtype), dg.to(q.dtype), db.to(q.dtype),
-                dw.to(q.dtype), dr.to(saved.r.dtype), *flat)
+        with torch.profiler.record_function("nested.grad_casts"):
+            grads = (dq.to(q.dtype), dk.to(q.dtype), dv.to(q.dtype), dg.to(q.dtype), db.to(q.dtype),
+                     dw.to(q.dtype), dr.to(saved.r.dtype))
+        return (None, *grads, *flat)
 
 
 def _nested(q, k, v, g, b, w, r, levels, scale=None, initial_states=None, output_final_state=False,

@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
+from torch.profiler import record_function
 
 from optimized.level0 import Level0Saved, level0_fwd
 from optimized.nested.pieces import DEFAULT_PIECES, Pieces
@@ -56,30 +57,37 @@ def nested_fwd(q, k, v, g, b, w, r, levels, scale, initial_states, pieces: Piece
     V = v.shape[-1]
     plan = pieces.plan(T, tuple(lv.interval for lv in levels))
     tables = device_tables(plan, q.device)
-    o0, ht0, h, saved0 = level0_fwd(q[:, :, :, 0].contiguous(), k, v, g, b, w, scale, initial_states[0])
+    # record_function ranges: the profiler's table gives each stage's device time (bench.reads_ab --profile)
+    with record_function("nested.level0_fwd"):
+        o0, ht0, h, saved0 = level0_fwd(q[:, :, :, 0].contiguous(), k, v, g, b, w, scale, initial_states[0])
     states = q.new_empty(B, tables.S, H, K, V, dtype=torch.float32)
     params = [None] + [lv.params for lv in levels]
     probes = [None]
     for ℓ in range(1, L):
-        p32 = {n: p.detach().float() for n, p in params[ℓ].items()}
-        snaps = _snapshots(plan, tables, ℓ, states, h, ht0)
+        with record_function("nested.snapshots"):
+            p32 = {n: p.detach().float() for n, p in params[ℓ].items()}
+            snaps = _snapshots(plan, tables, ℓ, states, h, ht0)
         level = levels[ℓ - 1]
-        if pieces.fused_probe and level.scheme in FUSED_SCHEMES and plan.firings(ℓ) > 0:
-            # built-in scheme: fused probe; its outputs and intermediates kept for the hand backward
-            pairs, probe_saved = probe_fwd(level.scheme, snaps, p32, level.reduction,
-                                           keep_preactivations=pieces.probe_keeps_preactivations,
-                                           precision=pieces.probe_precision(q.dtype))
-            pairs = tuple(x.contiguous() for x in pairs)
-            probes.append((pairs, probe_saved))
-        else:               # any registered scheme: its probe, replayed under autograd in the backward
-            with torch.no_grad():
-                pairs = _probe(level, snaps, p32, H, K, V)
-            probes.append(None)
+        with record_function("nested.probe_fwd"):
+            if pieces.fused_probe and level.scheme in FUSED_SCHEMES and plan.firings(ℓ) > 0:
+                # built-in scheme: fused probe; its outputs and intermediates kept for the hand backward
+                pairs, probe_saved = probe_fwd(level.scheme, snaps, p32, level.reduction,
+                                               keep_preactivations=pieces.probe_keeps_preactivations,
+                                               precision=pieces.probe_precision(q.dtype),
+                                               gates=pieces.probe_gates)
+                pairs = tuple(x.contiguous() for x in pairs)
+                probes.append((pairs, probe_saved))
+            else:           # any registered scheme: its probe, replayed under autograd in the backward
+                with torch.no_grad():
+                    pairs = _probe(level, snaps, p32, H, K, V)
+                probes.append(None)
         M0 = initial_states[ℓ]
-        pieces.scan_fwd(None if M0 is None else M0.detach().float(), *pairs, block_v=pieces.block_v,
-                        block_n=pieces.block_n, out=states[:, tables.level_rows(ℓ)],
-                        precision=pieces.scan_precision(q.dtype, "fwd"))
-    o = pieces.reads_fwd(q, r, o0, states, plan, tables, scale, block_v=pieces.block_v)
+        with record_function("nested.scan_fwd"):
+            pieces.scan_fwd(None if M0 is None else M0.detach().float(), *pairs, block_v=pieces.scan_block(),
+                            block_n=pieces.block_n, out=states[:, tables.level_rows(ℓ)],
+                            precision=pieces.scan_precision(q.dtype, "fwd"))
+    with record_function("nested.reads_fwd"):
+        o = pieces.reads_fwd(q, r, o0, states, plan, tables, scale, block_v=pieces.block_v)
     # fresh tensors: outputs must not alias what the backward keeps (no reference cycles)
     finals = [ht0.clone()] + [states[:, tables.level_rows(ℓ).stop - 1].clone() for ℓ in range(1, L)]
     saved = NestedSaved(plan, tables, list(levels), scale, saved0, ht0, states, o0, q, r, params,

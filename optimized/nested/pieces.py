@@ -96,6 +96,14 @@ class Pieces:
     probe_precision: Callable = probe_precision  # dtype -> the fused probe's float32 matmul precision
     block_v: int | None = None      # the scan's V block and pair block (None: promote_scan's
     block_n: int | None = None      # defaults); tests shrink them to reach several blocks
+    probe_gates: str = "torch"      # "triton": the fused probe's gates in one kernel per pass
+    #                                 (optimized.nested.probe_gates; learned and merge; reads_ab gates-triton)
+    scan_block_v: int | None = None  # the scans' V block alone (None: block_v; the reads keep block_v):
+    #                                 more programs for the scans' sequential chains (reads_ab scan-bv16)
+
+    def scan_block(self) -> int | None:
+        """The V block of the promote scans: ``scan_block_v``, else ``block_v``."""
+        return self.block_v if self.scan_block_v is None else self.scan_block_v
 
 
 DEFAULT_PIECES = Pieces()

@@ -59,6 +59,8 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
+from optimized.nested.probe_gates import GATE_SCHEMES, probe_gates_bwd, probe_gates_fwd
+from optimized.nested.probe_gates import MUTANTS as GATE_MUTANTS
 from reference.schemes import check_reduction
 
 FUSED_SCHEMES = ("learned", "merge", "bounded_erase")
@@ -121,17 +123,28 @@ def float32_matmuls(precision: str):
         flags.fp32_precision = before
 
 
+GATES = ("torch", "triton")
+
+
+def _check_gates(gates):
+    if gates not in GATES:
+        raise ValueError(f"gates must be one of {GATES}, got {gates!r}")
+
+
 def probe_fwd(scheme: str, snaps: torch.Tensor, params: dict, reduction: str = "mean",
-              keep_preactivations: bool = True, precision: str = "ieee"):
+              keep_preactivations: bool = True, precision: str = "ieee", gates: str = "torch"):
     """The scheme's five outputs ``(κ [..., H, n, K], ν [..., H, n, V], β [..., H, n, K],
     ω [..., H, n, V], γ [..., H, K])``, contiguous, and the ``FusedSaved`` of the backward
     (``keep_preactivations=False``: no pre-activations kept, the backward recomputes them).
-    ``precision``: of its float32 matmuls on CUDA (``float32_matmuls``)."""
+    ``precision``: of its float32 matmuls on CUDA (``float32_matmuls``). ``gates="triton"``:
+    κ, β, ω, γ from ``z`` in one kernel (``optimized.nested.probe_gates``; learned and merge,
+    bounded_erase keeps these PyTorch gates)."""
+    _check_gates(gates)
     with float32_matmuls(precision):
-        return _probe_fwd(scheme, snaps, params, reduction, keep_preactivations)
+        return _probe_fwd(scheme, snaps, params, reduction, keep_preactivations, gates)
 
 
-def _probe_fwd(scheme, snaps, params, reduction, keep_preactivations):
+def _probe_fwd(scheme, snaps, params, reduction, keep_preactivations, gates="torch"):
     _check_scheme(scheme)
     check_reduction(reduction)
     *lead, H, K, V = snaps.shape
@@ -148,14 +161,25 @@ def _probe_fwd(scheme, snaps, params, reduction, keep_preactivations):
     _, W = _weights(scheme, params)
     z = torch.bmm(nu_h, W)                                         # [H, Bt·n, C]: the one matmul
     z4 = z.view(H, Bt, n, W.shape[-1])
-    sK, sB, sW, sG = _offsets(scheme, K, V)
 
     new = snaps.new_empty
     κ, β, ω, γ = new(Bt, H, n, K), new(Bt, H, n, K), new(Bt, H, n, V), new(Bt, H, K)
     κh, βh, ωh = κ.transpose(0, 1), β.transpose(0, 1), ω.transpose(0, 1)   # [H, Bt, n, *] views
     if scheme == "merge":
         κ.copy_(torch.eye(K, dtype=snaps.dtype, device=snaps.device))
+    if gates == "triton" and scheme in GATE_SCHEMES:
+        probe_gates_fwd(scheme, z, Bt, H, n, K, V, reduction, None if scheme == "merge" else κ, β, ω, γ)
     else:
+        _gates_fwd_torch(scheme, z4, reduction, K, V, κh, βh, ωh, γ)
+    outs = (κ.view(*lead, H, n, K), ν4.view(*lead, H, n, V), β.view(*lead, H, n, K),
+            ω.view(*lead, H, n, V), γ.view(*lead, H, K))
+    return outs, FusedSaved(scheme, lead, n, outs[1], z if keep_preactivations else None)
+
+
+def _gates_fwd_torch(scheme, z4, reduction, K, V, κh, βh, ωh, γ):
+    """κ, β, ω, γ from ``z4 [H, Bt, n, C]`` in PyTorch, written through the head-major views."""
+    sK, sB, sW, sG = _offsets(scheme, K, V)
+    if scheme != "merge":
         u = z4[..., sK]
         torch.div(u, torch.sqrt((u * u).sum(-1, keepdim=True) + _EPS), out=κh)
     if scheme == "bounded_erase":
@@ -168,10 +192,6 @@ def _probe_fwd(scheme, snaps, params, reduction, keep_preactivations):
     γ_i = -F.softplus(z4[..., sG])
     γ.transpose(0, 1).copy_(γ_i.mean(-2) if reduction == "mean" else γ_i.sum(-2))
 
-    outs = (κ.view(*lead, H, n, K), ν4.view(*lead, H, n, V), β.view(*lead, H, n, K),
-            ω.view(*lead, H, n, V), γ.view(*lead, H, K))
-    return outs, FusedSaved(scheme, lead, n, outs[1], z if keep_preactivations else None)
-
 
 def _head_major(x, Bt, H, rows, last):
     """``x [..., H, rows, last]`` as a ``[H, Bt, rows, last]`` view (no copy when contiguous)."""
@@ -180,16 +200,18 @@ def _head_major(x, Bt, H, rows, last):
 
 def probe_bwd(scheme: str, saved: FusedSaved, snaps: torch.Tensor, params: dict, reduction: str,
               dκ=None, dν=None, dβ=None, dω=None, dγ=None, *, precision: str = "ieee",
-              _mutant: str | None = None):
+              gates: str = "torch", _mutant: str | None = None):
     """Gradients of the snapshots and of every parameter from the gradients of the five outputs
     (``None``: zero). Returns ``(d_snaps [..., H, K, V], {name: d_param})``. ``precision``: of
-    its float32 matmuls on CUDA (``float32_matmuls``). ``_mutant`` (test-only) names one of
-    ``MUTANTS``."""
+    its float32 matmuls on CUDA (``float32_matmuls``). ``gates``: as in ``probe_fwd`` (the
+    gates' backward in one kernel). ``_mutant`` (test-only) names one of ``MUTANTS``; with
+    ``gates="triton"`` the kernel plants ``gamma_no_mean`` and ``no_projection`` itself."""
+    _check_gates(gates)
     with float32_matmuls(precision):
-        return _probe_bwd(scheme, saved, snaps, params, reduction, dκ, dν, dβ, dω, dγ, _mutant)
+        return _probe_bwd(scheme, saved, snaps, params, reduction, dκ, dν, dβ, dω, dγ, _mutant, gates)
 
 
-def _probe_bwd(scheme, saved, snaps, params, reduction, dκ, dν, dβ, dω, dγ, _mutant):
+def _probe_bwd(scheme, saved, snaps, params, reduction, dκ, dν, dβ, dω, dγ, _mutant, gates="torch"):
     _check_scheme(scheme)
     check_reduction(reduction)
     if scheme != saved.scheme:
@@ -202,6 +224,41 @@ def _probe_bwd(scheme, saved, snaps, params, reduction, dκ, dν, dβ, dω, dγ,
     C = W.shape[-1]
     nu_h = saved.nu.reshape(Bt, H, n, V).transpose(0, 1).reshape(H, Bt * n, V)   # head-major copy
     z = torch.bmm(nu_h, W) if saved.z is None else saved.z
+    if gates == "triton" and scheme in GATE_SCHEMES:
+        dz = probe_gates_bwd(scheme, z, Bt, H, n, K, V, reduction, dκ, dβ, dω, dγ,
+                             _mutant=_mutant if _mutant in GATE_MUTANTS else None)
+    else:
+        dz = _gates_bwd_torch(scheme, z, Bt, H, n, K, V, reduction, dκ, dβ, dω, dγ, _mutant)
+
+    # the one matmul: dν' = dν + dZ Wᵀ (ν is itself an output), dW = νᵀ dZ
+    dz_rows = dz.view(H, Bt * n, C)
+    dW = torch.bmm(nu_h.transpose(1, 2), dz_rows)                   # [H, V, C]
+    back = torch.bmm(dz_rows, W.transpose(1, 2)).view(H, Bt, n, V).transpose(0, 1)   # [Bt, H, n, V] view
+    dνt = snaps.new_empty(Bt, H, n, V)
+    if dν is None or _mutant == "drop_dnu":
+        dνt.copy_(back)
+    else:
+        torch.add(dν.reshape(Bt, H, n, V), back, out=dνt)
+
+    dparams = {}
+    offset = 0
+    for name in names:
+        width = params[name].shape[-1]
+        dparams[name] = dW[..., offset:offset + width].contiguous()
+        offset += width
+    if scheme == "merge":
+        d_snaps = dνt
+    else:
+        snaps4 = snaps.reshape(Bt, H, K, V)
+        Q = params["Q"]
+        d_snaps = torch.matmul(Q.transpose(-1, -2), dνt)            # [Bt, H, K, V]
+        dparams["Q"] = torch.matmul(dνt, snaps4.transpose(-1, -2)).sum(0)   # [H, n, K], summed over lead
+    return d_snaps.view(*lead, H, K, V), {k: dparams[k] for k in params}
+
+
+def _gates_bwd_torch(scheme, z, Bt, H, n, K, V, reduction, dκ, dβ, dω, dγ, _mutant):
+    """``dz [H, Bt, n, C]`` from the gates' gradients in PyTorch (every scheme, every mutant)."""
+    C = z.shape[-1]
     z4 = z.view(H, Bt, n, C)
     sK, sB, sW, sG = _offsets(scheme, K, V)
     dz = z.new_empty(H, Bt, n, C)
@@ -269,28 +326,4 @@ def _probe_bwd(scheme, saved, snaps, params, reduction, dκ, dν, dβ, dω, dγ,
             else:
                 κ = u / nrm
                 torch.div(dκt - κ * (κ * dκt).sum(-1, keepdim=True), nrm, out=dz[..., sK])
-
-    # the one matmul: dν' = dν + dZ Wᵀ (ν is itself an output), dW = νᵀ dZ
-    dz_rows = dz.view(H, Bt * n, C)
-    dW = torch.bmm(nu_h.transpose(1, 2), dz_rows)                   # [H, V, C]
-    back = torch.bmm(dz_rows, W.transpose(1, 2)).view(H, Bt, n, V).transpose(0, 1)   # [Bt, H, n, V] view
-    dνt = snaps.new_empty(Bt, H, n, V)
-    if dν is None or _mutant == "drop_dnu":
-        dνt.copy_(back)
-    else:
-        torch.add(dν.reshape(Bt, H, n, V), back, out=dνt)
-
-    dparams = {}
-    offset = 0
-    for name in names:
-        width = params[name].shape[-1]
-        dparams[name] = dW[..., offset:offset + width].contiguous()
-        offset += width
-    if scheme == "merge":
-        d_snaps = dνt
-    else:
-        snaps4 = snaps.reshape(Bt, H, K, V)
-        Q = params["Q"]
-        d_snaps = torch.matmul(Q.transpose(-1, -2), dνt)            # [Bt, H, K, V]
-        dparams["Q"] = torch.matmul(dνt, snaps4.transpose(-1, -2)).sum(0)   # [H, n, K], summed over lead
-    return d_snaps.view(*lead, H, K, V), {k: dparams[k] for k in params}
+    return dz
