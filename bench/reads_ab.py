@@ -54,13 +54,13 @@ def _log(message: str):
     print(f"[reads_ab] {message}", file=sys.stderr, flush=True)
 
 
-def _inputs(B, T, H, K, V, L, dtype, seed, nested: bool):
+def _inputs(B, T, H, K, V, L, dtype, seed, nested: bool, device="cuda"):
     import torch.nn.functional as F
 
-    gen = torch.Generator(device="cuda").manual_seed(seed)
+    gen = torch.Generator(device=device).manual_seed(seed)
 
     def rnd(*shape):
-        return torch.randn(*shape, generator=gen, device="cuda", dtype=torch.float32)
+        return torch.randn(*shape, generator=gen, device=device, dtype=torch.float32)
 
     def leaf(x):
         return x.to(dtype).detach().requires_grad_(True)
@@ -106,8 +106,9 @@ VARIANTS = ("torch", "generic", "fused-ieee", "scan-tf32", "triton", "triton+che
             "scan-bv16", "bn16", "bn64", "gates-triton")
 
 
-def _ops(B, T, H, K, V, L, dtype, seed, names=VARIANTS):
-    """name -> (step inputs, forward closure, do)."""
+def _ops(B, T, H, K, V, L, dtype, seed, names=VARIANTS, device="cuda"):
+    """name -> (step inputs, forward closure, do) on ``device`` (the CPU smoke test builds every
+    variant there: tests/test_bench_smoke.py)."""
     from optimized import chunk_gdn2
     from optimized.nested import Pieces, _nested
     from optimized.nested.pieces import reads_router_bwd_torch_levels, scan_bwd_two_phase
@@ -116,13 +117,13 @@ def _ops(B, T, H, K, V, L, dtype, seed, names=VARIANTS):
 
     ops = {}
     if "flat" in names:
-        x, do = _inputs(B, T, H * L, K, V, L, dtype, seed, nested=False)
+        x, do = _inputs(B, T, H * L, K, V, L, dtype, seed, nested=False, device=device)
         ops["flat"] = (list(x.values()), lambda x=x: chunk_gdn2(**x)[0], do)
-    xn, don = _inputs(B, T, H, K, V, L, dtype, seed + 1, nested=True)
+    xn, don = _inputs(B, T, H, K, V, L, dtype, seed + 1, nested=True, device=device)
     levels = make_levels(L, H, K, V, generator=torch.Generator().manual_seed(seed + 2))
     for lv in levels:
         for n in lv.params:
-            lv.params[n] = lv.params[n].to("cuda", torch.float32).requires_grad_(True)
+            lv.params[n] = lv.params[n].to(device, torch.float32).requires_grad_(True)
     params = [p for lv in levels for p in lv.params.values()]
     ieee = lambda dtype, direction: "ieee"  # noqa: E731
     variants = {

@@ -90,6 +90,15 @@ def _first_bad(x: torch.Tensor) -> tuple[int, int, float]:
     return b, t, value
 
 
+def _extremes(x: torch.Tensor) -> torch.Tensor:
+    """``[min, max]`` of ``x`` in float64, which holds every float value exactly (NaN if ``x``
+    holds one; ``[0, 0]`` when empty)."""
+    if x.numel() == 0:
+        return torch.zeros(2, dtype=torch.float64, device=x.device)
+    lo, hi = torch.aminmax(x)
+    return torch.stack([lo, hi]).double()
+
+
 def check_finite_activations(named: Iterable[tuple[str, torch.Tensor | None]],
                              params: Iterable[tuple[str, torch.Tensor]] = ()):
     """Every activation ``[B, T, ...]`` and every parameter is finite, with one host sync; a
@@ -101,7 +110,9 @@ def check_finite_activations(named: Iterable[tuple[str, torch.Tensor | None]],
     params = list(params)
     if not named and not params:
         return
-    flags = torch.stack([torch.isfinite(x).all() for _, x in named + params])
+    # one reduction pass per tensor (min and max propagate NaN and keep ±inf), not isfinite's bool
+    # tensor and its all(): half the traffic of a bf16 input, and one kernel instead of two
+    flags = torch.isfinite(torch.stack([_extremes(x) for _, x in named + params])).all(-1)
     if bool(flags.all()):
         return
     bad = [i for i, ok in enumerate(flags.tolist()) if not ok][0]

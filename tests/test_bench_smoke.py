@@ -408,3 +408,16 @@ def test_stage_table_lists_the_nested_ranges_of_a_profile():
     assert lines[0].startswith("| stage | calls | device ms")
     assert any(line.startswith("| nested.scan_fwd | 2 |") for line in lines)
     assert not any("other.range" in line for line in lines) and lines[-1].startswith("| (sum of stages)")
+
+
+def test_reads_ab_builds_every_variant_off_the_gpu():
+    """Every ``bench.reads_ab`` variant (and flat) is built on the CPU at a tiny shape, each with
+    the nested op's inputs, parameters and cotangent: a misnamed piece fails here, not in a
+    device call. (The new pieces' numerics: tests/test_nested_hot_path.py.)"""
+    from bench import reads_ab
+
+    ops = reads_ab._ops(1, 64, 1, 16, 16, 3, torch.float32, 0, names=("flat",) + reads_ab.VARIANTS, device="cpu")
+    assert set(ops) == {"flat", *reads_ab.VARIANTS}
+    for name, (leaves, forward, do) in ops.items():
+        assert callable(forward) and do.shape == (1, 64, (3 if name == "flat" else 1), 16), name
+        assert all(t.requires_grad and t.device.type == "cpu" for t in leaves), name
