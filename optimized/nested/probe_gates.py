@@ -46,6 +46,18 @@ def _softplus(x):
     return tl.where(x > 20.0, x, tl.maximum(x, 0.0) + log1p)
 
 
+@triton.jit
+def _row_block(i0, n, z_row0, out_row0, o_k, m_k, m_v, K: tl.constexpr, C: tl.constexpr, BN: tl.constexpr):
+    """Rows ``i0 .. i0 + BN`` of one (bt, head) (rows ≥ n masked): ``(o_n, m_nk, m_nv, z_rows,
+    p_nk)``, ``z_rows`` the offsets of their rows in ``z`` / ``dz`` (``[BN, 1]``), ``p_nk`` of their
+    ``[BN, K]`` blocks in the ``[Bt, H, n, K]`` tensors."""
+    o_n = i0 + tl.arange(0, BN)
+    m_n = o_n < n
+    z_rows = (z_row0 + o_n)[:, None] * C
+    p_nk = (out_row0 + o_n)[:, None] * K + o_k[None, :]
+    return o_n, m_n[:, None] & m_k[None, :], m_n[:, None] & m_v[None, :], z_rows, p_nk
+
+
 @triton.jit(do_not_specialize=["Bt", "n"])
 def probe_gates_fwd_kernel(
     z, kappa, beta, omega, gamma, Bt, n, c_reduce,
@@ -61,12 +73,8 @@ def probe_gates_fwd_kernel(
     out_row0 = (i_bt.to(tl.int64) * H + i_h) * n          # ... in the [Bt, H, n, *] outputs
     acc = tl.zeros([BK], dtype=tl.float32)
     for i0 in range(0, n, BN):
-        o_n = i0 + tl.arange(0, BN)
-        m_n = o_n < n
-        m_nk = m_n[:, None] & m_k[None, :]
-        m_nv = m_n[:, None] & m_v[None, :]
-        p_z = z + (z_row0 + o_n)[:, None] * C
-        p_nk = (out_row0 + o_n)[:, None] * K + o_k[None, :]
+        o_n, m_nk, m_nv, z_rows, p_nk = _row_block(i0, n, z_row0, out_row0, o_k, m_k, m_v, K, C, BN)
+        p_z = z + z_rows
         if HAS_KAPPA:
             u = tl.load(p_z + o_k[None, :], mask=m_nk, other=0.0)
             s = 1.0 / tl.sqrt(tl.sum(u * u, axis=1) + 1e-6)
@@ -99,13 +107,8 @@ def probe_gates_bwd_kernel(
         if MUTANT == 1:
             dg_i = dg_i / c_reduce
     for i0 in range(0, n, BN):
-        o_n = i0 + tl.arange(0, BN)
-        m_n = o_n < n
-        m_nk = m_n[:, None] & m_k[None, :]
-        m_nv = m_n[:, None] & m_v[None, :]
-        p_z = z + (z_row0 + o_n)[:, None] * C
-        p_dz = dz + (z_row0 + o_n)[:, None] * C
-        p_nk = (out_row0 + o_n)[:, None] * K + o_k[None, :]
+        o_n, m_nk, m_nv, z_rows, p_nk = _row_block(i0, n, z_row0, out_row0, o_k, m_k, m_v, K, C, BN)
+        p_z, p_dz = z + z_rows, dz + z_rows
         if HAS_KAPPA:
             d_u = tl.zeros([BN, BK], dtype=tl.float32)
             if HAS_DK:
