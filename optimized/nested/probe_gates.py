@@ -47,7 +47,7 @@ def _softplus(x):
 
 
 @triton.jit
-def _row_block(i0, n, z_row0, out_row0, o_k, m_k, m_v, K: tl.constexpr, C: tl.constexpr, BN: tl.constexpr):
+def _row_block(i0, n, z_row0, out_row0, o_k, m_k, m_v, K, C, BN: tl.constexpr):
     """Rows ``i0 .. i0 + BN`` of one (bt, head) (rows ≥ n masked): ``(o_n, m_nk, m_nv, z_rows,
     p_nk)``, ``z_rows`` the offsets of their rows in ``z`` / ``dz`` (``[BN, 1]``), ``p_nk`` of their
     ``[BN, K]`` blocks in the ``[Bt, H, n, K]`` tensors."""
@@ -58,10 +58,11 @@ def _row_block(i0, n, z_row0, out_row0, o_k, m_k, m_v, K: tl.constexpr, C: tl.co
     return o_n, m_n[:, None] & m_k[None, :], m_n[:, None] & m_v[None, :], z_rows, p_nk
 
 
-@triton.jit(do_not_specialize=["Bt", "n"])
+# sizes are runtime arguments, not specialised: a new K, V or scheme reuses the compiled kernel
+# when its power-of-two blocks match (the GPU suite draws many small shapes)
+@triton.jit(do_not_specialize=["Bt", "n", "H", "K", "V", "C", "OFF_B"])
 def probe_gates_fwd_kernel(
-    z, kappa, beta, omega, gamma, Bt, n, c_reduce,
-    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, OFF_B: tl.constexpr,
+    z, kappa, beta, omega, gamma, Bt, n, c_reduce, H, K, V, C, OFF_B,
     HAS_KAPPA: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
 ):
     """One (bt, head): ``κ = l2norm(Z_K)``, ``β = σ(Z_β)``, ``ω = σ(Z_ω)`` for its n rows and
@@ -88,10 +89,9 @@ def probe_gates_fwd_kernel(
     tl.store(gamma + (i_bt.to(tl.int64) * H + i_h) * K + o_k, acc * c_reduce, mask=m_k)
 
 
-@triton.jit(do_not_specialize=["Bt", "n"])
+@triton.jit(do_not_specialize=["Bt", "n", "H", "K", "V", "C", "OFF_B"])
 def probe_gates_bwd_kernel(
-    z, dkappa, dbeta, domega, dgamma, dz, Bt, n, c_reduce,
-    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, OFF_B: tl.constexpr,
+    z, dkappa, dbeta, domega, dgamma, dz, Bt, n, c_reduce, H, K, V, C, OFF_B,
     HAS_KAPPA: tl.constexpr, HAS_DK: tl.constexpr, HAS_DB: tl.constexpr, HAS_DW: tl.constexpr,
     HAS_DG: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, MUTANT: tl.constexpr = 0,
 ):
@@ -170,7 +170,7 @@ def probe_gates_fwd(scheme: str, z: torch.Tensor, Bt: int, H: int, n: int, K: in
         return
     probe_gates_fwd_kernel[(Bt, H)](
         z, kappa if kappa is not None else beta, beta, omega, gamma, Bt, n, _reduce_factor(reduction, n),
-        H=H, K=K, V=V, C=C, OFF_B=off_b, HAS_KAPPA=kappa is not None, BN=BN, BK=BK, BV=BV,
+        H, K, V, C, off_b, HAS_KAPPA=kappa is not None, BN=BN, BK=BK, BV=BV,
         num_warps=4)
 
 
@@ -188,7 +188,7 @@ def probe_gates_bwd(scheme: str, z: torch.Tensor, Bt: int, H: int, n: int, K: in
     stand_in = z   # an unused pointer for an absent gradient (its branch is compiled out)
     probe_gates_bwd_kernel[(Bt, H)](
         z, *(stand_in if x is None else x for x in grads), dz, Bt, n, _reduce_factor(reduction, n),
-        H=H, K=K, V=V, C=C, OFF_B=off_b, HAS_KAPPA=scheme != "merge", HAS_DK=grads[0] is not None,
+        H, K, V, C, off_b, HAS_KAPPA=scheme != "merge", HAS_DK=grads[0] is not None,
         HAS_DB=grads[1] is not None, HAS_DW=grads[2] is not None, HAS_DG=grads[3] is not None,
         BN=BN, BK=BK, BV=BV, MUTANT=MUTANTS.get(_mutant, 0), num_warps=4)
     return dz
