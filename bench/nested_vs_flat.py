@@ -78,7 +78,7 @@ def run(args, hooks: Hooks | None = None, argv: Sequence[str] = (), notes: Seque
     meta = collect_meta(args, hooks.device, argv, notes)
     from optimized.checks import finite_checks   # here: `optimized` is configured by prepare_environment
 
-    check = bool(getattr(args, "check_finite", False))
+    check = args.check_finite
     meta["notes"].append(
         f"finiteness check of the optimized ops (flat's and the nested op's input check: one read of every "
         f"input and a host sync per forward): {'ON (--check-finite)' if check else 'off (--check-finite turns it on)'}")

@@ -276,6 +276,13 @@ def test_triton_gates_refuse_bounded_erase_and_bad_z():
         probe_gates_bwd("learned", z.double(), 1, 1, 2, 4, 5, "mean")
     with pytest.raises(ValueError, match="gates must be one of"):
         probe_fwd("learned", torch.zeros(1, 1, 4, 5), {}, "mean", gates="cuda")
+    with pytest.raises(ValueError, match=r"dgamma must be a contiguous float32 \(1, 1, 4\)"):
+        probe_gates_bwd("learned", z, 1, 1, 2, 4, 5, "mean", dgamma=torch.zeros(1, 1, 3))
+    with pytest.raises(ValueError, match="reduction"):
+        probe_gates_bwd("learned", z, 1, 1, 2, 4, 5, "max")
+    d = MUTANT_DRAWS["softplus_one"]
+    with pytest.raises(ValueError, match="planted in the PyTorch gates only"):
+        fused_vs_generic(d, torch.float32, mutant="softplus_one", log=False, gates="triton")
 
 
 # --- mutants: each must fail the float64 property on its draw -------------------------------------

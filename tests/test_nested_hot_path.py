@@ -169,7 +169,7 @@ def test_scan_block_v_splits_the_scans_alone_and_agrees():
 
 
 @pytest.mark.parametrize("scheme", ["learned", "merge"])
-def test_triton_probe_gates_in_the_op_agree(scheme):
+def test_triton_probe_gates_in_the_op_agree(scheme, monkeypatch):
     """``Pieces(probe_gates="triton")`` (reads_ab ``gates-triton``): the op's values and every
     gradient agree with the PyTorch gates (the kernels' own properties: property_tests/test_probe_fused.py)."""
     from optimized.nested import Pieces, _nested
@@ -182,19 +182,16 @@ def test_triton_probe_gates_in_the_op_agree(scheme):
         calls.append(a[0])
         return gates_fwd(*a, **kw)
 
+    monkeypatch.setattr(probe_fused_module, "probe_gates_fwd", spy)
     results = []
     for pieces in (Pieces(), Pieces(probe_gates="triton")):
         args = inputs(on_bucket(NestedShape(B=1, T=130, H=1, L=3, K=16, V=16)), scheme=scheme)
         args["levels"] = [Level(lv.scheme, lv.interval, {n: p.requires_grad_() for n, p in lv.params.items()},
                                 lv.reduction) for lv in args["levels"]]
-        probe_fused_module.probe_gates_fwd = spy
-        try:
-            o = _nested(pieces=pieces, **args)[0]
-            leaves = [args[n] for n in NAMES] + [p for lv in args["levels"] for p in lv.params.values()]
-            do = torch.randn(o.shape, generator=torch.Generator().manual_seed(1)).to(o.device)
-            results.append([o, *torch.autograd.grad(o, leaves, do)])
-        finally:
-            probe_fused_module.probe_gates_fwd = gates_fwd
+        o = _nested(pieces=pieces, **args)[0]
+        leaves = [args[n] for n in NAMES] + [p for lv in args["levels"] for p in lv.params.values()]
+        do = torch.randn(o.shape, generator=torch.Generator().manual_seed(1)).to(o.device)
+        results.append([o, *torch.autograd.grad(o, leaves, do)])
     assert calls == [scheme, scheme]          # the second run only, one call per upper level
     for want, got in zip(*results):
         assert torch.allclose(got, want, rtol=1e-4, atol=1e-6), (got - want).abs().max()

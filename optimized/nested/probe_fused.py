@@ -225,6 +225,8 @@ def _probe_bwd(scheme, saved, snaps, params, reduction, dκ, dν, dβ, dω, dγ,
     nu_h = saved.nu.reshape(Bt, H, n, V).transpose(0, 1).reshape(H, Bt * n, V)   # head-major copy
     z = torch.bmm(nu_h, W) if saved.z is None else saved.z
     if gates == "triton" and scheme in GATE_SCHEMES:
+        if _mutant not in (None, "drop_dnu", *GATE_MUTANTS):
+            raise ValueError(f"mutant {_mutant!r} is planted in the PyTorch gates only (gates='torch')")
         dz = probe_gates_bwd(scheme, z, Bt, H, n, K, V, reduction, dκ, dβ, dω, dγ,
                              _mutant=_mutant if _mutant in GATE_MUTANTS else None)
     else:

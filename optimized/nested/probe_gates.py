@@ -17,8 +17,8 @@ with ``c = 1/n`` (``mean``) or 1 (``sum``) and torch's softplus (``x`` above 20)
     dZ_K = s (dκ − κ ⟨κ, dκ⟩)   dZ_β = dβ β (1 − β)   dZ_ω = dω ω (1 − ω)
     dZ_γ = −c dγ σ(Z_γ)  (−c dγ above 20)
 
-the formulas of ``probe_fused._probe_bwd``, which stays the reference path (its
-``test_probe_gates`` twin: ``property_tests/test_probe_fused.py``). ``bounded_erase`` keeps the
+the formulas of ``probe_fused._gates_bwd_torch``, which stays the reference path (the
+``test_triton_gates_*`` properties: ``property_tests/test_probe_fused.py``). ``bounded_erase`` keeps the
 PyTorch gates: its β needs the ``n × n`` overlap of the κ rows, and its κ gradient the overlap's.
 
 Layouts: ``z``, ``dz`` ``[H, Bt·n, C]`` float32 contiguous; ``κ, β, dκ, dβ [Bt, H, n, K]``,
@@ -30,6 +30,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
+from reference.schemes import check_reduction
 
 GATE_SCHEMES = ("learned", "merge")
 # test-only deliberate errors of the backward kernel (property_tests/test_probe_fused.py)
@@ -143,18 +145,23 @@ def _sizes(scheme, z, Bt, H, n, K, V):
         raise ValueError(f"scheme {scheme!r} has no Triton gates; they cover {list(GATE_SCHEMES)} "
                          f"(bounded_erase keeps the PyTorch gates)")
     C = (2 * K + V) if scheme == "merge" else (3 * K + V)
-    if z.dtype != torch.float32 or not z.is_contiguous() or tuple(z.shape) != (H, Bt * n, C):
-        raise ValueError(f"z must be a contiguous float32 [H, Bt·n, C] = {(H, Bt * n, C)} tensor, got "
-                         f"{z.dtype} {tuple(z.shape)}")
+    _expect("z", z, (H, Bt * n, C))
     off_b = 0 if scheme == "merge" else K
     BK, BV = triton.next_power_of_2(K), triton.next_power_of_2(V)
     BN = max(1, min(triton.next_power_of_2(n), 4096 // max(BK, BV)))  # ≤ 4096 float32 a tile
     return C, off_b, BN, BK, BV
 
 
+def _expect(name, x, shape, device=None):
+    """``x`` is a contiguous float32 tensor of ``shape`` (the kernels index it flat), on ``device``."""
+    if (x.dtype != torch.float32 or not x.is_contiguous() or tuple(x.shape) != tuple(shape)
+            or (device is not None and x.device != device)):
+        raise ValueError(f"{name} must be a contiguous float32 {tuple(shape)} tensor on {device or x.device}, got "
+                         f"{x.dtype} {tuple(x.shape)} on {x.device}{'' if x.is_contiguous() else ' (not contiguous)'}")
+
+
 def _reduce_factor(reduction, n):
-    if reduction not in ("mean", "sum"):
-        raise ValueError(f"reduction must be 'mean' or 'sum', got {reduction!r}")
+    check_reduction(reduction)
     return 1.0 / n if reduction == "mean" else 1.0
 
 
@@ -165,6 +172,10 @@ def probe_gates_fwd(scheme: str, z: torch.Tensor, Bt: int, H: int, n: int, K: in
     C, off_b, BN, BK, BV = _sizes(scheme, z, Bt, H, n, K, V)
     if (kappa is None) != (scheme == "merge"):
         raise ValueError("kappa must be given exactly when the scheme has Z_K (not merge)")
+    for name, x, shape in (("kappa", kappa, (Bt, H, n, K)), ("beta", beta, (Bt, H, n, K)),
+                           ("omega", omega, (Bt, H, n, V)), ("gamma", gamma, (Bt, H, K))):
+        if x is not None:
+            _expect(name, x, shape, z.device)
     if Bt * H * n == 0:
         gamma.zero_()
         return
@@ -185,6 +196,11 @@ def probe_gates_bwd(scheme: str, z: torch.Tensor, Bt: int, H: int, n: int, K: in
     if Bt * H * n == 0:
         return dz
     grads = [None if x is None else x.float().contiguous() for x in (dkappa, dbeta, domega, dgamma)]
+    for name, x, shape in (("dkappa", grads[0], (Bt, H, n, K)), ("dbeta", grads[1], (Bt, H, n, K)),
+                           ("domega", grads[2], (Bt, H, n, V)), ("dgamma", grads[3], (Bt, H, K))):
+        if x is not None:       # any leading dims that flatten to Bt (the op's [B, F, H, ...])
+            tail = shape[1:]
+            _expect(name, x.reshape(-1, *tail) if tuple(x.shape[-len(tail):]) == tail else x, shape, z.device)
     stand_in = z   # an unused pointer for an absent gradient (its branch is compiled out)
     probe_gates_bwd_kernel[(Bt, H)](
         z, *(stand_in if x is None else x for x in grads), dz, Bt, n, _reduce_factor(reduction, n),
