@@ -103,7 +103,7 @@ def _floor_ms(name, B, T, H, K, L, dtype, rates) -> tuple[float, float]:
 
 
 VARIANTS = ("torch", "generic", "fused-ieee", "scan-tf32", "triton", "triton+check", "bv16", "bv64", "keep-z", "scan-2phase",
-            "scan-bv16", "bn16", "bn64", "gates-triton")
+            "scan-bv16", "bn16", "bn64", "gates-triton", "gates-torch")
 
 
 def _ops(B, T, H, K, V, L, dtype, seed, names=VARIANTS, device="cuda"):
@@ -140,7 +140,8 @@ def _ops(B, T, H, K, V, L, dtype, seed, names=VARIANTS, device="cuda"):
         "scan-bv16": Pieces(scan_block_v=16),
         "bn16": Pieces(block_n=16),
         "bn64": Pieces(block_n=64),
-        "gates-triton": Pieces(probe_gates="triton"),
+        "gates-triton": Pieces(probe_gates="triton"),   # the default since session 8
+        "gates-torch": Pieces(probe_gates="torch"),
     }
     for name in names:
         if name == "flat":

@@ -170,8 +170,8 @@ def test_scan_block_v_splits_the_scans_alone_and_agrees():
 
 @pytest.mark.parametrize("scheme", ["learned", "merge"])
 def test_triton_probe_gates_in_the_op_agree(scheme, monkeypatch):
-    """``Pieces(probe_gates="triton")`` (reads_ab ``gates-triton``): the op's values and every
-    gradient agree with the PyTorch gates (the kernels' own properties: property_tests/test_probe_fused.py)."""
+    """The op's default gates (``Pieces(probe_gates="triton")``): its values and every
+    gradient agree with the PyTorch gates (``probe_gates="torch"``, reads_ab ``gates-torch``) (the kernels' own properties: property_tests/test_probe_fused.py)."""
     from optimized.nested import Pieces, _nested
     import optimized.nested.probe_fused as probe_fused_module
 
@@ -184,7 +184,8 @@ def test_triton_probe_gates_in_the_op_agree(scheme, monkeypatch):
 
     monkeypatch.setattr(probe_fused_module, "probe_gates_fwd", spy)
     results = []
-    for pieces in (Pieces(), Pieces(probe_gates="triton")):
+    assert Pieces().probe_gates == "triton"
+    for pieces in (Pieces(probe_gates="torch"), Pieces()):
         args = inputs(on_bucket(NestedShape(B=1, T=130, H=1, L=3, K=16, V=16)), scheme=scheme)
         args["levels"] = [Level(lv.scheme, lv.interval, {n: p.requires_grad_() for n, p in lv.params.items()},
                                 lv.reduction) for lv in args["levels"]]

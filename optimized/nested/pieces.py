@@ -96,8 +96,10 @@ class Pieces:
     probe_precision: Callable = probe_precision  # dtype -> the fused probe's float32 matmul precision
     block_v: int | None = None      # the scan's V block and pair block (None: promote_scan's
     block_n: int | None = None      # defaults); tests shrink them to reach several blocks
-    probe_gates: str = "torch"      # "triton": the fused probe's gates in one kernel per pass
-    #                                 (optimized.nested.probe_gates; learned and merge; reads_ab gates-triton)
+    probe_gates: str = "triton"     # the fused probe's gates in one kernel per pass
+    #                                 (optimized.nested.probe_gates; learned and merge; bounded_erase keeps
+    #                                 the PyTorch gates); "torch": ≈ 11 + 25 PyTorch kernels per level
+    #                                 (reads_ab gates-torch)
     scan_block_v: int | None = None  # the scans' V block alone (None: block_v; the reads keep block_v):
     #                                 more programs for the scans' sequential chains (reads_ab scan-bv16)
 
