@@ -67,8 +67,9 @@ def pair_block(kappa, nu, beta, omega, i_f, i_n, N, o_k, m_k, o_v, m_v,
 
 # F (firings) and N (pairs per firing) are runtime sizes, not specialised: a new level
 # depth, schedule or query count reuses the compiled kernel (only H, K, V and the blocks
-# pick a variant).
-@triton.jit(do_not_specialize=["F", "N", "stride_sb"])
+# pick a variant). The batch strides of the stored states are specialised (on divisibility
+# by 16): it lets Triton prove the state tiles aligned and move them 16 bytes at a time.
+@triton.jit(do_not_specialize=["F", "N"])
 def promote_scan_fwd_kernel(
     m0, kappa, nu, beta, omega, gamma, states,
     F, N, stride_sb,
@@ -112,7 +113,7 @@ def promote_scan_fwd_kernel(
         tl.store(states + i_b.to(tl.int64) * stride_sb + ((m + 1) * H + i_h) * K * V + o_kv, b_m, mask=m_kv)
 
 
-@triton.jit(do_not_specialize=["F", "B", "N", "stride_sb", "stride_db"])
+@triton.jit(do_not_specialize=["F", "B", "N"])
 def promote_scan_bwd_kernel(
     states, kappa, nu, beta, omega, gamma, dstates,
     dm0, dkappa_part, dnu, dbeta_part, domega, dgamma_part,

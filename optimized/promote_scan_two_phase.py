@@ -29,7 +29,7 @@ from optimized.promote_scan import (_batch_strided, block_sizes, check_bwd, num_
                                     state_block, sum_partials)
 
 
-@triton.jit(do_not_specialize=["F", "N", "stride_gb"])
+@triton.jit(do_not_specialize=["F", "N"])
 def promote_scan_bwd_carry_kernel(
     kappa, beta, gamma, g,
     F, N, stride_gb,
@@ -66,7 +66,7 @@ def promote_scan_bwd_carry_kernel(
         tl.store(p_g + m * H * K * V, b_g, mask=m_kv)
 
 
-@triton.jit(do_not_specialize=["F", "B", "N", "stride_sb", "stride_gb"])
+@triton.jit(do_not_specialize=["F", "B", "N"])
 def promote_scan_bwd_pairs_kernel(
     states, kappa, nu, beta, omega, gamma, g,
     dkappa_part, dnu, dbeta_part, domega, dgamma_part,
