@@ -107,17 +107,32 @@ def write_profile_table(path, fn, leaves=()) -> None:
 
 def stage_table(averages, prefix: str = "nested.") -> list[str]:
     """The ``record_function`` ranges named ``prefix…`` (the nested op's stages,
-    ``optimized/nested/fwd.py``, ``bwd.py``, ``function.py``; they do not nest, so each kernel
-    counts in one stage at most) of a profiler's ``key_averages()``: calls, device time of the
-    kernels each launched (ms) and CPU time, as a Markdown table sorted by device time; the
-    stages' sum against the step's total shows what ran outside them."""
-    rows = []
+    ``optimized/nested/fwd.py``, ``bwd.py``, ``function.py``; they do not nest) of a profiler's
+    ``key_averages()``, one row per stage, as a Markdown table sorted by device time.
+
+    A CUDA profile holds two events per range under one name: the host range (its CPU time;
+    its device total counts only the ATen kernels it launched, not Triton's) and the range's
+    span on the GPU timeline (no CPU time; the kernels and the gaps between them, so a
+    launch-bound stage shows its idle time). The row takes ``device ms`` from the span (the
+    host range's device total where there is no span: a CPU-only profile) and ``CPU ms`` from
+    the host range; the stages' sum against the step's total shows what ran outside them.
+    (Session 7's table listed both events as two rows and summed both: 40.6 ms for a 33 ms step.)"""
+    stages: dict[str, dict] = {}
     for evt in averages:
-        if evt.key.startswith(prefix):
-            device_us = getattr(evt, "device_time_total", None)
-            if device_us is None:
-                device_us = getattr(evt, "cuda_time_total", 0.0)
-            rows.append((evt.key, evt.count, device_us / 1e3, evt.cpu_time_total / 1e3))
+        if not evt.key.startswith(prefix):
+            continue
+        device_us = getattr(evt, "device_time_total", None)
+        if device_us is None:
+            device_us = getattr(evt, "cuda_time_total", 0.0)
+        row = stages.setdefault(evt.key, {"calls": 0, "span": None, "host_device": 0.0, "cpu": 0.0})
+        if evt.cpu_time_total == 0 and device_us > 0:       # the range's span on the GPU timeline
+            row["span"] = (row["span"] or 0.0) + device_us / 1e3
+        else:                                               # the host range
+            row["calls"] += evt.count
+            row["cpu"] += evt.cpu_time_total / 1e3
+            row["host_device"] += device_us / 1e3
+    rows = [(key, r["calls"], r["host_device"] if r["span"] is None else r["span"], r["cpu"])
+            for key, r in stages.items()]
     rows.sort(key=lambda r: -r[2])
     lines = ["| stage | calls | device ms | CPU ms |", "|---|---|---|---|"]
     lines += [f"| {k} | {n} | {d:.3f} | {c:.3f} |" for k, n, d, c in rows]

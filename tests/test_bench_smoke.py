@@ -410,6 +410,22 @@ def test_stage_table_lists_the_nested_ranges_of_a_profile():
     assert not any("other.range" in line for line in lines) and lines[-1].startswith("| (sum of stages)")
 
 
+def test_stage_table_merges_a_ranges_host_event_and_gpu_span():
+    """On CUDA a range appears twice in ``key_averages()`` (host range; span on the GPU timeline,
+    no CPU time): one row, device time from the span, CPU time and calls from the host range."""
+    from types import SimpleNamespace as Evt
+
+    from bench.harness import stage_table
+
+    averages = [Evt(key="nested.scan_fwd", count=3, cpu_time_total=290.0, device_time_total=0.0),
+                Evt(key="nested.scan_fwd", count=3, cpu_time_total=0.0, device_time_total=1795.0),
+                Evt(key="nested.probe_fwd", count=3, cpu_time_total=1320.0, device_time_total=957.0),
+                Evt(key="nested.probe_fwd", count=3, cpu_time_total=0.0, device_time_total=1520.0)]
+    lines = stage_table(averages)
+    assert lines[2:4] == ["| nested.scan_fwd | 3 | 1.795 | 0.290 |", "| nested.probe_fwd | 3 | 1.520 | 1.320 |"]
+    assert lines[-1] == "| (sum of stages) | | 3.315 | |"
+
+
 def test_reads_ab_builds_every_variant_off_the_gpu():
     """Every ``bench.reads_ab`` variant (and flat) is built on the CPU at a tiny shape, each with
     the nested op's inputs, parameters and cotangent: a misnamed piece fails here, not in a
