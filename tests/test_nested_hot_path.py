@@ -114,14 +114,15 @@ def test_level1_snapshots_from_the_cached_tables(T, intervals):
 @pytest.mark.parametrize("retain_graph", [False, True], ids=["plain", "retain_graph"])
 def test_upper_level_buffers_released_before_level0_backward(monkeypatch, retain_graph):
     """A plain backward drops the stored states once level 1's scan is done (before level 1's
-    probe backward, where the step peaked: H200, 6.58 GiB at L = 4) and the probes' outputs
-    before level 0's backward; with retain_graph=True they stay (a second backward needs them,
+    probe backward, where the step peaked: H200, 6.58 GiB at L = 4), each level's probe outputs
+    after its own probe backward, and the probes' outputs before level 0's backward; with retain_graph=True they stay (a second backward needs them,
     and agrees: tests/test_nested_optimized_errors.py)."""
     args = inputs(on_bucket(NestedShape(B=1, T=130, H=1, L=3, K=16, V=16)))
     o = chunk_nested_gdn2(**args)[0]
     saved = o.grad_fn.saved
     states, pairs = weakref.ref(saved.states), weakref.ref(saved.probes[1][0][0])
-    alive, states_at_probe_bwd = {}, []
+    pairs_2 = weakref.ref(saved.probes[2][0][0])
+    alive, states_at_probe_bwd, pairs_2_at_probe_bwd = {}, [], []
     level0_bwd, probe_bwd = nested_bwd_module.level0_bwd, nested_bwd_module.probe_bwd
 
     def spy(*a, **kw):
@@ -130,6 +131,7 @@ def test_upper_level_buffers_released_before_level0_backward(monkeypatch, retain
 
     def probe_spy(*a, **kw):
         states_at_probe_bwd.append(states() is not None)
+        pairs_2_at_probe_bwd.append(pairs_2() is not None)
         return probe_bwd(*a, **kw)
 
     monkeypatch.setattr(nested_bwd_module, "level0_bwd", spy)
@@ -140,6 +142,8 @@ def test_upper_level_buffers_released_before_level0_backward(monkeypatch, retain
     assert alive == {"states": retain_graph, "pairs": retain_graph}
     # levels 2 then 1: level 1's scan still needs the states at level 2's probe backward
     assert states_at_probe_bwd == [True, retain_graph]
+    # level 2's probe outputs are spent after its own probe backward: gone at level 1's
+    assert pairs_2_at_probe_bwd == [True, retain_graph]
 
 
 def test_scan_block_v_splits_the_scans_alone_and_agrees():

@@ -17,7 +17,8 @@ def nested_bwd(saved: NestedSaved, do, dfinals, release: bool = False):
     ``{name: float32 gradient}``; index 0 None). ``release``: the graph is not kept (no second
     backward), so the upper levels' stored states are dropped from ``saved`` once level 1's
     reverse scan is done (``NestedSaved.release_states``) and the probe outputs before level 0's
-    backward (``NestedSaved.release_upper_levels``)."""
+    backward (``NestedSaved.release_upper_levels``); each level's probe outputs already after its
+    own probe backward (``NestedSaved.release_probe``)."""
     s, plan = saved, saved.plan
     q, r = s.q, s.r
     B, T, H, L, K = q.shape
@@ -72,6 +73,9 @@ def nested_bwd(saved: NestedSaved, do, dfinals, release: bool = False):
                 d_snaps, d_p = probe_bwd(level.scheme, probe_saved, snaps, p32, level.reduction, *d_pairs,
                                          precision=s.pieces.probe_precision(q.dtype), gates=s.pieces.probe_gates)
             dparams[ℓ] = {n: d_p[n] for n in p32}
+            if release:                     # this level's probe outputs and intermediates are spent
+                s.release_probe(ℓ)          # (H200, L = 6: the peak was level 2's probe backward with
+                pairs = probe_saved = None  # every level's, 1.13 GiB, alive)
         else:                               # generic: replay the scheme's probe under autograd
             with record_function("nested.generic_probe_bwd"):
                 dM0, dparams[ℓ], d_snaps = _generic_probe_bwd(s, plan, tables, ℓ, level, level_dstates[ℓ], H, K, V)

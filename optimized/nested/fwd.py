@@ -42,6 +42,14 @@ class NestedSaved:
         a second backward gets ``NestedGDN2Function``'s error)."""
         self.states = None
 
+    def release_probe(self, ℓ: int) -> None:
+        """Drop level ℓ's probe outputs (the scan's pairs) and the probe's saved intermediates,
+        spent once level ℓ's probe backward is done: the levels below run their scans and probe
+        backwards without them (H200, L = 6, K = 128, B = 8, T = 4096: the step peaked in level 2's
+        probe backward with every level's outputs alive, 1.13 GiB; those of levels 3–5 are
+        0.63 GiB of it). Same condition as ``release_states``."""
+        self.probes[ℓ] = None
+
     def release_upper_levels(self) -> None:
         """Drop the stored states and the probes' outputs and intermediates (spent once the upper
         levels' backward is done): level 0's backward runs without them (≈ 0.75 GiB of probe
