@@ -24,6 +24,10 @@
 #   wait           wait for the background warm-ups and peak runs (they compile beside the tests: on 16 cores two
 #                  chains of two warm-ups took 466-480 s next to a 290 s test step)
 # Usage: bash scripts/gpu_targeted.sh warm:--levels+4 tests wait ab:--levels+4+--profile ab:--levels+5+6
+# Only files under the device's own $OUT come back, at most a few: keep its value before pointing
+# this script's OUT elsewhere, and pack the work dir into it, e.g.
+#   R=$OUT; OUT=/tmp/w bash scripts/gpu_targeted.sh ...; tar czf $R/all.tgz -C /tmp/w .
+# (session 8 packed into a copy of the path instead and lost a call's files)
 set -uo pipefail
 OUT=${OUT:-/tmp/ngdn-out}
 mkdir -p "$OUT"
