@@ -103,7 +103,7 @@ def _floor_ms(name, B, T, H, K, L, dtype, rates) -> tuple[float, float]:
 
 
 VARIANTS = ("torch", "generic", "fused-ieee", "scan-tf32", "triton", "triton+check", "bv16", "bv64", "keep-z", "scan-2phase",
-            "scan-bv16", "bn16", "bn64", "gates-triton", "gates-torch")
+            "scan-bv16", "bn16", "bn64", "gates-triton", "gates-torch", "scan-2phase-bn16")
 
 
 def _ops(B, T, H, K, V, L, dtype, seed, names=VARIANTS, device="cuda"):
@@ -142,6 +142,8 @@ def _ops(B, T, H, K, V, L, dtype, seed, names=VARIANTS, device="cuda"):
         "bn64": Pieces(block_n=64),
         "gates-triton": Pieces(probe_gates="triton"),   # the default since session 8
         "gates-torch": Pieces(probe_gates="torch"),
+        # pair blocks of 16: neither reverse-scan kernel spills at K = 128 (scripts/kernel_resources.py)
+        "scan-2phase-bn16": Pieces(scan_bwd=scan_bwd_two_phase, block_n=16),
     }
     for name in names:
         if name == "flat":

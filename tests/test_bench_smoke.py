@@ -426,6 +426,23 @@ def test_stage_table_merges_a_ranges_host_event_and_gpu_span():
     assert lines[-1] == "| (sum of stages) | | 3.315 | |"
 
 
+def test_kernel_resources_compiles_for_sm90_without_a_gpu():
+    """``scripts/kernel_resources.py`` compiles a kernel for sm_90 here (Triton's bundled ptxas) and
+    reads its registers and spill stack back (in a subprocess: it makes torch report a GPU)."""
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, str(root / "scripts" / "kernel_resources.py"), "probe_gates_fwd (n = 16)"],
+                         capture_output=True, text=True, cwd=root, timeout=600,
+                         env={**os.environ, "TRITON_DEFAULT_FP_FUSION": "1"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = [line for line in out.stdout.splitlines() if line.startswith("| probe_gates_fwd")]
+    assert len(rows) == 1
+    cells = [c.strip() for c in rows[0].strip("|").split("|")]
+    assert cells[1] == "4" and 0 < int(cells[2]) <= 255 and int(cells[3]) >= 0 and int(cells[4]) > 0
+
+
 def test_reads_ab_builds_every_variant_off_the_gpu():
     """Every ``bench.reads_ab`` variant (and flat) is built on the CPU at a tiny shape, each with
     the nested op's inputs, parameters and cotangent: a misnamed piece fails here, not in a

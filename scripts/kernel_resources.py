@@ -1,0 +1,121 @@
+"""Registers, spill stack and shared memory of the nested op's Triton kernels on an H100/H200
+(sm_90), compiled here without a GPU: Triton generates the cubin with its bundled ptxas and
+``cuobjdump --dump-resource-usage`` reads the counts back. A kernel that needs more than 255
+registers per thread spills to a local stack (``STACK`` bytes per thread): the usual reason a
+latency-bound kernel runs far slower than its traffic (bench/NOTES.md, the two-phase scan).
+
+Shapes are the benchmark's (K = V = 128, H = 16; the scans' and gates' operands are float32);
+block sizes and warps as the launchers pick them, plus the variants ``reads_ab`` times. (The reads
+kernels' blocks were chosen the same way earlier: ``optimized/warps.py``, ``reads_bwd``.)
+
+    python scripts/kernel_resources.py            # every kernel below, one Markdown table
+    python scripts/kernel_resources.py scan       # those whose name contains "scan"
+
+The compiler is this machine's Triton (the H200 image runs 3.6; register allocation can differ
+between versions by a few registers, spills seldom appear or vanish between them)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+
+import torch
+
+# compile for CUDA, not the interpreter: optimized.triton_mode picks the interpreter when no GPU is
+# visible, and triton.jit decides at decoration time
+torch.cuda.is_available = lambda: True
+torch.cuda.device_count = lambda: 1
+os.environ.pop("TRITON_INTERPRET", None)
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+
+def _kernels():
+    from optimized.nested.probe_gates import probe_gates_bwd_kernel, probe_gates_fwd_kernel
+    from optimized.promote_scan import promote_scan_bwd_kernel, promote_scan_fwd_kernel
+    from optimized.promote_scan_two_phase import promote_scan_bwd_carry_kernel, promote_scan_bwd_pairs_kernel
+
+    f32 = "*fp32"
+    scan_sizes = dict(H=16, K=128, V=128, BK=128)
+    rows = []
+    # the default blocks (BN = 32 at K = 128; a level with n = 16 runs BN = 16), and reads_ab's variants
+    for name, BN, BV, prec in (("", 32, 32, "tf32"), (" bn16", 16, 32, "tf32"), (" bv16", 32, 16, "tf32"),
+                               (" bn64", 64, 32, "tf32")):
+        warps = 4 if 128 * BV <= 64 * 32 else 8
+        c = dict(scan_sizes, BN=BN, BV=BV)
+        rows.append((f"promote_scan_fwd{name}", promote_scan_fwd_kernel, dict.fromkeys(
+            ("m0", "kappa", "nu", "beta", "omega", "gamma", "states"), f32) | {"F": "i32", "N": "i32", "stride_sb": "i32"},
+            c | dict(HAS_M0=True, DOT_PRECISION="ieee"), warps))
+        rows.append((f"promote_scan_bwd{name}", promote_scan_bwd_kernel, dict.fromkeys(
+            ("states", "kappa", "nu", "beta", "omega", "gamma", "dstates", "dm0", "dkappa_part", "dnu",
+             "dbeta_part", "domega", "dgamma_part"), f32) | dict.fromkeys(("F", "B", "N", "stride_sb", "stride_db"), "i32"),
+            c | dict(DOT_PRECISION=prec), warps))
+    for BN in (32, 16):
+        c = dict(scan_sizes, BN=BN, BV=32)
+        rows.append((f"promote_scan_bwd_carry (two-phase 1, BN = {BN})", promote_scan_bwd_carry_kernel,
+                     dict.fromkeys(("kappa", "beta", "gamma", "g"), f32) | dict.fromkeys(("F", "N", "stride_gb"), "i32"),
+                     c | dict(DOT_PRECISION="tf32"), 8))
+        rows.append((f"promote_scan_bwd_pairs (two-phase 2, BN = {BN})", promote_scan_bwd_pairs_kernel, dict.fromkeys(
+            ("states", "kappa", "nu", "beta", "omega", "gamma", "g", "dkappa_part", "dnu", "dbeta_part", "domega",
+             "dgamma_part"), f32) | dict.fromkeys(("F", "B", "N", "stride_sb", "stride_gb"), "i32"),
+            c | dict(DOT_PRECISION="tf32", MUTANT=0), 8))
+    for n in (16, 32):
+        g = dict(BN=n, BK=128, BV=128)
+        rows.append((f"probe_gates_fwd (n = {n})", probe_gates_fwd_kernel,
+                     dict.fromkeys(("z", "kappa", "beta", "omega", "gamma"), f32) | {"c_reduce": "fp32"}
+                     | dict.fromkeys(("Bt", "n", "H", "K", "V", "C", "OFF_B"), "i32"), g | dict(HAS_KAPPA=True), 4))
+        rows.append((f"probe_gates_bwd (n = {n})", probe_gates_bwd_kernel,
+                     dict.fromkeys(("z", "dkappa", "dbeta", "domega", "dgamma", "dz"), f32) | {"c_reduce": "fp32"}
+                     | dict.fromkeys(("Bt", "n", "H", "K", "V", "C", "OFF_B"), "i32"),
+                     g | dict(HAS_KAPPA=True, HAS_DK=True, HAS_DB=True, HAS_DW=True, HAS_DG=True, MUTANT=0), 4))
+    return rows
+
+
+def _signature(kernel, pointers_and_ints: dict, constexprs: dict):
+    names = kernel.arg_names
+    missing = [a for a in names if a not in pointers_and_ints and a not in constexprs]
+    if missing:
+        raise ValueError(f"{kernel.__name__}: no type for {missing}")
+    sig = {a: ("constexpr" if a in constexprs else pointers_and_ints[a]) for a in names}
+    consts = {(names.index(a),): v for a, v in constexprs.items() if a in names}
+    # pointers 16-byte aligned and the stride/size ints divisible by 16, as Triton specialises them
+    # at launch for the benchmark's shapes (unless the kernel lists them in do_not_specialize)
+    skip = set(getattr(kernel, "do_not_specialize", ()) or ())
+    attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(names)
+             if a not in constexprs and a not in skip and a != "c_reduce" and pointers_and_ints[a] != "fp32"}
+    return ASTSource(fn=kernel, signature=sig, constexprs=consts, attrs=attrs)
+
+
+def resources(kernel, pointers_and_ints, constexprs, warps) -> dict:
+    """``{"REG": ..., "STACK": ..., "SHARED": ..., "LOCAL": ...}`` of ``kernel`` compiled for sm_90."""
+    src = _signature(kernel, pointers_and_ints, constexprs)
+    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
+    cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(compiled.asm["cubin"])
+        f.flush()
+        out = subprocess.run([cuobjdump, "--dump-resource-usage", f.name], capture_output=True, text=True,
+                             check=True).stdout
+    line = next(s for s in out.splitlines() if "REG:" in s)
+    counts = dict(part.split(":") for part in line.split() if ":" in part)
+    return {k: int(counts[k]) for k in ("REG", "STACK", "SHARED", "LOCAL")} | {"shared_dynamic": compiled.metadata.shared}
+
+
+def main(argv=None) -> int:
+    pattern = (argv if argv is not None else sys.argv[1:]) or [""]
+    print("| kernel | warps | registers / thread | spill stack bytes / thread | shared memory bytes |")
+    print("|---|---|---|---|---|")
+    for name, kernel, types, consts, warps in _kernels():
+        if not any(p in name for p in pattern):
+            continue
+        r = resources(kernel, types, consts, warps)
+        print(f"| {name} | {warps} | {r['REG']} | {r['STACK']} | {r['shared_dynamic']} |", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
