@@ -36,7 +36,7 @@ from triton.compiler import ASTSource  # noqa: E402
 
 def _kernels():
     from optimized.nested.probe_gates import probe_gates_bwd_kernel, probe_gates_fwd_kernel
-    from optimized.promote_scan import promote_scan_bwd_kernel, promote_scan_fwd_kernel
+    from optimized.promote_scan import num_warps, promote_scan_bwd_kernel, promote_scan_fwd_kernel
     from optimized.promote_scan_two_phase import promote_scan_bwd_carry_kernel, promote_scan_bwd_pairs_kernel
 
     f32 = "*fp32"
@@ -45,7 +45,7 @@ def _kernels():
     # the default blocks (BN = 32 at K = 128; a level with n = 16 runs BN = 16), and reads_ab's variants
     for name, BN, BV, prec in (("", 32, 32, "tf32"), (" bn16", 16, 32, "tf32"), (" bv16", 32, 16, "tf32"),
                                (" bn64", 64, 32, "tf32")):
-        warps = 4 if 128 * BV <= 64 * 32 else 8
+        warps = num_warps(128, BV)      # as the scans' launchers pick them
         c = dict(scan_sizes, BN=BN, BV=BV)
         rows.append((f"promote_scan_fwd{name}", promote_scan_fwd_kernel, dict.fromkeys(
             ("m0", "kappa", "nu", "beta", "omega", "gamma", "states"), f32) | {"F": "i32", "N": "i32", "stride_sb": "i32"},
@@ -58,11 +58,11 @@ def _kernels():
         c = dict(scan_sizes, BN=BN, BV=32)
         rows.append((f"promote_scan_bwd_carry (two-phase 1, BN = {BN})", promote_scan_bwd_carry_kernel,
                      dict.fromkeys(("kappa", "beta", "gamma", "g"), f32) | dict.fromkeys(("F", "N", "stride_gb"), "i32"),
-                     c | dict(DOT_PRECISION="tf32"), 8))
+                     c | dict(DOT_PRECISION="tf32"), num_warps(128, 32)))
         rows.append((f"promote_scan_bwd_pairs (two-phase 2, BN = {BN})", promote_scan_bwd_pairs_kernel, dict.fromkeys(
             ("states", "kappa", "nu", "beta", "omega", "gamma", "g", "dkappa_part", "dnu", "dbeta_part", "domega",
              "dgamma_part"), f32) | dict.fromkeys(("F", "B", "N", "stride_sb", "stride_gb"), "i32"),
-            c | dict(DOT_PRECISION="tf32", MUTANT=0), 8))
+            c | dict(DOT_PRECISION="tf32", MUTANT=0), num_warps(128, 32)))
     for n in (16, 32):
         g = dict(BN=n, BK=128, BV=128)
         rows.append((f"probe_gates_fwd (n = {n})", probe_gates_fwd_kernel,

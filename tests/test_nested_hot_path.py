@@ -115,8 +115,9 @@ def test_level1_snapshots_from_the_cached_tables(T, intervals):
 def test_upper_level_buffers_released_before_level0_backward(monkeypatch, retain_graph):
     """A plain backward drops the stored states once level 1's scan is done (before level 1's
     probe backward, where the step peaked: H200, 6.58 GiB at L = 4), each level's probe outputs
-    after its own probe backward, and the probes' outputs before level 0's backward; with retain_graph=True they stay (a second backward needs them,
-    and agrees: tests/test_nested_optimized_errors.py)."""
+    after its own probe backward, and the probes' outputs before level 0's backward; with
+    retain_graph=True they stay (a second backward needs them, and agrees:
+    tests/test_nested_optimized_errors.py)."""
     args = inputs(on_bucket(NestedShape(B=1, T=130, H=1, L=3, K=16, V=16)))
     o = chunk_nested_gdn2(**args)[0]
     saved = o.grad_fn.saved
@@ -174,8 +175,9 @@ def test_scan_block_v_splits_the_scans_alone_and_agrees():
 
 @pytest.mark.parametrize("scheme", ["learned", "merge"])
 def test_triton_probe_gates_in_the_op_agree(scheme, monkeypatch):
-    """The op's default gates (``Pieces(probe_gates="triton")``): its values and every
-    gradient agree with the PyTorch gates (``probe_gates="torch"``, reads_ab ``gates-torch``) (the kernels' own properties: property_tests/test_probe_fused.py)."""
+    """The op's default gates (``Pieces(probe_gates="triton")``): its values and every gradient
+    agree with the PyTorch gates (``probe_gates="torch"``, reads_ab ``gates-torch``). The kernels'
+    own properties: property_tests/test_probe_fused.py."""
     from optimized.nested import Pieces, _nested
     import optimized.nested.probe_fused as probe_fused_module
 
