@@ -1,8 +1,8 @@
 """``ngdn check``: each component's optimized path against its reference on one default draw.
 
-The checks themselves are the property tests' check functions (``property_tests/*_checks.py``
-of the repo checkout the package is installed from), so the report and the suite
-measure the same thing against the same ``tolerances.yaml``.
+The checks themselves are the library's check functions (``ngdn.checks``), the ones the
+property tests run, so the report and the suite measure the same thing against the same
+``tolerances.yaml``.
 
 A component takes seconds on CPU and up to minutes on a cold GPU (kernel
 compilation), so ``run_all`` can write a progress line before and after each one.
@@ -10,32 +10,26 @@ compilation), so ``run_all`` can write a progress line before and after each one
 from __future__ import annotations
 
 import importlib
-import sys
 import time
-from pathlib import Path
 from typing import TextIO
 
 from ngdn.inputs import GDN2Shape
 
-CHECKS_DIR = Path(__file__).resolve().parents[1] / "property_tests"
-
-
 def _checks(module: str):
-    if str(CHECKS_DIR) not in sys.path:
-        sys.path.insert(0, str(CHECKS_DIR))
-    return importlib.import_module(module)
+    """``ngdn.checks.<module>``, imported on first use (it loads the device mode and fla)."""
+    return importlib.import_module(f"ngdn.checks.{module}")
 
 
 def gdn2(dtype, seed, cuda):
     shape = GDN2Shape(B=2, T=300, H=2, K=64, V=64) if cuda else GDN2Shape(B=1, T=100, H=2, K=32, V=32)
-    return shape, _checks("gdn2_checks").optimized_vs_reference(shape, seed, dtype, log=True)
+    return shape, _checks("gdn2").optimized_vs_reference(shape, seed, dtype, log=True)
 
 
 def fenwick(dtype, seed, cuda):
     from ngdn.fenwick_inputs import FenwickShape
 
     shape = FenwickShape(B=2, T=300, H=2, K=64, V=64) if cuda else FenwickShape(B=1, T=100, H=2, K=32, V=32)
-    return shape, _checks("fenwick_checks").optimized_vs_reference(shape, seed, dtype, log=True)
+    return shape, _checks("fenwick").optimized_vs_reference(shape, seed, dtype, log=True)
 
 
 def tensor3d(mode):
@@ -45,7 +39,7 @@ def tensor3d(mode):
         shape = (Tensor3DShape(B=2, T=300, H=2, K=32, E=4, V=64) if cuda
                  else Tensor3DShape(B=1, T=100, H=1, K=16, E=4, V=32))
         config = dict(mode=mode, gate="channel", key_mode="sigmoid")
-        errors = _checks("tensor3d_checks").optimized_vs_reference(shape, seed, dtype, log=True, **config)
+        errors = _checks("tensor3d").optimized_vs_reference(shape, seed, dtype, log=True, **config)
         return f"{shape} {config}", errors
     return run
 
@@ -53,7 +47,7 @@ def tensor3d(mode):
 def nested(dtype, seed, cuda):
     from ngdn.nested_inputs import NestedShape
 
-    checks = _checks("nested_optimized_checks")
+    checks = _checks("nested_optimized")
     shape = (NestedShape(B=1, T=300, H=2, L=4, K=64, V=64) if cuda
              else NestedShape(B=1, T=200, H=1, L=3, K=16, V=16))
     case = checks.OptCase(shape=shape, seed=seed)

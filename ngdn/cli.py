@@ -18,12 +18,9 @@ import json
 import sys
 from collections import defaultdict
 
+from ngdn.table import text_table as _table
 
-def _table(rows, header):
-    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
-    line = lambda r: "| " + " | ".join(str(x).ljust(w) for x, w in zip(r, widths)) + " |"  # noqa: E731
-    out = [line(header), "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
-    return "\n".join(out + [line(r) for r in rows])
+
 
 
 def check(args) -> int:

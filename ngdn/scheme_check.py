@@ -12,21 +12,21 @@ the rest run fixed cases.
   equal the per-firing results, ``n > K`` is a ``ValueError`` (schemes with a query bank
   ``Q``), and every declared parameter is used (moves some output). Figure: violations.
 - ``permutation``: permuting a firing's pairs leaves ``M_new`` unchanged (torch and NumPy
-  promote, ``nested_checks.pair_permutation``) and, with a ``Q``, so does permuting ``Q``'s
+  promote, ``ngdn.checks.nested.pair_permutation``) and, with a ``Q``, so does permuting ``Q``'s
   rows (the scheme treats its queries alike). ``promote_identities.permutation`` bound.
 - ``one_pair``: with ``n = 1`` (schemes with a ``Q``) a firing is one GDN-2 token step
   ``k=κ, v=ν, b=β, w=ω, g=γ``; n/a without a ``Q``.
 - ``probe_gradcheck``: float64 ``torch.autograd.gradcheck`` of the probe in every parameter
   and in the snapshot (catches a hand-written backward that is wrong).
 - ``numpy_twin``: probe and promote vs the scheme's entry in
-  ``reference.promote_numpy.SCHEMES_NUMPY`` (``nested_checks.promote_torch_vs_numpy``); n/a
+  ``reference.promote_numpy.SCHEMES_NUMPY`` (``ngdn.checks.nested.promote_torch_vs_numpy``); n/a
   when the scheme registers none.
 - ``nested_causality`` / ``firing_timing``: the nested reference with this scheme at every
   level (chunk size 8): changing tokens ``t ≥ t0`` changes no earlier output; a chunk's
   writes are invisible through its end and visible from the next chunk
-  (``nested_checks.causal_prefix``, ``firing_timing``; bitwise).
+  (``ngdn.checks.nested.causal_prefix``, ``firing_timing``; bitwise).
 - ``optimized``: ``optimized.chunk_nested_gdn2`` with this scheme vs the float64 reference:
-  output, final states, every gradient (``nested_optimized_checks.optimized_vs_reference``;
+  output, final states, every gradient (``ngdn.checks.nested_optimized.optimized_vs_reference``;
   the Triton interpreter on CPU). On CUDA also ``bitwise``: two runs agree bit for bit.
 - ``stability``: the growth factor of k ≤ 64 firings on one adversarial snapshot
 
@@ -36,8 +36,8 @@ the rest run fixed cases.
   snapshot kinds, shapes, gate scales and k with Hypothesis ``target()``. Above the
   threshold (default 1 + 1e-3) the scheme is reported *expansive* with the input.
 
-The battery imports the property-test check modules (``property_tests/nested_checks.py``,
-``nested_optimized_checks.py``) rather than duplicating them.
+The battery uses the library's check modules (``ngdn.checks.nested``,
+``ngdn.checks.nested_optimized``), the same functions the property tests run.
 """
 from __future__ import annotations
 
@@ -53,7 +53,6 @@ from typing import Callable, NamedTuple
 
 import torch
 
-PROPERTY_TESTS = Path(__file__).resolve().parents[1] / "property_tests"
 F64 = torch.float64
 DEFAULT_THRESHOLD = 1.001
 DEFAULT_EXAMPLES = 30
@@ -61,10 +60,11 @@ SNAPSHOT_KINDS = ("zero", "tiny", "large", "near_rank_one", "orthonormal", "rand
 
 
 def _checks():
-    """The property-test check modules (``property_tests`` is not a package)."""
-    if str(PROPERTY_TESTS) not in sys.path:
-        sys.path.insert(0, str(PROPERTY_TESTS))
-    return importlib.import_module("nested_checks"), importlib.import_module("nested_optimized_checks")
+    """The library's nested check modules (imported on first use: the optimized one picks the
+    device mode and loads fla)."""
+    from ngdn.checks import nested, nested_optimized
+
+    return nested, nested_optimized
 
 
 # --- loading a scheme file --------------------------------------------------------------
@@ -661,7 +661,7 @@ def figure_text(m: Measured) -> str:
 
 def report(source: str, scheme: str, rows, threshold: float) -> tuple[str, bool]:
     """The table, then each failure's example and reproduction command. Returns ``(text, all passed)``."""
-    from ngdn.cli import _table
+    from ngdn.table import text_table as _table
 
     lines = [f"scheme {scheme!r} from {source}"]
     table = [(r.name, figure_text(r.measured), f"≤ {r.measured.bound:.4g}" if r.measured.applicable else "-",

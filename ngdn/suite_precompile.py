@@ -69,16 +69,15 @@ def warm(unit: str, require_cuda: bool = True) -> None:
     if require_cuda and triton_mode.configure() != triton_mode.CUDA:
         raise RuntimeError("precompiling needs CUDA (under the interpreter nothing compiles)")
     torch.set_num_threads(1)        # one core per unit, as in the test workers
-    sys.path.insert(0, str(ROOT / "property_tests"))
     dtype = getattr(torch, dtype_name)
     H, K, V = bucket.H, bucket.K, bucket.V
     if kind == "gdn2":
-        import gdn2_checks
+        from ngdn.checks import gdn2 as gdn2_checks
         from ngdn.inputs import GDN2Shape
 
         gdn2_checks.optimized_vs_reference(GDN2Shape(B=1, T=100, H=H, K=K, V=V), 0, dtype, log=False)
     elif kind == "nested":
-        import nested_optimized_checks as checks
+        from ngdn.checks import nested_optimized as checks
         from ngdn.inputs import GDN2Shape
         from ngdn.nested_inputs import NestedShape
 
@@ -90,7 +89,7 @@ def warm(unit: str, require_cuda: bool = True) -> None:
                                                      initial_states=False), dtype, log=False)
         checks.level0_states_vs_reference(GDN2Shape(B=1, T=130, H=H, K=K, V=V), 0, dtype, log=False)
     elif kind == "fenwick_gdn2":
-        import fenwick_gdn2_checks
+        from ngdn.checks import fenwick_gdn2 as fenwick_gdn2_checks
         from ngdn.fenwick_inputs import FenwickShape
 
         # the stacked width (J + 1)·V follows the last chunk index: J = 1 (T = 100) and J = 2
@@ -100,7 +99,7 @@ def warm(unit: str, require_cuda: bool = True) -> None:
         for T in lengths:
             fenwick_gdn2_checks.optimized_vs_reference(FenwickShape(B=1, T=T, H=H, K=K, V=V), 0, dtype, log=False)
     elif kind in ("gla", "delta"):
-        import tensor3d_checks
+        from ngdn.checks import tensor3d as tensor3d_checks
         from ngdn.tensor3d_inputs import Tensor3DShape
         from reference.tensor3d import GATE_KINDS
 
@@ -108,7 +107,7 @@ def warm(unit: str, require_cuda: bool = True) -> None:
         for gate in GATE_KINDS:
             tensor3d_checks.optimized_vs_reference(shape, 0, dtype, kind, gate, "sigmoid", log=False)
     else:
-        import fenwick_checks
+        from ngdn.checks import fenwick as fenwick_checks
         from ngdn.fenwick_inputs import FenwickShape
 
         shape = FenwickShape(B=1, T=bucket.seq_lens[0], H=H, K=K, V=V, extra_levels=bucket.extra_levels)

@@ -1,4 +1,4 @@
-"""Deliberately broken chunked Fenwick GDN-2 ops: every property of ``fenwick_gdn2_checks`` fails
+"""Deliberately broken chunked Fenwick GDN-2 ops: every property of ``ngdn.checks.fenwick_gdn2`` fails
 on one of them.
 
 Each mutant is ``optimized.chunk_fenwick_gdn2`` with one named piece of its forward replaced

@@ -97,7 +97,7 @@ def probe_gamma_mean(M_below, params, reduction="mean"):
 # --- gate nonlinearity mutants ----------------------------------------------------------
 # Each replaces a nonlinearity by its behaviour near x = 0, where ``make_levels``' default
 # (gate_scale = 1) puts every pre-activation: they are only far from the truth at large |x|
-# (``nested_checks.PROMOTE_LARGE_GATE_SCALE``, ``NESTED_LARGE_GATE_SCALE``).
+# (``ngdn.checks.nested.PROMOTE_LARGE_GATE_SCALE``, ``NESTED_LARGE_GATE_SCALE``).
 
 def softplus_linearised(x):
     """``log 2 + x/2``: softplus's tangent at 0 (exact to O(x²/8))."""

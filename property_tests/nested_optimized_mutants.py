@@ -1,5 +1,5 @@
 """Deliberately broken twins of the production Nested GDN-2 pieces: every property in
-``nested_optimized_checks`` must fail on one of them.
+``ngdn.checks.nested_optimized`` must fail on one of them.
 
 Each mutant has the signature of what it breaks and differs from it in one named way.
 """

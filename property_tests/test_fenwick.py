@@ -8,7 +8,7 @@ import torch
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-import fenwick_checks as checks
+from ngdn.checks import fenwick as checks
 import fenwick_mutants as mutants
 from ngdn.compile_buckets import bucket_params, on_bucket
 from ngdn.fenwick_inputs import FenwickShape

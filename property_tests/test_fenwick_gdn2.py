@@ -14,7 +14,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-import fenwick_gdn2_checks as checks
+from ngdn.checks import fenwick_gdn2 as checks
 import fenwick_gdn2_mutants as mutants
 from ngdn.compile_buckets import bucket_params, on_bucket
 from ngdn.fenwick_inputs import FenwickShape

@@ -6,7 +6,7 @@ import torch
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-import gdn2_checks as checks
+from ngdn.checks import gdn2 as checks
 import mutants
 from ngdn.inputs import REGIMES, GDN2Shape
 from ngdn.compile_buckets import bucket_params, on_bucket

@@ -14,7 +14,7 @@ blocking path of the scan (three or more V blocks, the last ragged; learned pair
 than one pair block; large gates), with mutants that only such a case catches. The draws include
 the extreme regime (``ngdn.inputs.REGIMES``; named case ``extreme``), checked against the float64
 reference fed the kernel's level-0 snapshots and end to end with the error inherited from level 0
-allowed for (``nested_optimized_checks.extreme_vs_reference``; results/2026-11-30-extreme-regime-cpu.md)."""
+allowed for (``ngdn.checks.nested_optimized.extreme_vs_reference``; results/2026-11-30-extreme-regime-cpu.md)."""
 import dataclasses
 
 import pytest
@@ -22,9 +22,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import nested_optimized_checks as checks
+from ngdn.checks import nested_optimized as checks
 import nested_optimized_mutants as mutants
-from nested_optimized_checks import LARGE_GATES
+from ngdn.checks.nested_optimized import LARGE_GATES
 from ngdn.inputs import REGIMES, GDN2Shape
 from ngdn.nested_inputs import NestedShape, bounded_query_counts
 from ngdn.compile_buckets import CPU_BLOCK, LEVEL0, bucket_params, buckets, covered_paths, on_bucket
@@ -59,7 +59,7 @@ def opt_cases(draw, bucket=None, max_L=6, regimes=KERNEL_REGIMES):
     """A nested case: on CUDA with the bucket's H, K, V (B, T, L, schedules, schemes, query
     counts, reductions, gates, initial states and input regime drawn), under the interpreter
     from the CPU menu. The extreme regime (``ngdn.inputs.REGIMES``) is checked as
-    ``nested_optimized_checks.extreme_vs_reference`` says."""
+    ``ngdn.checks.nested_optimized.extreme_vs_reference`` says."""
     L = draw(st.integers(1, max_L))
     if bucket is not None:
         H, K, V = bucket.H, bucket.K, bucket.V

@@ -7,7 +7,7 @@ import torch
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-import nested_checks as checks
+from ngdn.checks import nested as checks
 import nested_mutants as mutants
 from ngdn.inputs import REGIMES
 from ngdn.nested_inputs import NestedShape

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-import nested_checks as checks
+from ngdn.checks import nested as checks
 from ngdn import scheme_check
 import nested_mutants as mutants
 from ngdn.strategies import examples, seeds
@@ -106,7 +106,7 @@ def test_sum_reduction_matches_the_sequential_total_decay(d):
 @given(d=promote_draws(schemes=("learned",)))
 def test_firing_with_orthonormal_keys_is_non_expansive(d):
     """‖M_new − κ^T(ω⊙ν)‖ ≤ ‖M‖ and ‖M_new‖ ≤ ‖M‖ + ‖ω⊙ν‖ for orthonormal κ, channel-uniform
-    β_i ∈ [0, 1], ω ∈ [0, 1], γ ≤ 0 (see ``nested_checks.stability``)."""
+    β_i ∈ [0, 1], ω ∈ [0, 1], γ ≤ 0 (see ``ngdn.checks.nested.stability``)."""
     assert_passes(checks.stability(d))
 
 

@@ -10,9 +10,9 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-import nested_optimized_checks as checks
+from ngdn.checks import nested_optimized as checks
 import nested_optimized_mutants as mutants
-from nested_optimized_checks import LARGE_GATES
+from ngdn.checks.nested_optimized import LARGE_GATES
 from ngdn.inputs import REGIMES
 from ngdn.strategies import examples, seeds
 from ngdn.testing import on_cuda

@@ -8,7 +8,7 @@ import functools
 import pytest
 import torch
 
-import nested_optimized_checks as checks
+from ngdn.checks import nested_optimized as checks
 import nested_optimized_mutants as mutants
 from ngdn.testing import on_cuda
 from ngdn.tolerances import assert_passes, failures

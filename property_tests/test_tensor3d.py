@@ -8,7 +8,7 @@ import torch
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-import tensor3d_checks as checks
+from ngdn.checks import tensor3d as checks
 import tensor3d_mutants as mutants
 from ngdn.compile_buckets import bucket_params, on_bucket
 from ngdn.inputs import REGIMES

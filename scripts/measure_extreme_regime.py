@@ -2,9 +2,9 @@
 inputs (``regime="extreme"``: log-decay to -60, β = 1 - 1e-6, ω ∈ {0, 1}, router logits ±30, state
 norms 1e3 / 1e-6), beside flat GDN-2 (fla alone) on the same regime, and the nested op's pre-issue-12
 path (generic probe, PyTorch reads) on one draw. Issue 15 "Also". The table gives, per quantity, the
-draw closest to its bound as the kernel properties check it (``nested_optimized_checks.
+draw closest to its bound as the kernel properties check it (``ngdn.checks.nested_optimized.
 extreme_vs_reference``: "nested vs fed" against the float64 reference fed the kernel's level-0
-snapshots, "nested vs float64" end to end; ``gdn2_checks.optimized_vs_reference``: "flat").
+snapshots, "nested vs float64" end to end; ``ngdn.checks.gdn2.optimized_vs_reference``: "flat").
 
 ``--diagnose``: where the nested op's gradient error comes from, per draw (results/2026-11-30-
 extreme-regime-cpu.md, second section). Against the float64 reference ``ref`` (on the float32-rounded
@@ -28,15 +28,13 @@ argument of level 1's ``l2norm`` and the largest entry of the upper levels' init
     python scripts/measure_extreme_regime.py --diagnose  # about 8 min (draw numbers as arguments: only those)
 """
 import sys
-from pathlib import Path
 
 import optimized  # noqa: F401  (device mode before fla)
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "property_tests"))
 import torch  # noqa: E402
 
-import gdn2_checks  # noqa: E402
-import nested_optimized_checks as checks  # noqa: E402
+from ngdn.checks import gdn2 as gdn2_checks  # noqa: E402
+from ngdn.checks import nested_optimized as checks  # noqa: E402
 from ngdn.inputs import GDN2Shape, generator  # noqa: E402
 from ngdn.nested_inputs import NestedShape, levels_as_reference, parameter_leaves  # noqa: E402
 from ngdn.tolerances import relative_error  # noqa: E402
