@@ -1,5 +1,5 @@
 """Cost of the Fenwick GDN-2 memory (``optimized.chunk_fenwick_gdn2``) against flat GDN-2
-(``optimized.chunk_gdn2``, the same heads), per token, as T grows (issue 14).
+(``optimized.chunk_gdn2``, the same heads), per token, as T grows.
 
 For each T (default 4096 … 65536 at B·T = 65536 tokens per step, H = 8, K = V = 128, bf16):
 forward and forward+backward time (``triton.testing.do_bench`` medians, autotuners tuned, one
@@ -199,8 +199,9 @@ def write(out: Path, rows: list) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", required=True)
+    parser = argparse.ArgumentParser(prog="ngdn bench fenwick-gdn2", description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=None,
+                        help="output folder (default results/<date>-fenwick-gdn2/, '-quick' appended in --quick)")
     parser.add_argument("--T", type=int, nargs="+", default=[4096, 8192, 16384, 32768, 65536])
     parser.add_argument("--tokens", type=int, default=65536, help="B·T per step (B = tokens // T, at least 1)")
     # H = 8: the stacked per-chunk states [B, ceil(T/64), H, K, (J + 1)·V] must stay under 2^31 elements
@@ -218,6 +219,10 @@ def main(argv=None) -> int:
                         help="kernel tables (torch.profiler, top 30) of one forward and one forward+backward per op "
                              "at the first T, DIR/profile_T<T>_<op>_<fwd|fwdbwd>.txt")
     args = parser.parse_args(argv)
+    if args.out is None:
+        import datetime
+
+        args.out = f"results/{datetime.date.today().isoformat()}-fenwick-gdn2{'-quick' if args.quick else ''}"
     if args.quick:
         args.T, args.tokens, args.H, args.K, args.dtype = [64], 1, 1, 16, "float32"
     from bench.harness import prepare_environment

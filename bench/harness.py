@@ -116,7 +116,7 @@ def stage_table(averages, prefix: str = "nested.") -> list[str]:
     launch-bound stage shows its idle time). The row takes ``device ms`` from the span (the
     host range's device total where there is no span: a CPU-only profile) and ``CPU ms`` from
     the host range; the stages' sum against the step's total shows what ran outside them.
-    (Session 7's table listed both events as two rows and summed both: 40.6 ms for a 33 ms step.)"""
+    (Listing both events as two rows and summing both gave 40.6 ms for a 33 ms step.)"""
     stages: dict[str, dict] = {}
     for evt in averages:
         if not evt.key.startswith(prefix):

@@ -1,6 +1,6 @@
 """Long-context accuracy of Nested GDN-2 and flat GDN-2 against their float64 references.
 
-What it measures (issue 15 item 3; the figures of issue 16). For each sequence length T,
+What it measures. For each sequence length T,
 promotion scheme and seed, on one set of inputs whose activations are rounded to bfloat16
 once (so every run sees exactly the same values):
 
@@ -92,8 +92,9 @@ def log(message: str) -> None:
 # --- command line and environment --------------------------------------------------------
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m bench.long_context", description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", required=True, help="output folder")
+    p = argparse.ArgumentParser(prog="ngdn bench long-context", description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", default=None,
+                   help="output folder (default results/<date>-long-context/, '-quick' appended in --quick)")
     p.add_argument("--T", type=int, nargs="+", help=f"sequence lengths (default {FULL['T']}, --quick {QUICK['T']})")
     p.add_argument("--schemes", nargs="+",
                    help=f"promotion schemes (default {' '.join(DEFAULT_SCHEMES)}; --quick: learned)")
@@ -107,6 +108,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="float32 dot precision of the kernels on CUDA (default ieee, as the tests)")
     p.add_argument("--no-plot", action="store_true", help="do not write the PNG")
     args = p.parse_args(argv)
+    if args.out is None:
+        args.out = f"results/{_dt.date.today().isoformat()}-long-context{'-quick' if args.quick else ''}"
     shape = QUICK if args.quick else FULL
     args.H, args.K, args.V = shape["H"], shape["K"], shape["V"]
     args.T = sorted(set(args.T or shape["T"]))

@@ -197,7 +197,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batch-head-dim", type=int, default=128)
     p.add_argument("--ladder-levels", default=None, help="default: --levels")
     p.add_argument("--ladder-head-dims", default=None, help="default: --head-dims")
-    p.add_argument("--scheme", default="learned", choices=["learned", "merge"])
+    from reference.schemes import SCHEMES
+
+    p.add_argument("--scheme", default="learned", choices=sorted(SCHEMES),
+                   help="promotion scheme of every level (a registered scheme; default learned)")
     p.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPES))
     p.add_argument("--param-dtype", default="auto", choices=["auto", "run", *sorted(DTYPES)],
                    help="scheme parameters: 'run' = --dtype; 'auto' = --dtype, float32 if the op rejects it")

@@ -1,12 +1,12 @@
 """Side by side in one run: variants of the nested op's pieces next to flat GDN-2 with ``L·H``
 heads. Variants (``--variants``, default all):
 
-- ``torch``: upper-level reads and router in PyTorch (einsum per level, before issue 12),
+- ``torch``: upper-level reads and router in PyTorch (einsum per level, the path before the Triton reads),
   generic probe, IEEE scan;
 - ``generic``: Triton reads (``optimized.nested.reads_fwd`` / ``reads_bwd``), generic probe
-  replayed under autograd, IEEE scan (the path after issue 12);
-- ``fused-ieee``: + the fused probe with its hand-written backward (issue 13 item 1);
-- ``scan-tf32``: + the reverse scans on TF32 tensor cores in bf16 runs (issue 13 item 2);
+  replayed under autograd, IEEE scan;
+- ``fused-ieee``: + the fused probe with its hand-written backward;
+- ``scan-tf32``: + the reverse scans on TF32 tensor cores in bf16 runs;
 - ``triton``: + the fused probe's float32 matmuls in TF32 in bf16 runs, its pre-activations
   recomputed in the backward: the default op;
 - ``triton+check``: the default op with the finiteness check on;
@@ -140,7 +140,7 @@ def _ops(B, T, H, K, V, L, dtype, seed, names=VARIANTS, device="cuda"):
         "scan-bv16": Pieces(scan_block_v=16),
         "bn16": Pieces(block_n=16),
         "bn64": Pieces(block_n=64),
-        "gates-triton": Pieces(probe_gates="triton"),   # the default since session 8
+        "gates-triton": Pieces(probe_gates="triton"),   # the default
         "gates-torch": Pieces(probe_gates="torch"),
         # pair blocks of 16: neither reverse-scan kernel spills at K = 128 (scripts/kernel_resources.py)
         "scan-2phase-bn16": Pieces(scan_bwd=scan_bwd_two_phase, block_n=16),

@@ -19,7 +19,7 @@ from bench.measure import MEASURED
 from bench.plan import DTYPES, IMPLS, SWEEPS, UNIFORM_QUERIES, Config, Workload
 
 
-# --- what the design note and the next performance issue ask for ---------------------
+# --- what the design note and the performance targets ask for -----------------------
 
 TARGETS = (
     "forward+backward <= 0.6x flat at L >= 4 (head dim 128)",
@@ -238,7 +238,7 @@ def write_markdown(path: Path, rows: list[dict], header: list[str], plots: list[
             "Peak memory is torch.cuda.max_memory_allocated over one forward+backward, inputs included; "
             "`extra` counts only what the step allocates on top of its inputs.", ""]
     targets, anchors = target_rows(rows)
-    out += ["## Targets (the next performance issue works toward them; this run only measures)", ""]
+    out += ["## Targets (this run only measures against them)", ""]
     out += _md_table(("target", "where", "measured", "status"), targets) + [""]
     out += ["Design note anchors:", ""]
     out += _md_table(("anchor", "where", "measured"), anchors) + [""]

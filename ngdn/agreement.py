@@ -9,61 +9,38 @@ compilation), so ``run_all`` can write a progress line before and after each one
 """
 from __future__ import annotations
 
-import importlib
 import time
 from typing import TextIO
 
-from ngdn.inputs import GDN2Shape
 
-def _checks(module: str):
-    """``ngdn.checks.<module>``, imported on first use (it loads the device mode and fla)."""
-    return importlib.import_module(f"ngdn.checks.{module}")
-
-
-def gdn2(dtype, seed, cuda):
-    shape = GDN2Shape(B=2, T=300, H=2, K=64, V=64) if cuda else GDN2Shape(B=1, T=100, H=2, K=32, V=32)
-    return shape, _checks("gdn2").optimized_vs_reference(shape, seed, dtype, log=True)
-
-
-def fenwick(dtype, seed, cuda):
-    from ngdn.fenwick_inputs import FenwickShape
-
-    shape = FenwickShape(B=2, T=300, H=2, K=64, V=64) if cuda else FenwickShape(B=1, T=100, H=2, K=32, V=32)
-    return shape, _checks("fenwick").optimized_vs_reference(shape, seed, dtype, log=True)
-
-
-def tensor3d(mode):
+def component(info):
+    """``ngdn check``'s run of one table entry: its ``vs_reference`` on its covering draw (B = 2,
+    H = 2, more than one chunk, ragged; the family's first compile bucket's sizes on CUDA), one row
+    per tolerance quantity (the worst of its items: levels, parameters)."""
     def run(dtype, seed, cuda):
-        from ngdn.tensor3d_inputs import Tensor3DShape
+        from ngdn.checks.generic import quantity
 
-        shape = (Tensor3DShape(B=2, T=300, H=2, K=32, E=4, V=64) if cuda
-                 else Tensor3DShape(B=1, T=100, H=1, K=16, E=4, V=32))
-        config = dict(mode=mode, gate="channel", key_mode="sigmoid")
-        errors = _checks("tensor3d").optimized_vs_reference(shape, seed, dtype, log=True, **config)
-        return f"{shape} {config}", errors
+        draw = info.covering()._replace(seed=seed)
+        errors = info.vs_reference(draw, dtype, info.op, True)
+        worst = {}
+        for label, (err, bound) in errors.items():
+            q = quantity(label)
+            if q not in worst or err > worst[q][0]:
+                worst[q] = (err, bound)
+        options = f" {dict(draw.options)}" if draw.options else ""
+        return f"{draw.shape}{options}", worst
     return run
 
 
-def nested(dtype, seed, cuda):
-    from ngdn.nested_inputs import NestedShape
+def _components():
+    from ngdn.ops import OPS
 
-    checks = _checks("nested_optimized")
-    shape = (NestedShape(B=1, T=300, H=2, L=4, K=64, V=64) if cuda
-             else NestedShape(B=1, T=200, H=1, L=3, K=16, V=16))
-    case = checks.OptCase(shape=shape, seed=seed)
-    errors = checks.optimized_vs_reference(case, dtype, log=True)
-    # one row per tolerance quantity: the worst of its items (levels, parameters)
-    worst = {}
-    for label, (err, bound) in errors.items():
-        quantity = checks.tolerance_quantity(label)
-        if quantity not in worst or err > worst[quantity][0]:
-            worst[quantity] = (err, bound)
-    return f"{shape}, default schedule and query ladder (learned)", worst
+    return {info.name: component(info) for info in OPS}
 
 
-# name -> callable(dtype, seed, cuda) -> (description of the draw, {quantity: (error, bound)})
-COMPONENTS = {"gdn2": gdn2, "nested": nested, "fenwick": fenwick, "tensor3d-gla": tensor3d("gla"),
-              "tensor3d-delta": tensor3d("delta")}
+# name -> callable(dtype, seed, cuda) -> (description of the draw, {quantity: (error, bound)}): every
+# op of the table ``ngdn.ops``.
+COMPONENTS = _components()
 
 
 def run_all(dtype, seed, only=None, progress: TextIO | None = None):

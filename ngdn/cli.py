@@ -6,7 +6,7 @@
     ngdn errors LOG       worst observed error per tolerance entry (from NGDN_ERROR_LOG;
                           exit 2 on a missing, empty or malformed log)
     ngdn bench ...        Nested vs flat GDN-2 benchmark (GPU; see bench/README.md); also
-                          `ngdn bench long-context`, `ngdn bench fenwick-gdn2`
+                          `ngdn bench long-context`, `ngdn bench fenwick-gdn2`, `ngdn bench recall`
     ngdn scheme check FILE.py
                           the promotion-scheme battery on the scheme FILE registers
                           (ngdn/scheme_check.py; README "Adding a promotion scheme")
@@ -21,6 +21,17 @@ from collections import defaultdict
 from ngdn.table import text_table as _table
 
 
+class _CheckHelp(argparse.HelpFormatter):
+    """``ngdn check --help``: lists the components of ``ngdn.agreement.COMPONENTS`` under ``--only``,
+    read when the help is printed (the table is imported only then)."""
+
+    def _get_help_string(self, action):
+        text = super()._get_help_string(action)
+        if action.dest == "only":
+            from ngdn import agreement
+
+            text += f"; components: {', '.join(agreement.COMPONENTS)}"
+        return text
 
 
 def check(args) -> int:
@@ -64,10 +75,13 @@ LOG_FIELDS = ("component", "mode", "dtype", "quantity", "error", "tolerance")
 
 
 def read_error_log(path: str):
-    """The records of one ``NGDN_ERROR_LOG`` file; a ``ValueError`` with a one-line reason
-    for a missing, unreadable, empty or malformed file."""
+    """The records of one ``NGDN_ERROR_LOG`` file (or its gzip, ``.gz``, as committed under
+    ``results/``); a ``ValueError`` with a one-line reason for a missing, unreadable, empty or
+    malformed file."""
+    import gzip
+
     try:
-        with open(path) as f:
+        with (gzip.open(path, "rt") if path.endswith(".gz") else open(path)) as f:
             lines = f.read().splitlines()
     except OSError as e:
         raise ValueError(f"cannot read {path}: {e.strerror or e}") from None
@@ -164,13 +178,24 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="ngdn", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("check", help="agreement report: reference vs optimized on default configurations")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--only", action="append", help="run only these components (repeatable)")
+    p = sub.add_parser("check", help="agreement report: reference vs optimized on default configurations",
+                       description="Agreement report: each component's optimized path against its float64 "
+                                   "reference on one default draw, as a table (exit 1: a quantity out of "
+                                   "tolerance, 2: usage). Progress per component on stderr; NGDN_ERROR_LOG=FILE "
+                                   "logs every measured error for `ngdn errors`.",
+                       formatter_class=_CheckHelp)
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                   help="dtype of the optimized paths (default float32; bfloat16 on CUDA only)")
+    p.add_argument("--seed", type=int, default=0, help="seed of every component's input draw (default 0)")
+    p.add_argument("--only", action="append", metavar="COMPONENT",
+                   help="run only this component (repeatable; default all)")
     p.set_defaults(func=check, parser=p)
-    p = sub.add_parser("errors", help="worst observed error per tolerance entry from NGDN_ERROR_LOG files")
-    p.add_argument("logs", nargs="+")
+    p = sub.add_parser("errors", help="worst observed error per tolerance entry from NGDN_ERROR_LOG files",
+                       description="The worst observed error per tolerance entry (component, mode, dtype, "
+                                   "quantity), with the number of draws and the margin to its tolerance, from "
+                                   "the JSON-lines logs that NGDN_ERROR_LOG=FILE makes pytest and `ngdn check` "
+                                   "write. Exit 2 on a missing, empty or malformed log.")
+    p.add_argument("logs", nargs="+", metavar="LOG", help="an NGDN_ERROR_LOG file (several are merged)")
     p.set_defaults(func=errors)
     p = sub.add_parser("scheme", help="promotion schemes: `ngdn scheme check FILE.py` runs the battery")
     scheme_sub = p.add_subparsers(dest="scheme_command", required=True)
@@ -189,7 +214,8 @@ def main(argv=None) -> int:
     p.set_defaults(func=scheme_check)
     sub.add_parser("bench", help="Nested vs flat GDN-2 benchmark (GPU); `ngdn bench --help` for its options; "
                                  "`ngdn bench long-context --help`: the long-context accuracy sweep (CSV + plot); "
-                                 "`ngdn bench fenwick-gdn2 --help`: the Fenwick GDN-2 memory vs flat GDN-2 against T")
+                                 "`ngdn bench fenwick-gdn2 --help`: the Fenwick GDN-2 memory vs flat GDN-2 against T; "
+                                 "`ngdn bench recall --help`: the recall benchmark")
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:2] == ["bench", "long-context"]:  # the accuracy sweep parses its own options
         from bench.long_context import main as long_context_main
@@ -199,6 +225,10 @@ def main(argv=None) -> int:
         from bench.fenwick_gdn2 import main as fenwick_gdn2_main
 
         return fenwick_gdn2_main(argv[2:])
+    if argv[:2] == ["bench", "recall"]:
+        from bench.recall import main as recall_main
+
+        return recall_main(argv[2:])
     if argv[:1] == ["bench"]:  # the benchmark parses its own options
         from bench.nested_vs_flat import main as bench_main
 

@@ -36,7 +36,7 @@ def rand(gen, *shape):
 # --- input regimes -----------------------------------------------------------------------------
 # "typical": the well-conditioned draws each builder documents. "extreme": the same draw (same
 # generator, same values first), then, from further draws of the same generator, extreme but valid
-# gates mixed in element by element (issue 15): per-token log-decays down to -20 and below (strong
+# gates mixed in element by element: per-token log-decays down to -20 and below (strong
 # forgets) and some within 1e-6 of 0 (no forgetting), erase gates 1 - 1e-6, write gates exactly
 # 0 or 1, router logits ±30, and initial states of entry scale 1e3 or 1e-6. The default is
 # "typical" everywhere, so a draw without ``regime`` is bitwise what it was.

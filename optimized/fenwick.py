@@ -27,6 +27,7 @@ import warnings
 import torch
 import torch.nn.functional as F
 
+from optimized.autograd import empty_result, first_order_only
 from optimized.checks import KERNEL_DTYPES, check_finite_activations, check_kernel_device, check_kernel_dtype
 from reference.fenwick import check_fenwick_inputs
 
@@ -57,6 +58,9 @@ def chunk_fenwick(q, k, v, g, level_scales, scale=None):
     check_kernel_dtype("q", q)
     check_finite_activations((("q", q), ("k", k), ("v", v), ("g", g), ("level_scales", level_scales)))
     scale = K ** -0.5 if scale is None else float(scale)
+    if B == 0 or H == 0:           # fla's grid has no empty form
+        return empty_result((B, T, H, V), v.dtype, v.device, (q, k, v, g, level_scales)), None
+    q, k, v, g, level_scales = first_order_only("chunk_fenwick", q, k, v, g, level_scales)
     K_pad, V_pad = padded_dims(K, V)
     if K_pad != K:
         q = F.pad(q, (0, K_pad - K))

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import torch
 
+from optimized.autograd import first_order_only
+from optimized.padding import pad_dim, padded
 from optimized.checks import KERNEL_DTYPES, check_finite_activations, check_kernel_device, check_kernel_dtype
 from reference.validation import check_gdn2_inputs
 
@@ -30,5 +32,16 @@ def chunk_gdn2(q, k, v, g, b, w, scale=None, initial_state=None, output_final_st
     check_finite_activations((("q", q), ("k", k), ("v", v), ("g", g), ("b", b), ("w", w)))
     from fla.ops.gdn2 import chunk_gdn2 as fla_chunk_gdn2
 
-    return fla_chunk_gdn2(q, k, v, g, b, w, scale=scale, initial_state=initial_state,
-                          output_final_state=output_final_state)
+    q, k, v, g, b, w, initial_state = first_order_only("chunk_gdn2", q, k, v, g, b, w, initial_state)
+    scale = K ** -0.5 if scale is None else float(scale)
+    Kp, Vp = padded(K), padded(V)          # head dims below the dots' minimum (optimized.padding)
+    q, k, g, b = (pad_dim(x, Kp) for x in (q, k, g, b))
+    v, w = (pad_dim(x, Vp) for x in (v, w))
+    initial_state = pad_dim(pad_dim(initial_state, Kp, -2), Vp, -1)
+    o, ht = fla_chunk_gdn2(q, k, v, g, b, w, scale=scale, initial_state=initial_state,
+                           output_final_state=output_final_state)
+    if Vp != V:
+        o = o[..., :V]
+    if ht is not None and (Kp, Vp) != (K, V):
+        ht = ht[..., :K, :V]
+    return o, ht

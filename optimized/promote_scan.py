@@ -23,7 +23,7 @@ Layouts (fla style, firing axis where fla has the chunk axis):
 accumulation). The dots' input precision is an argument, never ``TRITON_F32_DEFAULT``:
 ``"ieee"`` (the default; float32 runs and every float32 test) or ``"tf32"`` (tensor cores,
 operands rounded to TF32's 10-bit mantissa, relative 2^-11 per product; the nested op uses
-it when its activations are bf16, whose own rounding is 2^-8: issue 13). The interpreter
+it when its activations are bf16, whose own rounding is 2^-8). The interpreter
 computes every dot in float32 whatever the precision.
 
 Kernels address their blocks with explicit pointer arithmetic and masks for ragged

@@ -73,21 +73,18 @@ def promote_scan_bwd_pairs_kernel(
     F, B, N, stride_sb, stride_gb,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, BN: tl.constexpr, BV: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    MUTANT: tl.constexpr = 0,
 ):
     """Firing ``m`` of one (batch, head, V block), with ``dM = G_{m+1} = g[m + 1]`` and
     ``M' = exp(γ[m]) ⊙ states[m]``: per pair block ``D = ω ⊙ ν - P M'``, ``dD = κ dM``,
     ``dν = dD ⊙ ω``, ``dω = dD ⊙ ν``, ``dP = -dD M'^T``, ``dκ_part = D dM^T + dP ⊙ β``,
-    ``dβ_part = dP ⊙ κ``; ``dγ_part = Σ_v (dM - Σ P^T dD) ⊙ M'``.
-    ``MUTANT`` (tests only): 1 reads ``G_m`` instead of ``G_{m+1}`` (one firing early)."""
+    ``dβ_part = dP ⊙ κ``; ``dγ_part = Σ_v (dM - Σ P^T dD) ⊙ M'``."""
     i_v, m, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
     o_k, m_k, o_v, m_v, o_kv, m_kv = state_block(i_v, K, V, BK, BV)
     i_f = (i_b.to(tl.int64) * F + m) * H + i_h
     part = i_v.to(tl.int64) * B * F * H
 
-    slot = m if MUTANT == 1 else m + 1
-    b_dm = tl.load(g + i_b.to(tl.int64) * stride_gb + (slot * H + i_h) * K * V + o_kv, mask=m_kv, other=0.0)
+    b_dm = tl.load(g + i_b.to(tl.int64) * stride_gb + ((m + 1) * H + i_h) * K * V + o_kv, mask=m_kv, other=0.0)
     b_decay = tl.exp(tl.load(gamma + i_f * K + o_k, mask=m_k, other=0.0))
     b_md = tl.load(states + i_b.to(tl.int64) * stride_sb + (m * H + i_h) * K * V + o_kv,
                    mask=m_kv, other=0.0) * b_decay[:, None]
@@ -110,12 +107,11 @@ def promote_scan_bwd_pairs_kernel(
 
 def promote_scan_bwd_two_phase(states, kappa, nu, beta, omega, gamma, dstates, block_v: int | None = None,
                                block_n: int | None = None, reduce_partials=sum_partials, precision: str = "ieee",
-                               consume_dstates: bool = False, _mutant: int = 0):
+                               consume_dstates: bool = False):
     """``promote_scan_bwd``'s contract, computed in two phases (module docstring): returns
     ``(dM0 [B, H, K, V], dκ, dν, dβ, dω, dγ)``. ``consume_dstates``: phase 1 writes its carried
     gradients over ``dstates`` (the caller's buffer is spent; saves one ``[B, F+1, H, K, V]``
-    float32 copy); otherwise it works on a copy. ``_mutant`` (tests only): see
-    ``promote_scan_bwd_pairs_kernel``."""
+    float32 copy); otherwise it works on a copy."""
     B, F, H, n, K, V = check_bwd(states, kappa, nu, beta, omega, gamma, dstates, precision)
     if not _batch_strided(states):
         states = states.contiguous()
@@ -132,6 +128,6 @@ def promote_scan_bwd_two_phase(states, kappa, nu, beta, omega, gamma, dstates, b
         promote_scan_bwd_pairs_kernel[(NV, F, B * H)](
             states, kappa, nu, beta, omega, gamma, g,
             dkappa_part, dnu, dbeta_part, domega, dgamma_part, F, B, n, states.stride(0), g.stride(0),
-            H=H, K=K, V=V, BK=BK, BN=BN, BV=BV, DOT_PRECISION=precision, MUTANT=_mutant, num_warps=warps)
+            H=H, K=K, V=V, BK=BK, BN=BN, BV=BV, DOT_PRECISION=precision, num_warps=warps)
     return (g[:, 0].clone(), reduce_partials(dkappa_part), dnu, reduce_partials(dbeta_part), domega,
             reduce_partials(dgamma_part))

@@ -39,6 +39,8 @@ from __future__ import annotations
 
 import torch
 
+from optimized.autograd import empty_result, first_order_only
+from optimized.padding import pad_dim, padded
 from optimized.checks import KERNEL_DTYPES, check_finite_activations, check_kernel_device, check_kernel_dtype
 from reference.tensor3d import check_tensor3d_inputs
 
@@ -106,11 +108,22 @@ def chunk_tensor3d(q1, k1, q2, k2, v, g=None, beta=None, mode="gla", scale=None,
     check_finite_activations((("q1", q1), ("k1", k1), ("q2", q2), ("k2", k2), ("v", v), ("g", g),
                               ("beta", beta)))
     scale = K ** -0.5 if scale is None else float(scale)
+    if B == 0 or H == 0:           # fla's grids have no empty form
+        inputs = (q1, k1, q2, k2, v, g, beta, initial_state)
+        y = empty_result((B, T, H, V), q1.dtype, q1.device, inputs)
+        final = empty_result((B, H, K, E, V), torch.float32, q1.device, inputs) if output_final_state else None
+        return y, final
+    q1, k1, q2, k2, v, g, beta, initial_state = first_order_only("chunk_tensor3d", q1, k1, q2, k2, v, g, beta,
+                                                                 initial_state)
 
     q = flatten_query(q1, q2)
     k = flatten_key(k1, k2)
     g_flat = flatten_gate(g, kind, K, E, like=k).contiguous()
     h0 = flatten_state(initial_state, K, E)
+    KE, Vp = padded(K * E), padded(V)      # head dims below the dots' minimum (optimized.padding)
+    q, k, g_flat = (pad_dim(x, KE) for x in (q, k, g_flat))
+    v = pad_dim(v, Vp)
+    h0 = pad_dim(pad_dim(h0, KE, -2), Vp, -1)
     if mode == "gla":
         from fla.ops.gla import chunk_gla
 
@@ -120,4 +133,7 @@ def chunk_tensor3d(q1, k1, q2, k2, v, g=None, beta=None, mode="gla", scale=None,
 
         y, ht = chunk_kda(q, k, v, g_flat, beta, scale=scale, initial_state=h0,
                           output_final_state=output_final_state)
+    y = y[..., :V]
+    if output_final_state and (KE, Vp) != (K * E, V):
+        ht = ht[..., :K * E, :V]
     return y.to(q1.dtype), (unflatten_state(ht, K, E) if output_final_state else None)

@@ -3,8 +3,9 @@ on one of them.
 
 Each mutant is ``optimized.chunk_fenwick_gdn2`` with one named piece of its forward replaced
 (the pieces are module-level names of ``optimized.fenwick_gdn2.fwd``, swapped only for the
-duration of the call; tests in one process run one at a time). The backward reuses what the
-forward saved, so a value mutant is checked on values only.
+duration of the call; tests in one process run one at a time), or with one exact source
+substitution planted in a production kernel or function (``kernel_mutation.py``). The backward
+reuses what the forward saved, so a value mutant is checked on values only.
 """
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ import torch
 
 import optimized.fenwick_gdn2.chunk as chunk
 import optimized.fenwick_gdn2.fwd as fwd
+import optimized.fenwick_gdn2.states as states
+from kernel_mutation import Plant, planted
 from optimized.fenwick_gdn2 import chunk_fenwick_gdn2
 
 
@@ -49,12 +52,28 @@ def chunk_fenwick_gdn2_transition_on_newest_only(*args, **kwargs):
     return _call({"states_fwd": states_without_erase}, args, kwargs)
 
 
+# The scan's store of the next pre-state skips the blocks a carry empties (the slot keeps them).
+STALE_CARRY_SLOT = Plant(states, "fenwick_states_fwd_kernel", "mask=m_kv & not_last & (blk != m))",
+                         "mask=m_kv & not_last & (blk != m) & keep)")
+
+
 def chunk_fenwick_gdn2_stale_carry_slot(*args, **kwargs):
     """The scan's recycled carry slot keeps the blocks a carry empties (levels below the merge
     target): they hold the state of two chunks before instead of nothing."""
-    def states_stale(*a, **kw):
-        return _states_fwd(*a, **kw, _mutant="stale_slot")
-    return _call({"states_fwd": states_stale}, args, kwargs)
+    with planted(STALE_CARRY_SLOT):
+        return chunk_fenwick_gdn2(*args, **kwargs)
+
+
+# The carries' schedule counts chunks from the call's first chunk, not from the absolute position.
+OFFSET_IGNORED_IN_CARRIES = Plant(fwd, "carry_table", "c0 = offset // CHUNK", "c0 = 0")
+
+
+def chunk_fenwick_gdn2_offset_ignored_in_carries(*args, **kwargs):
+    """A continuation (``offset > 0``) merges its buckets as if it started at chunk 0: the carry
+    from its chunk c to c + 1 merges by the trailing ones of c, not of ``offset/64 + c`` (the
+    initial state's own carry still uses the offset)."""
+    with planted(OFFSET_IGNORED_IN_CARRIES):
+        return chunk_fenwick_gdn2(*args, **kwargs)
 
 
 def chunk_fenwick_gdn2_intra_level_off_by_one(*args, **kwargs):

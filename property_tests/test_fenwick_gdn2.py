@@ -98,6 +98,16 @@ def test_state_passing_equals_one_call():
     assert_passes(checks.state_passing(shape, 7, 128))
 
 
+# Split at token 64: the second call's chunks are absolute chunks 1, 2, 3, so its carries are
+# 1 -> 2 (m = 1: chunk-level 1 and the own state merge into chunk-level 2) and 2 -> 3 (m = 0);
+# counted from the call's own first chunk they would be m = 0, then 1.
+OFFSET_SHAPE, OFFSET_SPLIT = on_bucket(FenwickShape(B=1, T=200, H=1, K=16, V=16)), 64
+
+
+def test_state_passing_equals_one_call_where_the_offset_sets_the_carries():
+    assert_passes(checks.state_passing(OFFSET_SHAPE, 8, OFFSET_SPLIT))
+
+
 # --- teeth: each property fails on a broken implementation -------------------------
 
 @pytest.mark.mutation
@@ -143,6 +153,27 @@ def test_state_passing_catches_ignored_initial_state():
                                         optimized=mutants.chunk_fenwick_gdn2_initial_state_ignored, log=False,
                                         grads=False))
     assert {"output", "final_state"} <= set(bad), bad
+
+
+@pytest.mark.mutation
+def test_state_passing_catches_offset_ignored_in_carries():
+    bad = failures(checks.state_passing(OFFSET_SHAPE, 8, OFFSET_SPLIT,
+                                        optimized=mutants.chunk_fenwick_gdn2_offset_ignored_in_carries, log=False,
+                                        grads=False))
+    assert {"output", "final_state"} <= set(bad), bad
+
+
+@pytest.mark.mutation
+def test_offset_ignored_in_carries_needs_the_offset_draw():
+    """The split-128 draw cannot see this mutant (its one carry, 2 -> 3, has m = 0 counted either
+    way); the split-64 draw's carries differ."""
+    from kernel_mutation import twins
+    from optimized.fenwick_gdn2.fwd import carry_table
+
+    (_, _, ignored), = twins([mutants.OFFSET_IGNORED_IN_CARRIES])
+    # entry c: the carry c -> c + 1 (the last chunk's entry is never used)
+    assert carry_table(128, 2, "cpu").tolist()[:1] == ignored(128, 2, "cpu").tolist()[:1] == [0]
+    assert carry_table(64, 3, "cpu").tolist()[:2] == [1, 0] and ignored(64, 3, "cpu").tolist()[:2] == [0, 1]
 
 
 @pytest.mark.skipif(on_cuda(), reason="the CPU menu only")

@@ -61,6 +61,16 @@ EXTREME_CASE = Case(shape=NestedShape(B=1, T=136, H=2, L=4, K=8, V=8), seed=3,
                     scheme=("learned", "merge", "bounded_erase"), intervals=(1, 2, 1), query_counts=(4, 4, 4),
                     reduction=("mean", "sum", "mean"), chunk_size=16, regime="extreme")
 LARGE_GRAD_CASE = GRAD_CASE._replace(reduction=("mean", "sum"), gate_scale=checks.NESTED_LARGE_GATE_SCALE)
+# Large gates on the extreme regime: two draws where gradcheck's default, ε = 1e-6 against an absolute atol,
+# misreads a correct gradient (checks.nested_gradcheck compares outputs in their own units, at a smaller ε).
+# EXTREME_GRAD_DRAW, rounding: ∂M_2[k=0, v=0] / ∂g[t=0, k=1] = 3.7e-6, but M_2[0, 0] = 762 carries ±24 ulp of
+# rounding, so the central difference read 2.6e-6 (off by 1.1e-6 > atol).
+# EXTREME_CURVED_GRAD_DRAW, truncation: ∂o[t=4, v=0] / ∂k[t=0, k=1] = 465.683 read 465.667 (ε²·f‴/6 with
+# f‴ ≈ 9e10; relative error 3.3e-5 > rtol); 465.6825 at ε = 1e-7.
+EXTREME_GRAD_DRAW = dict(seed=1627253, scheme="learned", reduction="mean",
+                         gate_scale=checks.NESTED_LARGE_GATE_SCALE, regime="extreme")
+EXTREME_CURVED_GRAD_DRAW = dict(seed=265695473, scheme="learned", reduction=("mean", "sum"),
+                                gate_scale=checks.NESTED_LARGE_GATE_SCALE, regime="extreme")
 
 
 @examples(scale=2)
@@ -146,9 +156,11 @@ def test_permuting_every_query_bank_leaves_the_result_unchanged(case):
 @example(seed=1, scheme=("merge", "learned"), reduction=("mean", "sum"), gate_scale=LARGE_GRAD_CASE.gate_scale,
          fast_mode=True, regime="typical")
 # The extreme input regime in every profile (strong forgets, b → 1, w ∈ {0, 1}, logits ±30, state scales
-# 1e3 / 1e-6); gradcheck's relative tolerance covers the large states.
+# 1e3 / 1e-6); outputs are compared in units of their own magnitude (checks.nested_gradcheck).
 @example(seed=2, scheme=("learned", "merge"), reduction=("mean", "sum"), gate_scale=1.0, fast_mode=True,
          regime="extreme")
+@example(**EXTREME_GRAD_DRAW, fast_mode=False)
+@example(**EXTREME_CURVED_GRAD_DRAW, fast_mode=False)
 @given(seed=seeds(), scheme=st.sampled_from([("learned", "merge"), ("merge", "learned"), "learned"]),
        reduction=st.sampled_from(["mean", "sum", ("mean", "sum")]),
        gate_scale=st.sampled_from(checks.NESTED_GATE_SCALES), fast_mode=st.just(False),
@@ -246,3 +258,11 @@ def test_gradcheck_catches_a_softplus_derivative_of_one_half():
     """softplus' derivative σ(x) replaced by σ(0) = ½ (forward exact), on large gates (2 full chunks)."""
     case = LARGE_GRAD_CASE._replace(shape=LARGE_GRAD_CASE.shape._replace(T=4))
     assert failures(checks.nested_gradcheck(case, reference=mutants.nested_softplus_grad_half, fast_mode=True))
+
+
+@pytest.mark.mutation
+def test_gradcheck_in_output_units_catches_a_softplus_derivative_of_one_half_on_extreme_inputs():
+    """Comparing outputs in their own units does not hide a wrong gate derivative on the draw
+    whose outputs are largest: softplus' derivative σ(x) replaced by ½ (forward exact)."""
+    case = GRAD_CASE._replace(**EXTREME_GRAD_DRAW)
+    assert failures(checks.nested_gradcheck(case, reference=mutants.nested_softplus_grad_half))

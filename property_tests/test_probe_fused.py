@@ -1,4 +1,4 @@
-"""The fused probe (``optimized.nested.probe_fused``, issue 13 item 1) against the generic
+"""The fused probe (``optimized.nested.probe_fused``) against the generic
 path: ``probe_fwd`` equals ``get_scheme(s).probe`` and ``probe_bwd`` equals
 ``torch.autograd.grad`` of it, for every built-in scheme and both reductions, on the
 snapshots' gradient and every parameter's, with some upstream gradients ``None``.
@@ -14,7 +14,9 @@ missing upstream gradients (bounded_erase with overlapping keys always keeps dκ
 
 Float64: fused vs generic in float64. Float32: fused in float32 vs generic in float64 on the same
 (rounded) inputs, within 1e-5 or within ``GENERIC_FACTOR`` times the generic float32 path's own
-error (see there). Each ``_mutant`` of ``probe_bwd`` must fail the float64 property.
+error (see there). Each mutant of ``probe_bwd`` (``MUTANTS``: the production function with one
+source substitution, ``kernel_mutation.py``) must fail the float64 property, and each mutant of
+the Triton gates' backward kernel (``GATE_MUTANTS``) the float32 one.
 """
 from __future__ import annotations
 
@@ -29,9 +31,11 @@ from ngdn.inputs import generator, randn
 from ngdn.strategies import examples, seeds
 from ngdn.tolerances import assert_passes, failures, record, relative_error, tolerance
 from optimized import triton_mode
-from optimized.nested.probe_fused import FUSED_SCHEMES, MUTANTS, probe_bwd, probe_fwd
+import optimized.nested.probe_fused as probe_fused_module
+import optimized.nested.probe_gates as probe_gates_module
+from kernel_mutation import Plant, planted
+from optimized.nested.probe_fused import FUSED_SCHEMES, probe_bwd, probe_fwd
 from optimized.nested.probe_gates import GATE_SCHEMES
-from optimized.nested.probe_gates import MUTANTS as GATE_MUTANTS
 from reference.nested import make_levels
 from reference.schemes import PROBE_OUTPUTS, get_scheme
 
@@ -57,6 +61,37 @@ SNAP_KINDS = ("normal", "rank_one", "tiny", "mixed")
 RANK_ONE_NOISE = 0.1
 TINY = 1e-3
 OUTPUT_NAMES = ("kappa", "nu", "beta", "omega", "gamma")
+
+
+def _gates(old, new):
+    return [Plant(probe_fused_module, "_gates_bwd_torch", old, new)]
+
+
+# Deliberate errors of the backward: name -> plants (one exact substitution each).
+MUTANTS = {
+    # l2norm's backward without its projection term: dZ_K = s dκ
+    "no_projection": _gates("torch.div(dκt - κ * (κ * dκt).sum(-1, keepdim=True), nrm, out=dz[..., sK])",
+                            "torch.div(dκt, nrm, out=dz[..., sK])"),
+    # softplus' replaced by 1
+    "softplus_one": _gates("torch.where(g > _SOFTPLUS_THRESHOLD, dγ_i, dγ_i * e / (e + 1), out=dz[..., sG])",
+                           "dz[..., sG].copy_(dγ_i.expand_as(g))"),
+    # bounded_erase: the clamp's mask ignored (gradient through r < 1 too)
+    "no_clamp": _gates("dr = torch.where(r >= 1.0, dm, torch.zeros_like(dm))", "dr = dm"),
+    # bounded_erase: no gradient through r (the overlap) at all
+    "no_overlap": _gates("dκ_overlap = (dG + dG.transpose(-1, -2)) @ κ", "dκ_overlap = None"),
+    # dν not added to the gradient flowing back from κ, β, ω, γ
+    "drop_dnu": [Plant(probe_fused_module, "_probe_bwd", "if dν is None:", "if True:")],
+    # the reduction's 1/n forgotten in the backward
+    "gamma_no_mean": _gates("dγ_i = dγ_i / n", "dγ_i = dγ_i"),
+}
+# The Triton gates' backward kernel (``probe_gates_bwd_kernel``), the same two errors.
+GATE_MUTANTS = {
+    "gamma_no_mean": [Plant(probe_gates_module, "probe_gates_bwd_kernel", "dg_i = -c_reduce * tl.load(",
+                            "dg_i = -tl.load(")],
+    "no_projection": [Plant(probe_gates_module, "probe_gates_bwd_kernel",
+                            "d_u = (d_k - kap * tl.sum(kap * d_k, axis=1)[:, None]) * s[:, None]",
+                            "d_u = d_k * s[:, None]")],
+}
 
 
 def _bound(dtype, quantity: str) -> float:
@@ -131,7 +166,8 @@ def generic(d: ProbeDraw, snaps, params, grads):
 def fused_vs_generic(d: ProbeDraw, dtype=torch.float64, mutant=None, log=True, gates="torch") -> dict:
     """``{quantity: (relative error, bound)}`` of the fused probe in ``dtype`` against the generic
     float64 path on the same (``dtype``-rounded) inputs. ``gates="triton"``: the fused probe with
-    its gates in ``optimized.nested.probe_gates`` (float32, on the Triton device)."""
+    its gates in ``optimized.nested.probe_gates`` (float32, on the Triton device). ``mutant``: the
+    backward runs with that entry of ``MUTANTS`` (``gates="torch"``) or ``GATE_MUTANTS`` planted."""
     snaps, params, grads = probe_inputs(d)
     rounded = lambda x: None if x is None else x.to(dtype)          # noqa: E731
     snaps_f, params_f = rounded(snaps), {k: rounded(p) for k, p in params.items()}
@@ -139,15 +175,18 @@ def fused_vs_generic(d: ProbeDraw, dtype=torch.float64, mutant=None, log=True, g
     as64 = lambda x: None if x is None else x.to(torch.float64)     # noqa: E731
     outs_ref, ds_ref, dp_ref = generic(d, as64(snaps_f), {k: as64(p) for k, p in params_f.items()},
                                        [as64(g) for g in grads_f])
+    plants = () if mutant is None else (MUTANTS if gates == "torch" else GATE_MUTANTS)[mutant]
     if gates == "torch":
         outs, saved = probe_fwd(d.scheme, snaps_f, params_f, d.reduction)
-        ds, dp = probe_bwd(d.scheme, saved, snaps_f, params_f, d.reduction, *grads_f, _mutant=mutant)
+        with planted(*plants):
+            ds, dp = probe_bwd(d.scheme, saved, snaps_f, params_f, d.reduction, *grads_f)
     else:                               # on the Triton device and back
         dev = lambda x: None if x is None else x.to(DEV)            # noqa: E731
         outs, saved = probe_fwd(d.scheme, dev(snaps_f), {k: dev(p) for k, p in params_f.items()}, d.reduction,
                                 gates=gates)
-        ds, dp = probe_bwd(d.scheme, saved, dev(snaps_f), {k: dev(p) for k, p in params_f.items()}, d.reduction,
-                           *(dev(g) for g in grads_f), gates=gates, _mutant=mutant)
+        with planted(*plants):
+            ds, dp = probe_bwd(d.scheme, saved, dev(snaps_f), {k: dev(p) for k, p in params_f.items()},
+                               d.reduction, *(dev(g) for g in grads_f), gates=gates)
         outs, ds, dp = [x.cpu() for x in outs], ds.cpu(), {k: x.cpu() for k, x in dp.items()}
     pairs = dict(zip(OUTPUT_NAMES, zip(outs, outs_ref)))
     pairs["d_snaps"] = (ds, ds_ref)
@@ -256,6 +295,7 @@ def test_triton_gates_cover_more_than_one_row_block():
     assert_passes(fused_vs_generic(d, torch.float32, gates="triton"))
 
 
+@pytest.mark.mutation
 @pytest.mark.parametrize("mutant", sorted(GATE_MUTANTS))
 def test_triton_gates_mutant_fails(mutant):
     """The kernel's own planted errors (γ's gradient summed instead of averaged; l2norm without its
@@ -280,9 +320,6 @@ def test_triton_gates_refuse_bounded_erase_and_bad_z():
         probe_gates_bwd("learned", z, 1, 1, 2, 4, 5, "mean", dgamma=torch.zeros(1, 1, 3))
     with pytest.raises(ValueError, match="reduction"):
         probe_gates_bwd("learned", z, 1, 1, 2, 4, 5, "max")
-    d = MUTANT_DRAWS["softplus_one"]
-    with pytest.raises(ValueError, match="planted in the PyTorch gates only"):
-        fused_vs_generic(d, torch.float32, mutant="softplus_one", log=False, gates="triton")
 
 
 # --- mutants: each must fail the float64 property on its draw -------------------------------------
@@ -302,7 +339,8 @@ def test_every_mutant_has_a_draw():
     assert set(MUTANT_DRAWS) == set(MUTANTS)
 
 
-@pytest.mark.parametrize("mutant", MUTANTS)
+@pytest.mark.mutation
+@pytest.mark.parametrize("mutant", sorted(MUTANTS))
 def test_mutant_fails_the_property(mutant):
     d = MUTANT_DRAWS[mutant]
     assert not failures(fused_vs_generic(d)), "the unmutated backward must pass on the mutant's draw"

@@ -1,5 +1,5 @@
 """The promote scan with TF32 dots (``precision="tf32"``, what the nested op uses in bf16 runs;
-issue 13 item 2): the argument is checked, the nested op picks it by dtype, and on a GPU the
+the reverse scans): the argument is checked, the nested op picks it by dtype, and on a GPU the
 TF32 scan equals ``reference.promote`` within the ``promote_scan``/``tf32`` bounds on draws
 with several V blocks (the last ragged) and several pair blocks, differs from the IEEE scan
 (the precision reaches the kernel), and a dropped middle V-block partial still fails."""

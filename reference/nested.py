@@ -67,7 +67,11 @@ def make_levels(L, H, K, V, scheme="learned", intervals=None, query_counts=None,
     Scales (chosen so firings stay bounded on the tested lengths; see ``ngdn.nested_inputs``):
     ``Q`` rows ~ N(0, 1/K) (``ν`` about as large as a row of ``M_below``), ``W_K, W_ω`` ~ N(0, 1/V),
     ``W_β`` ~ N(0, 0.25/V) (β near ½), ``W_γ`` ~ N(0, 0.01/V) (γ near -softplus(0) = -0.69, so each
-    firing decays the level by about ½). ``merge`` ignores ``query_counts`` (n = K).
+    firing decays the level by about ½). A parameter of any other name (a new scheme's) is drawn
+    from N(0, 1/V) and is not scaled by ``gate_scale``: name a new scheme's parameters like these
+    when they play these roles, or pass your own ``Level`` parameters. ``query_counts`` set the
+    size of the scheme's query axis (``Scheme.query_axes``, read from its declared shapes, e.g.
+    axis 1 of ``Q``); a scheme without one ignores them (``merge``: n = K).
 
     ``gate_scale`` multiplies the std of ``W_beta``, ``W_omega`` and ``W_gamma``. At 1 every gate
     sits in its nonlinearity's linear regime (softplus(x) ≈ log 2 + x/2, σ(x) ≈ ½ + x/4); large

@@ -28,9 +28,14 @@ Adding a scheme is one function plus one registration::
 ``replace=True``), and ``get_scheme(name).probe`` is that checked probe. ``ngdn scheme
 check FILE.py`` runs the property battery on a new scheme (``ngdn/scheme_check.py``).
 Registered here: ``learned`` and ``merge`` (SPEC section 2) and ``bounded_erase``
-(``learned``'s addresses with an erase that cannot expand the state; proof in its docstring). A scheme's query count ``n``
-is the number of rows of its parameter ``Q`` (``[H, n, K]``), or ``K`` when it has
-no ``Q`` (``merge``); ``n ≤ K`` is required.
+(``learned``'s addresses with an erase that cannot expand the state; proof in its docstring).
+
+A scheme's query count ``n`` is read from its declared parameter shapes, never from a
+parameter's name: ``register_scheme`` calls ``parameter_shapes`` at a few ``n`` and records
+which axes have size ``n`` (``Scheme.query_axes``; ``learned``: axis 1 of ``Q``, whatever the
+parameter is called). A scheme whose shapes do not depend on ``n`` (``merge``) has the ``n``
+its probe returns (``merge``: ``K``); one whose shapes depend on ``n`` without an axis of size
+``n`` is refused, since no tool could tell its ``n``. ``n ≤ K`` is required.
 """
 from __future__ import annotations
 
@@ -73,23 +78,104 @@ def reduce_log_decay(γ_i, reduction="mean"):
 # --- the registry -------------------------------------------------------------------
 
 class Scheme(NamedTuple):
-    """A registered scheme: ``probe(M_below, params, reduction="mean")`` (inputs checked)
-    and ``parameter_shapes(H, K, V, n) -> {name: shape}``."""
+    """A registered scheme, resolved once at registration: ``probe(M_below, params,
+    reduction="mean")`` (inputs and outputs checked), ``parameter_shapes(H, K, V, n) ->
+    {name: shape}``, and ``query_axes``: the ``(parameter, axis)`` pairs whose size is the
+    query count ``n`` (empty: ``n`` does not depend on the parameters and is the number of
+    pairs the probe returns, e.g. ``merge``'s ``K``)."""
     name: str
     probe: Callable
     parameter_shapes: Callable[[int, int, int, int], dict]
+    query_axes: tuple = ()
+
+    @property
+    def has_query_bank(self) -> bool:
+        """Whether the parameters choose ``n`` (``make_levels``' ``query_counts`` apply)."""
+        return bool(self.query_axes)
+
+    def bank_size(self, params) -> int | None:
+        """``n`` as the parameters hold it (the first query axis), or ``None`` when the scheme
+        has no query axis or ``params`` lacks that tensor (the key check reports it)."""
+        if not self.query_axes or not isinstance(params, Mapping):
+            return None
+        key, axis = self.query_axes[0]
+        p = params.get(key)
+        if not isinstance(p, torch.Tensor) or p.dim() <= axis:
+            return None
+        return p.shape[axis]
+
+    def query_count(self, params, H: int, K: int, V: int) -> int:
+        """The query count ``n`` of this scheme for these parameters and sizes: read from the
+        query axis, or (a scheme without one) the pair count its probe returns on a zero
+        ``[H, K, V]`` snapshot of the parameters' dtype and device."""
+        n = self.bank_size(params)
+        if n is not None:
+            return n
+        first = next((p for p in params.values() if isinstance(p, torch.Tensor)), None) \
+            if isinstance(params, Mapping) else None
+        zeros = torch.zeros(H, K, V, dtype=first.dtype if first is not None else torch.float64,
+                            device=first.device if first is not None else "cpu")
+        return self.probe(zeros, params)[0].shape[-2]
 
 
 SCHEMES: dict[str, Scheme] = {}
+
+# Sizes at which ``register_scheme`` calls ``parameter_shapes`` to find the axes of size n: distinct
+# from each other and from every trial n, so that an axis equal to n at every trial is the query axis.
+_TRIAL_SIZES = dict(H=3, K=16, V=12)
+_TRIAL_NS = (1, 2, 5)
+
+
+def resolve_query_axes(name: str, parameter_shapes: Callable) -> tuple:
+    """The ``(parameter, axis)`` pairs whose declared size is ``n`` (SPEC section 2: tools read
+    ``n`` from the parameter shapes or the probe's outputs, not from a name). ``parameter_shapes``
+    is called at ``H, K, V = 3, 16, 12`` and ``n = 1, 2, 5``; it must return ``{name: shape}``
+    with the same names for every ``n``. A shape that changes with ``n`` on an axis whose size
+    is not ``n`` (``(H, n + 1, K)``, ``(H, 2 * n)``) is refused: ``n`` could not be read back."""
+    H, K, V = _TRIAL_SIZES["H"], _TRIAL_SIZES["K"], _TRIAL_SIZES["V"]
+    declared = {}
+    for n in _TRIAL_NS:
+        try:
+            shapes = parameter_shapes(H, K, V, n)
+        except Exception as e:  # noqa: BLE001 (the author's function: report what it raised)
+            raise ValueError(f"scheme {name!r}: parameter_shapes({H}, {K}, {V}, {n}) raised "
+                             f"{type(e).__name__}: {e}; it must accept any H, K, V ≥ 1 and 1 ≤ n ≤ K") from None
+        if not isinstance(shapes, Mapping) or not all(
+                isinstance(k, str) and isinstance(v, (tuple, list)) and all(isinstance(d, int) for d in v)
+                for k, v in shapes.items()):
+            raise TypeError(f"scheme {name!r}: parameter_shapes(H, K, V, n) must return a dict "
+                            f"{{name: shape tuple of ints}}, got {shapes!r}")
+        declared[n] = {k: tuple(v) for k, v in shapes.items()}
+    first = declared[_TRIAL_NS[0]]
+    axes = []
+    for n, shapes in declared.items():
+        if set(shapes) != set(first) or any(len(shapes[k]) != len(first[k]) for k in first):
+            raise ValueError(f"scheme {name!r}: parameter_shapes must declare the same parameters, each "
+                             f"with the same number of axes, for every n; got {first} at n = {_TRIAL_NS[0]} "
+                             f"and {shapes} at n = {n}")
+    for key in first:
+        for axis in range(len(first[key])):
+            sizes = [declared[n][key][axis] for n in _TRIAL_NS]
+            if sizes == list(_TRIAL_NS):
+                axes.append((key, axis))
+            elif len(set(sizes)) > 1:
+                raise ValueError(
+                    f"scheme {name!r}: cannot determine the query count n from the parameter shapes: "
+                    f"axis {axis} of {key!r} depends on n without being of size n (sizes {sizes} at "
+                    f"n = {list(_TRIAL_NS)}, H, K, V = {H}, {K}, {V}); declare the query bank with an "
+                    f"axis of size n (e.g. (H, n, K)) so that n can be read back from the parameters")
+    return tuple(axes)
 
 
 def register_scheme(name: str, probe: Callable, parameter_shapes: Callable, replace: bool = False) -> Callable:
     """Register ``probe`` under ``name``; returns the probe wrapped in input and output checks.
 
     A name already registered (the built-ins included) is refused unless ``replace=True``; a
-    ``probe`` or ``parameter_shapes`` that is not callable is refused at once. Every call of
-    the returned probe checks its inputs (``check_probe_inputs``) and its outputs against the
-    shapes of SPEC section 2 (``check_probe_outputs``); errors name the scheme.
+    ``probe`` or ``parameter_shapes`` that is not callable is refused at once, and so is a
+    ``parameter_shapes`` from which the query count ``n`` cannot be read back
+    (``resolve_query_axes``). Every call of the returned probe checks its inputs
+    (``check_probe_inputs``) and its outputs against the shapes of SPEC section 2
+    (``check_probe_outputs``); errors name the scheme.
     """
     if not isinstance(name, str) or not name:
         raise TypeError(f"scheme name must be a non-empty str, got {name!r}")
@@ -101,6 +187,7 @@ def register_scheme(name: str, probe: Callable, parameter_shapes: Callable, repl
     if name in SCHEMES and not replace:
         raise ValueError(f"scheme {name!r} is already registered; pass replace=True to replace it "
                          f"(registered schemes: {sorted(SCHEMES)})")
+    query_axes = resolve_query_axes(name, parameter_shapes)
 
     @functools.wraps(probe)
     def checked_probe(M_below, params, reduction="mean"):
@@ -109,7 +196,7 @@ def register_scheme(name: str, probe: Callable, parameter_shapes: Callable, repl
         check_probe_outputs(name, M_below, params, outputs)
         return outputs
 
-    SCHEMES[name] = Scheme(name, checked_probe, parameter_shapes)
+    SCHEMES[name] = Scheme(name, checked_probe, parameter_shapes, query_axes)
     return checked_probe
 
 
@@ -122,8 +209,13 @@ def get_scheme(name: str) -> Scheme:
     return SCHEMES[name]
 
 
-def query_count(params: Mapping, K: int) -> int:
-    """``n``: the rows of ``params["Q"]`` (``[H, n, K]``), or ``K`` for a scheme without a query bank."""
+def query_count(params: Mapping, K: int, scheme: str | None = None) -> int:
+    """``n`` for ``params``: with ``scheme``, the rows of its query axis (``Scheme.bank_size``) or
+    ``K`` for a scheme without one (the built-in ``merge``; ``Scheme.query_count`` runs the probe
+    for any other). Without ``scheme`` (older callers): the rows of ``params["Q"]``, else ``K``."""
+    if scheme is not None:
+        n = get_scheme(scheme).bank_size(params)
+        return K if n is None else n
     Q = params.get("Q") if isinstance(params, Mapping) else None
     if isinstance(Q, torch.Tensor) and Q.dim() >= 2:
         return Q.shape[-2]
@@ -136,30 +228,35 @@ def check_reduction(reduction, name="reduction"):
 
 
 def check_scheme_params(scheme: str, params, H: int, K: int, V: int, name: str = "params",
-                        finite: bool = False) -> int:
+                        finite: bool = False) -> int | None:
     """``params`` holds exactly the scheme's parameters, each of the registered shape for
-    ``(H, K, V, n)``, with ``n ≤ K``. ``finite`` also checks for nan/inf (a device sync:
-    done once per call by ``validate_nested_inputs``, not per firing). Returns ``n``."""
-    shapes_of = get_scheme(scheme).parameter_shapes
+    ``(H, K, V, n)``, with ``n ≤ K`` read from the scheme's query axis. ``finite`` also checks for
+    nan/inf (a device sync: done once per call by ``validate_nested_inputs``, not per firing).
+    Returns ``n`` (``None`` for a scheme without a query axis: its probe's outputs fix ``n``)."""
+    resolved = get_scheme(scheme)
     if not isinstance(params, Mapping):
         raise TypeError(f"{name} must be a dict of tensors, got {type(params).__name__}")
-    n = query_count(params, K)
-    if n < 1:
-        raise ValueError(f"{name}['Q'] must hold at least one query, got n = {n}")
-    if n > K:
-        raise ValueError(f"{name}['Q'] holds n = {n} queries but K = {K}: a query bank larger than K "
-                         f"is not allowed (n ≤ K; a K×V state has at most K independent addresses)")
-    expected = shapes_of(H, K, V, n)
+    n = resolved.bank_size(params)
+    if n is not None:
+        key, axis = resolved.query_axes[0]
+        where = f"{name}[{key!r}]" + (f" (axis {axis})" if axis != 1 else "")
+        if n < 1:
+            raise ValueError(f"{where} must hold at least one query, got n = {n}")
+        if n > K:
+            raise ValueError(f"{where} holds n = {n} queries but K = {K}: a query bank larger than K "
+                             f"is not allowed (n ≤ K; a K×V state has at most K independent addresses)")
+    expected = resolved.parameter_shapes(H, K, V, K if n is None else n)
     missing = sorted(set(expected) - set(params))
     extra = sorted(set(params) - set(expected))
     if missing or extra:
         raise ValueError(f"{name} for scheme {scheme!r} must have keys {sorted(expected)}; "
                          f"missing {missing}, unexpected {extra}")
+    sizes = f"H={H}, K={K}, V={V}" + (f", n={n}" if n is not None else "")
     for key, shape in expected.items():
         check_tensor(f"{name}[{key!r}]", params[key], dtypes=FLOAT_DTYPES)
         if tuple(params[key].shape) != tuple(shape):
             raise ValueError(f"{name}[{key!r}] for scheme {scheme!r} must have shape {tuple(shape)} "
-                             f"(H={H}, K={K}, V={V}, n={n}), got {tuple(params[key].shape)}")
+                             f"({sizes}), got {tuple(params[key].shape)}")
         if finite:
             check_finite(f"{name}[{key!r}]", params[key])
     return n
@@ -189,7 +286,8 @@ PROBE_OUTPUTS = ("κ", "ν", "β", "ω", "γ")
 def check_probe_outputs(scheme: str, M_below, params, outputs):
     """A probe's outputs (SPEC section 2): five tensors of ``M_below``'s dtype and device,
     ``κ [..., H, n, K], ν [..., H, n, V], β [..., H, n, K], ω [..., H, n, V], γ [..., H, K]``
-    with ``M_below``'s leading dims and ``n = query_count(params, K)``. Errors name the scheme."""
+    with ``M_below``'s leading dims; ``n`` is the parameters' query count, or (a scheme
+    without a query axis) the pairs ``κ`` holds, with ``1 ≤ n ≤ K``. Errors name the scheme."""
     where = f"scheme {scheme!r}: probe"
     if not isinstance(outputs, (tuple, list)) or len(outputs) != 5:
         got = f"a {type(outputs).__name__} of {len(outputs)}" if isinstance(outputs, (tuple, list)) else \
@@ -197,7 +295,14 @@ def check_probe_outputs(scheme: str, M_below, params, outputs):
         raise ValueError(f"{where} must return 5 tensors (κ, ν, β, ω, γ), got {got}")
     *lead, H, K, V = M_below.shape
     lead = tuple(lead)
-    n = query_count(params, K)
+    n = get_scheme(scheme).bank_size(params)
+    if n is None:                       # no query axis: n is what the probe returns
+        κ = outputs[0]
+        if isinstance(κ, torch.Tensor) and κ.dim() >= 2:
+            n = κ.shape[-2]
+            if not 1 <= n <= K:
+                raise ValueError(f"{where} returned n = {n} pairs (κ {tuple(κ.shape)}) but K = {K}: "
+                                 f"1 ≤ n ≤ K is required (a K×V state has at most K independent addresses)")
     expected = {"κ": (lead + (H, n, K), "[..., H, n, K]"), "ν": (lead + (H, n, V), "[..., H, n, V]"),
                 "β": (lead + (H, n, K), "[..., H, n, K]"), "ω": (lead + (H, n, V), "[..., H, n, V]"),
                 "γ": (lead + (H, K), "[..., H, K]")}

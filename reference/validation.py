@@ -84,6 +84,9 @@ def check_shape(name: str, x: torch.Tensor, expected: Sequence[int], layout: str
 def check_same_device(named: Iterable[tuple[str, torch.Tensor | None]]):
     """All given tensors (``None`` skipped) live on one device."""
     named = [(n, t) for n, t in named if t is not None]
+    for name, t in named:
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor or None, got {type(t).__name__}")
     if not named:
         return
     first_name, first = named[0]

@@ -27,7 +27,7 @@
 # Only files under the device's own $OUT come back, at most a few: keep its value before pointing
 # this script's OUT elsewhere, and pack the work dir into it, e.g.
 #   R=$OUT; OUT=/tmp/w bash scripts/gpu_targeted.sh ...; tar czf $R/all.tgz -C /tmp/w .
-# (session 8 packed outside the device's $OUT and lost a call's files)
+# (a run that packed outside the device's $OUT lost its call's files)
 set -uo pipefail
 OUT=${OUT:-/tmp/ngdn-out}
 mkdir -p "$OUT"

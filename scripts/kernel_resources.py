@@ -62,7 +62,7 @@ def _kernels():
         rows.append((f"promote_scan_bwd_pairs (two-phase 2, BN = {BN})", promote_scan_bwd_pairs_kernel, dict.fromkeys(
             ("states", "kappa", "nu", "beta", "omega", "gamma", "g", "dkappa_part", "dnu", "dbeta_part", "domega",
              "dgamma_part"), f32) | dict.fromkeys(("F", "B", "N", "stride_sb", "stride_gb"), "i32"),
-            c | dict(DOT_PRECISION="tf32", MUTANT=0), num_warps(128, 32)))
+            c | dict(DOT_PRECISION="tf32"), num_warps(128, 32)))
     for n in (16, 32):
         g = dict(BN=n, BK=128, BV=128)
         rows.append((f"probe_gates_fwd (n = {n})", probe_gates_fwd_kernel,
@@ -71,7 +71,7 @@ def _kernels():
         rows.append((f"probe_gates_bwd (n = {n})", probe_gates_bwd_kernel,
                      dict.fromkeys(("z", "dkappa", "dbeta", "domega", "dgamma", "dz"), f32) | {"c_reduce": "fp32"}
                      | dict.fromkeys(("Bt", "n", "H", "K", "V", "C", "OFF_B"), "i32"),
-                     g | dict(HAS_KAPPA=True, HAS_DK=True, HAS_DB=True, HAS_DW=True, HAS_DG=True, MUTANT=0), 4))
+                     g | dict(HAS_KAPPA=True, HAS_DK=True, HAS_DB=True, HAS_DW=True, HAS_DG=True), 4))
     return rows
 
 

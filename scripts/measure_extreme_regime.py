@@ -1,7 +1,7 @@
 """Measure the optimized nested op (float32) against the float64 reference on the extreme-regime
 inputs (``regime="extreme"``: log-decay to -60, β = 1 - 1e-6, ω ∈ {0, 1}, router logits ±30, state
-norms 1e3 / 1e-6), beside flat GDN-2 (fla alone) on the same regime, and the nested op's pre-issue-12
-path (generic probe, PyTorch reads) on one draw. Issue 15 "Also". The table gives, per quantity, the
+norms 1e3 / 1e-6), beside flat GDN-2 (fla alone) on the same regime, and the nested op's earlier
+path (generic probe, PyTorch reads) on one draw. The table gives, per quantity, the
 draw closest to its bound as the kernel properties check it (``ngdn.checks.nested_optimized.
 extreme_vs_reference``: "nested vs fed" against the float64 reference fed the kernel's level-0
 snapshots, "nested vs float64" end to end; ``ngdn.checks.gdn2.optimized_vs_reference``: "flat").
@@ -39,7 +39,8 @@ from ngdn.inputs import GDN2Shape, generator  # noqa: E402
 from ngdn.nested_inputs import NestedShape, levels_as_reference, parameter_leaves  # noqa: E402
 from ngdn.tolerances import relative_error  # noqa: E402
 from optimized.nested import Pieces, _nested  # noqa: E402
-from optimized.nested.reads_torch import reads_router_bwd_torch, reads_router_fwd_torch  # noqa: E402
+from optimized.nested.pieces import reads_router_bwd_torch_levels  # noqa: E402
+from optimized.nested.reads_torch import reads_router_fwd_torch  # noqa: E402
 
 F32 = torch.float32
 CASES = [(70, "learned"), (130, "bounded_erase"), (100, "merge"), (70, "learned"), (130, "learned"),
@@ -76,7 +77,7 @@ def main():
     print("| op | quantity | error | bound | margin | where (the draw closest to its bound) |\n|---|---|---|---|---|---|")
     for (op, q), (e, b, where) in sorted(worst.items()):
         print(f"| {op} | {q} | {e:.1e} | {b:.1e} | {b / e:.0f}x | {where} |")
-    old = Pieces(fused_probe=False, reads_fwd=reads_router_fwd_torch, reads_bwd=reads_router_bwd_torch)
+    old = Pieces(fused_probe=False, reads_fwd=reads_router_fwd_torch, reads_bwd=reads_router_bwd_torch_levels)
     for name, pieces in (("today's path", Pieces()), ("generic probe + PyTorch reads", old)):
         errs = checks.optimized_vs_reference(case_of(5), torch.float32, op=op_with(pieces), log=False)
         end = max(e for lb, (e, _) in errs.items() if lb.endswith(checks.END_TO_END))

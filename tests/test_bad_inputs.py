@@ -1,4 +1,5 @@
-"""Bad inputs of issue 15, across every public entry point (the table in README "Bad inputs"):
+"""Bad inputs across every public entry point (the table in README "Bad inputs"; every op of
+``ngdn.ops`` has an entry here, checked by ``test_every_table_op_has_a_bad_input_entry``):
 bfloat16 under the interpreter, float16 and mixed dtypes (one rule, one message), non-finite
 activations (the optimized ops raise; the references stay causal), sizes past int32 offsets,
 the NumPy twins' checks, ``make_levels`` arguments and ``chunk_fenwick``'s return value.
@@ -9,12 +10,13 @@ import numpy as np
 import pytest
 import torch
 
-from ngdn.fenwick_inputs import FenwickShape, fenwick_inputs
+from ngdn import ops
+from ngdn.fenwick_inputs import FenwickShape, fenwick_gdn2_inputs, fenwick_inputs
 from ngdn.inputs import GDN2Shape, gdn2_inputs
 from ngdn.nested_inputs import NestedShape, cast_levels, nested_inputs
 from ngdn.tensor3d_inputs import Tensor3DShape, tensor3d_inputs
-from optimized import chunk_fenwick, chunk_gdn2, chunk_nested_gdn2, chunk_tensor3d, triton_mode
-from reference import (make_levels, naive_fenwick, naive_fenwick_gdn2_numpy, naive_fenwick_numpy, naive_gdn2,
+from optimized import chunk_fenwick, chunk_fenwick_gdn2, chunk_gdn2, chunk_nested_gdn2, chunk_tensor3d, triton_mode
+from reference import (make_levels, naive_fenwick, naive_fenwick_gdn2, naive_fenwick_gdn2_numpy, naive_fenwick_numpy, naive_gdn2,
                        naive_gdn2_numpy, naive_nested_gdn2, naive_nested_gdn2_numpy, naive_tensor3d,
                        naive_tensor3d_numpy, quadratic_fenwick, quadratic_fenwick_numpy)
 
@@ -48,6 +50,11 @@ def fenwick_call(dtype=torch.float32, device=DEV):
     return {n: x[n].to(device, dtype) for n in ("q", "k", "v", "g", "level_scales")}
 
 
+def fenwick_gdn2_call(dtype=torch.float32, device=DEV):
+    x = fenwick_gdn2_inputs(FenwickShape(B=2, T=8, H=1, K=8, V=8), seed=0)
+    return {n: x[n].to(device, dtype) for n in ("q", "k", "v", "g", "b", "w", "level_scales")}
+
+
 # (id, optimized op, reference op, inputs(dtype, device), first activation's name)
 OPS = [
     ("gdn2", chunk_gdn2, naive_gdn2, gdn2_call, "q"),
@@ -55,8 +62,53 @@ OPS = [
     ("tensor3d-gla", chunk_tensor3d, naive_tensor3d, lambda *a, **k: tensor3d_call("gla", *a, **k), "q1"),
     ("tensor3d-delta", chunk_tensor3d, naive_tensor3d, lambda *a, **k: tensor3d_call("delta", *a, **k), "q1"),
     ("fenwick", chunk_fenwick, naive_fenwick, fenwick_call, "q"),
+    ("fenwick-gdn2", chunk_fenwick_gdn2, naive_fenwick_gdn2, fenwick_gdn2_call, "q"),
 ]
 OP_PARAMS = [pytest.param(*op[1:], id=op[0]) for op in OPS]
+
+
+def test_every_table_op_has_a_bad_input_entry():
+    assert sorted(op[0] for op in OPS) == sorted(info.name for info in ops.OPS)
+
+
+# --- types: a list where a tensor belongs, a non-finite scale -------------------------------------
+
+STATE_ARGUMENT = {"gdn2": "initial_state", "nested": "initial_states", "tensor3d-gla": "initial_state",
+                  "tensor3d-delta": "initial_state", "fenwick-gdn2": "initial_state"}
+
+
+@pytest.mark.parametrize("opt, ref, call, first", OP_PARAMS)
+@pytest.mark.parametrize("side", ["optimized", "reference"])
+def test_a_list_where_a_tensor_belongs_is_a_type_error(opt, ref, call, first, side):
+    """SPEC "Errors": a wrong type is a TypeError naming the argument (a list once reached
+    ``.device`` and failed with an AttributeError)."""
+    op = opt if side == "optimized" else ref
+    args = call() if side == "optimized" else call(torch.float64, "cpu")
+    args["v"] = [[0.0]]
+    with pytest.raises(TypeError, match=r"\bv must be a torch.Tensor"):
+        op(**args)
+
+
+@pytest.mark.parametrize("op_id", sorted(STATE_ARGUMENT))
+@pytest.mark.parametrize("side", ["optimized", "reference"])
+def test_a_list_as_initial_state_is_a_type_error(op_id, side):
+    _, opt, ref, call, _ = next(op for op in OPS if op[0] == op_id)
+    if op_id == "fenwick-gdn2" and side == "reference":
+        pytest.skip("naive_fenwick_gdn2 takes no initial state (state passing is the optimized op's)")
+    op = opt if side == "optimized" else ref
+    args = call() if side == "optimized" else call(torch.float64, "cpu")
+    name = STATE_ARGUMENT[op_id]
+    args[name] = [[0.0]] if name == "initial_state" else [[[0.0]]] * (len(args["levels"]) + 1)
+    with pytest.raises(TypeError, match=rf"{name}(\[0\])? must be a torch.Tensor"):
+        op(**args)
+
+
+@pytest.mark.parametrize("opt, ref, call, first", OP_PARAMS)
+@pytest.mark.parametrize("scale", [float("inf"), float("-inf"), float("nan")])
+def test_a_non_finite_scale_is_refused(opt, ref, call, first, scale):
+    for op, args in ((opt, call()), (ref, call(torch.float64, "cpu"))):
+        with pytest.raises(ValueError, match=r"scale must be finite"):
+            op(**args, scale=scale)
 
 
 # --- dtypes: bfloat16 under the interpreter, float16, mixed --------------------------------------
@@ -64,7 +116,7 @@ OP_PARAMS = [pytest.param(*op[1:], id=op[0]) for op in OPS]
 @pytest.mark.skipif(not CPU, reason="bfloat16 is computed (and tested) in cuda mode")
 @pytest.mark.parametrize("opt, ref, call, first", OP_PARAMS)
 def test_bfloat16_refused_under_the_interpreter(opt, ref, call, first):
-    """Issue 15.1: bf16 CPU tensors came back as 1e9-1e10; now refused, naming the mode."""
+    """bf16 CPU tensors came back as 1e9-1e10; now refused, naming the mode."""
     with pytest.raises(ValueError, match=rf"{first} is torch.bfloat16, which the Triton interpreter "
                                          r"\(cpu-interpret mode\) does not compute correctly; use float32 on "
                                          r"the CPU \(bfloat16 runs on CUDA\)"):
@@ -73,7 +125,7 @@ def test_bfloat16_refused_under_the_interpreter(opt, ref, call, first):
 
 @pytest.mark.parametrize("opt, ref, call, first", OP_PARAMS)
 def test_float16_one_rule_for_every_optimized_op(opt, ref, call, first):
-    """Issue 15.8: every optimized op takes float32 and bfloat16, none float16 (no kernel is tested in it)."""
+    """Every optimized op takes float32 and bfloat16, none float16 (no kernel is tested in it)."""
     with pytest.raises(ValueError, match=rf"{first} must have dtype in \['torch.bfloat16', 'torch.float32'\], "
                                          r"got torch.float16"):
         opt(**call(torch.float16))
@@ -81,7 +133,7 @@ def test_float16_one_rule_for_every_optimized_op(opt, ref, call, first):
 
 @pytest.mark.parametrize("opt, ref, call, first", OP_PARAMS)
 def test_mixed_dtypes_one_message(opt, ref, call, first):
-    """Issue 15.8: the reference and the optimized op give the same message for one mixed input."""
+    """The reference and the optimized op give the same message for one mixed input."""
     messages = []
     for op in (opt, ref):
         args = call()
@@ -107,7 +159,7 @@ def poisoned(call, name, value, b=1, t=5):
 @pytest.mark.parametrize("name, value", [("k", float("nan")), ("v", float("inf")), ("g", float("-inf")),
                                          ("g", float("nan"))])
 def test_optimized_refuses_non_finite_activations(opt, ref, call, first, name, value):
-    """Issue 15.2: fla's chunk kernels spread a NaN/inf to earlier tokens of its chunk (and turn
+    """fla's chunk kernels spread a NaN/inf to earlier tokens of its chunk (and turn
     g = -inf into NaN everywhere); the optimized ops raise instead, naming tensor, batch and token."""
     if name == "k" and first == "q1":
         name = "k1"
@@ -168,7 +220,7 @@ SIZE_MESSAGE = r"q \[B, T, H, K\] = \(1, 2147483648, 1, 4\) would hold 858993459
 
 @pytest.mark.parametrize("op", [chunk_gdn2, naive_gdn2, naive_gdn2_numpy])
 def test_huge_sequence_refused_before_any_work(op):
-    """Issue 15.7: T = 2**31 ended in an allocator error inside fla; naive_gdn2 started looping."""
+    """T = 2**31 ended in an allocator error inside fla; naive_gdn2 started looping."""
     with pytest.raises(ValueError, match=SIZE_MESSAGE):
         op(**huge_gdn2())
 
@@ -219,7 +271,7 @@ def same_error(twin, ref, args, error=ValueError):
 
 @pytest.mark.parametrize("twin, ref, call", TWINS)
 def test_numpy_twin_wrong_shape(twin, ref, call):
-    """Issue 15.6: a raw NumPy broadcast/IndexError before; now the torch reference's message."""
+    """A raw NumPy broadcast/IndexError before; now the torch reference's message."""
     args = call()
     args["v"] = args["v"][:, :3]
     assert "v must have shape [B, T, H, V]" in same_error(twin, ref, args)
@@ -281,7 +333,7 @@ def test_numpy_twin_huge_sizes():
     (dict(intervals=[1, 2.0]), TypeError, r"intervals\[1\] \(level ℓ = 2\) must be an int, got float"),
 ])
 def test_make_levels_refuses_bad_arguments_at_once(kwargs, error, message):
-    """Issue 15.5: these failed only when the levels were used."""
+    """These failed only when the levels were used."""
     with pytest.raises(error, match=message):
         make_levels(3, 1, 8, 8, **kwargs)
 
@@ -289,6 +341,6 @@ def test_make_levels_refuses_bad_arguments_at_once(kwargs, error, message):
 # --- return values -------------------------------------------------------------------------------
 
 def test_chunk_fenwick_returns_output_and_none():
-    """Issue 15.8: ``o, _ = chunk_fenwick(...)`` kept batch 0 of a bare tensor; now ``(o, None)``."""
+    """``o, _ = chunk_fenwick(...)`` kept batch 0 of a bare tensor; now ``(o, None)``."""
     o, final = chunk_fenwick(**fenwick_call())
     assert final is None and o.shape == (2, 8, 1, 8)

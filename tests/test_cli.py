@@ -75,3 +75,58 @@ def test_errors_reports_worst_case_and_margin(tmp_path, capsys):
     assert main(["errors", str(log)]) == 0
     out = capsys.readouterr().out
     assert "4.00e-07" in out and "| 3 " in out and "25x" in out
+
+
+def help_text(capsys, *argv) -> str:
+    with pytest.raises(SystemExit) as exit_:
+        main([*argv, "--help"])
+    assert exit_.value.code == 0
+    return capsys.readouterr().out
+
+
+def test_check_help_describes_every_option_and_lists_the_components(capsys):
+    from ngdn import agreement
+
+    out = " ".join(help_text(capsys, "check").split())
+    assert "seed of every component's input draw" in out and "dtype of the optimized paths" in out
+    assert "components: " + ", ".join(agreement.COMPONENTS) in out, out
+
+
+def test_errors_help_has_a_description(capsys):
+    out = " ".join(help_text(capsys, "errors").split())
+    assert "worst observed error per tolerance entry" in out and "NGDN_ERROR_LOG" in out, out
+
+
+@pytest.mark.parametrize("bench, default_out", [("fenwick-gdn2", "results/<date>-fenwick-gdn2/"),
+                                                ("long-context", "results/<date>-long-context/")])
+def test_bench_subcommands_name_themselves_and_default_their_output(capsys, bench, default_out):
+    out = help_text(capsys, "bench", bench)
+    assert out.startswith(f"usage: ngdn bench {bench} [-h] [--out OUT]"), out
+    assert default_out in " ".join(out.split()), out
+
+
+def test_long_context_output_defaults_to_a_dated_results_folder():
+    from bench.long_context import parse_args
+
+    out = parse_args(["--quick"]).out
+    assert re.fullmatch(r"results/\d{4}-\d\d-\d\d-long-context-quick", out), out
+
+
+def test_bench_offers_every_registered_scheme(capsys):
+    from reference.schemes import SCHEMES
+
+    out = help_text(capsys, "bench")
+    assert "{" + ",".join(sorted(SCHEMES)) + "}" in out and "bounded_erase" in out, out
+
+
+def test_bench_recall_dispatches_to_its_module(monkeypatch):
+    """`ngdn bench recall ARGS` calls `bench.recall.main(ARGS)` (imported only then)."""
+    import sys
+    import types
+
+    seen = []
+    fake = types.ModuleType("bench.recall")
+    fake.main = lambda argv: seen.append(argv) or 0
+    monkeypatch.setitem(sys.modules, "bench.recall", fake)
+    assert main(["bench", "recall", "--quick", "--out", "x"]) == 0
+    assert seen == [["--quick", "--out", "x"]]

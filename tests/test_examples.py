@@ -1,4 +1,4 @@
-"""The README's runnable examples (issue 15, item 10). ``examples/fixed_address.py`` is
+"""The README's runnable examples. ``examples/fixed_address.py`` is
 exercised by ``tests/test_scheme_check.py``."""
 import runpy
 from pathlib import Path

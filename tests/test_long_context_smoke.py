@@ -126,7 +126,7 @@ def test_stacked_reference_rows():
 
 
 def test_ngdn_bench_long_context_is_the_sweep(capsys):
-    """`ngdn bench long-context` reaches this sweep (issue 15: the sweep lives in `ngdn bench`)."""
+    """`ngdn bench long-context` reaches this sweep (the sweep lives in `ngdn bench`)."""
     import pytest
 
     from ngdn.cli import main

@@ -1,7 +1,7 @@
 """The nested op with the fused probe of the built-in schemes (``optimized.nested.probe_fused``,
 hand-written backward) equals the same op with the generic probe replayed under autograd
 (``Pieces(fused_probe=False)``): values and every gradient, each built-in scheme, both
-reductions (issue 13 item 1, at the op's level; ``property_tests/test_probe_fused.py`` checks
+reductions (at the op's level; ``property_tests/test_probe_fused.py`` checks
 the probe alone against autograd in float64)."""
 import pytest
 import torch

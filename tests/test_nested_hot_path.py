@@ -1,6 +1,6 @@
-"""The nested op's hot path (issue 12 item 3): no host syncs with the finiteness check off,
+"""The nested op's hot path: no host syncs with the finiteness check off,
 the schedule's index tensors built once per (T, intervals, device), and the check's flag; its
-memory (issue 13 item 4): the upper levels' saved buffers gone before level 0's backward."""
+memory: the upper levels' saved buffers gone before level 0's backward."""
 import weakref
 
 import pytest

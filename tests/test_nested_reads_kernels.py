@@ -1,19 +1,26 @@
 """The Triton reads/router kernels (``optimized.nested.reads_fwd`` / ``reads_bwd``) against a
 float64 PyTorch formula and its autograd, on shapes that reach every masked edge: a ragged
 last chunk, K not a power of two, several V blocks with a ragged last one, 2-4 levels,
-general monotone schedules with rows nobody reads, router logits of ±30. Mutants (a read
-one chunk late, a forgotten level 0, a softmax backward without ``- Σ p dp``, a router
-softmax over the tokens instead of the levels, a dropped dr, a state gradient summed over
-one chunk too few) must fail."""
+general monotone schedules with rows nobody reads, router logits of ±30, K over two key
+blocks of the backward's token kernel. Mutants (``READS_MUTANTS``: a read one chunk late, a
+forgotten level 0, a softmax backward without ``- Σ p dp``, a router softmax over the tokens
+instead of the levels, a dropped dr, a state gradient summed over one chunk too few, a
+router gradient from the last key block only) must fail; each is the production kernel with
+one source substitution (``property_tests/kernel_mutation.py``)."""
+import contextlib
+
 import pytest
 import torch
+import triton
 
 from optimized import triton_mode
 from optimized.level0 import CHUNK
 from optimized.nested import reads_bwd as reads_bwd_module
-from optimized.nested.reads_bwd import reads_bwd
-from optimized.nested.reads_fwd import read_tables, reads_fwd
+from optimized.nested import reads_fwd as reads_fwd_module
+from optimized.nested.reads_bwd import reads_bwd, token_blocks
+from optimized.nested.reads_fwd import block_sizes, read_tables, reads_fwd
 from ngdn.tolerances import record, tolerance
+from property_tests.kernel_mutation import Plant, planted
 
 DEV = triton_mode.device()
 # bfloat16 activations (q, r, o0, do) where the kernels compute them: the bf16 split dots
@@ -31,6 +38,45 @@ CASES = {
     "L4_extreme": (1, 200, 2, 24, 40, 16, [[0, 0, 1, 3], [0, 0, 0, 0], [0, 1, 1, 2]], [5, 2, 3], 30.0),
     # one full chunk, default V block (one ragged block of 64 for V = 40), K = 16
     "L3_one_chunk": (1, 64, 1, 16, 40, None, [[0], [1]], [2, 2], 1.0),
+    # K = 40: the backward's token kernel visits K in two key blocks of 32 (the second 8 wide);
+    # ragged last chunk (100 = 64 + 36), V = 24 in two V blocks of 16; level 1's last row unread
+    "L3_two_key_blocks": (1, 100, 2, 40, 24, 16, [[0, 1], [0, 0]], [3, 1], 1.0),
+}
+
+# The broken kernels: name -> plants (each one exact substitution in a production kernel).
+_FWD, _BWD = reads_fwd_module, reads_bwd_module
+READS_MUTANTS = {
+    # the forward reads the row of the chunk before (read_row[ℓ, j - 1])
+    "stale_read": [Plant(_FWD, "reads_fwd_kernel", "tl.load(read_row + l * N + i_c)",
+                         "tl.load(read_row + l * N + tl.maximum(i_c - 1, 0))")],
+    # the forward drops p_0 · o0, the backward dp_0 from dr
+    "no_level0": [Plant(_FWD, "reads_fwd_kernel", "b_o = level_column(b_p, 0, BL)[:, None] * b_o0",
+                        "b_o = 0.0 * level_column(b_p, 0, BL)[:, None] * b_o0"),
+                  Plant(_BWD, "reads_bwd_tokens_kernel", "b_dp = tl.where(o_l[None, :] == 0, b_dp0[:, None], 0.0)",
+                        "b_dp = tl.where(o_l[None, :] == 0, 0.0 * b_dp0[:, None], 0.0)")],
+    # the softmax backward without its centring: dr = p ⊙ dp
+    "no_centering": [Plant(_BWD, "reads_bwd_tokens_kernel",
+                           "b_dr = b_p * (b_dp - tl.sum(b_p * b_dp, axis=1)[:, None])", "b_dr = b_p * b_dp")],
+    # the router normalises over the chunk's tokens, not the levels (every kernel that computes p;
+    # columns ≥ L keep logit 0, so p stays finite)
+    "softmax_wrong_axis": [Plant(
+        _FWD, "router_probs",
+        """    b_r = tl.where(m_l[None, :], b_r, float("-inf"))
+    b_e = tl.exp(b_r - tl.max(b_r, axis=1)[:, None])
+    b_p = b_e / tl.sum(b_e, axis=1)[:, None]""",
+        """    b_e = tl.exp(b_r - tl.max(b_r, axis=0)[None, :])
+    b_p = b_e / tl.sum(b_e, axis=0)[None, :]""",
+        rebind=((_FWD, "reads_fwd_kernel"), (_BWD, "reads_bwd_tokens_kernel"), (_BWD, "reads_bwd_states_kernel")))],
+    # the token kernel writes dr = 0
+    "dropped_dr": [Plant(_BWD, "reads_bwd_tokens_kernel", "tl.store(dr + tok[:, None] * L + o_l[None, :], b_dr,",
+                         "tl.store(dr + tok[:, None] * L + o_l[None, :], 0.0 * b_dr,")],
+    # the state kernel sums each row over chunks [lo, hi - 1) when hi > lo
+    "short_state_sum": [Plant(_BWD, "reads_bwd_states_kernel", "j_hi = tl.load(row_chunk_hi + i_s)",
+                              "j_hi = tl.maximum(tl.load(row_chunk_hi + i_s) - 1, j_lo)")],
+    # dp of level ℓ keeps only the last key block's part (no accumulation over key blocks):
+    # the same kernel as the correct one while K fits one key block
+    "last_key_block_only": [Plant(_BWD, "reads_bwd_tokens_kernel", "b_dpl += scale * tl.sum(b_q * b_u, axis=1)",
+                                  "b_dpl = scale * tl.sum(b_q * b_u, axis=1)")],
 }
 
 
@@ -87,13 +133,22 @@ class NaNEmpty:
 
 
 def run(x, tables, scale, block_v, mutant=None):
-    o = reads_fwd(x["q"], x["r"], x["o0"], x["states"], tables.read_row, scale, block_v=block_v, _mutant=mutant)
-    B, T, H, L, K = x["q"].shape
-    dq = torch.full((B, T, H, L, K), 7.0, device=DEV)        # level 0 must stay untouched
-    dr, do0, dstates = reads_bwd(x["do"], x["q"], x["r"], x["o0"], x["states"], tables.read_row,
-                                 tables.row_level, tables.row_chunk_lo, tables.row_chunk_hi, scale, dq,
-                                 block_v=block_v, _mutant=mutant)
+    """Forward and backward; ``mutant``: with that entry of ``READS_MUTANTS`` planted."""
+    with planted(*READS_MUTANTS[mutant]) if mutant is not None else contextlib.nullcontext():
+        o = reads_fwd(x["q"], x["r"], x["o0"], x["states"], tables.read_row, scale, block_v=block_v)
+        B, T, H, L, K = x["q"].shape
+        dq = torch.full((B, T, H, L, K), 7.0, device=DEV)        # level 0 must stay untouched
+        dr, do0, dstates = reads_bwd(x["do"], x["q"], x["r"], x["o0"], x["states"], tables.read_row,
+                                     tables.row_level, tables.row_chunk_lo, tables.row_chunk_hi, scale, dq,
+                                     block_v=block_v)
     return o, dq, dr, do0, dstates
+
+
+def key_blocks(name) -> int:
+    """How many key blocks the backward's token kernel visits on case ``name``."""
+    B, T, H, K, V, block_v, *_ = CASES[name]
+    BKA = token_blocks(*block_sizes(K, V, 2, block_v)[1:3])[0]
+    return triton.cdiv(K, BKA)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -122,18 +177,39 @@ def test_reads_match_float64(name, dtype, monkeypatch):
     assert bool((dstates[:, unread] == 0).all()), "rows read by no chunk must get zeros"
 
 
-# L2_ragged shows each: its rows 0 and 1 are read by 1 and 2 chunks (short_state_sum drops
-# chunk 0's and chunk 2's terms); softmax_wrong_axis breaks p in all three kernels.
-@pytest.mark.parametrize("mutant, broken", [("stale_read", ["o"]), ("no_level0", ["o", "dr"]),
-                                            ("no_centering", ["dr"]),
-                                            ("softmax_wrong_axis", ["o", "dr", "dstates"]),
-                                            ("dropped_dr", ["dr"]), ("short_state_sum", ["dstates"])])
-def test_mutants_fail(mutant, broken):
-    x, tables, meta = make_case("L2_ragged")
+def mutant_errors(name, mutant):
+    x, tables, meta = make_case(name)
     o, dq, dr, do0, dstates = run(x, tables, meta["scale"], meta["block_v"], mutant=mutant)
     o_ref, g = reference(x, tables, meta["read_index"], meta["scale"])
-    errors = {"o": rel(o, o_ref), "dr": rel(dr, g["r"]), "dstates": rel(dstates, g["states"])}
+    return {"o": rel(o, o_ref), "dr": rel(dr, g["r"]), "dstates": rel(dstates, g["states"])}
+
+
+# L2_ragged shows each of the first six: its rows 0 and 1 are read by 1 and 2 chunks
+# (short_state_sum drops chunk 0's and chunk 2's terms); softmax_wrong_axis breaks p in all three
+# kernels. last_key_block_only needs two key blocks (L3_two_key_blocks).
+MUTANT_CASES = [("stale_read", ["o"], "L2_ragged"), ("no_level0", ["o", "dr"], "L2_ragged"),
+                ("no_centering", ["dr"], "L2_ragged"), ("softmax_wrong_axis", ["o", "dr", "dstates"], "L2_ragged"),
+                ("dropped_dr", ["dr"], "L2_ragged"), ("short_state_sum", ["dstates"], "L2_ragged"),
+                ("last_key_block_only", ["dr"], "L3_two_key_blocks")]
+
+
+@pytest.mark.mutation
+@pytest.mark.parametrize("mutant, broken, case", MUTANT_CASES)
+def test_mutants_fail(mutant, broken, case):
+    errors = mutant_errors(case, mutant)
     assert all(errors[k] > MUTANT_MIN_ERROR for k in broken), errors
+
+
+def test_every_mutant_has_a_case():
+    assert sorted(m for m, _, _ in MUTANT_CASES) == sorted(READS_MUTANTS)
+
+
+@pytest.mark.mutation
+def test_key_block_mutant_needs_two_key_blocks():
+    """The case reaches the multi-key-block path (and the mutant is invisible with one key block:
+    the case is what catches it)."""
+    assert key_blocks("L3_two_key_blocks") == 2 and key_blocks("L2_ragged") == 1
+    assert max(mutant_errors("L2_ragged", "last_key_block_only").values()) < 1e-5
 
 
 def test_bad_inputs_fail_early():
@@ -145,8 +221,6 @@ def test_bad_inputs_fail_early():
         reads_fwd(*args[:3], args[3].double(), *args[4:])
     with pytest.raises(ValueError, match=r"read_row must have shape \(3, 1\)"):
         reads_fwd(*args[:4], tables.read_row[:2], meta["scale"])
-    with pytest.raises(ValueError, match=r"_mutant must be one of"):
-        reads_fwd(*args, _mutant="typo")
     B, T, H, L, K = x["q"].shape
     dq = torch.zeros(B, T, H, K, L, device=DEV).transpose(3, 4)         # right shape, not contiguous
     with pytest.raises(ValueError, match=r"dq must be contiguous"):
@@ -191,3 +265,16 @@ def test_state_rows_one_level_at_a_time_equal_all_at_once(name):
     with pytest.raises(ValueError, match="step 1"):
         reads_bwd_states(x["do"], x["q"], x["r"], x["o0"], x["states"], tables.read_row, tables.row_level,
                          tables.row_chunk_lo, tables.row_chunk_hi, meta["scale"], slice(0, S, 2))
+
+
+def test_a_mutant_whose_text_is_gone_fails_loudly():
+    """A plant must match its kernel exactly once: a kernel edited under it cannot make the
+    mutant silently the correct code."""
+    with pytest.raises(AssertionError, match="exactly once"):
+        with planted(Plant(_FWD, "reads_fwd_kernel", "text that is not in the kernel", "x")):
+            pass
+    original = reads_bwd_module.reads_bwd_tokens_kernel
+    with pytest.raises(AssertionError, match="found 2 times"):
+        with planted(Plant(_BWD, "reads_bwd_tokens_kernel", "b_o0", "x")):
+            pass
+    assert reads_bwd_module.reads_bwd_tokens_kernel is original

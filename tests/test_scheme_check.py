@@ -62,17 +62,80 @@ def test_learned_is_reported_expansive_with_its_growth_factor(capsys):
     assert "example: StabilityDraw(" in out and "reproduce: ngdn scheme check" in out
 
 
-@pytest.mark.parametrize("file, caught_by", [
-    ("wrong_backward.py", "probe_gradcheck"),
-    ("positive_gamma.py", "contract"),
-    ("transposed_snapshot.py", "contract"),
-    ("nan_on_zero.py", "contract"),
-    ("shapes_disagree.py", "contract"),
+@pytest.mark.parametrize("file, caught_by, cause", [
+    ("wrong_backward.py", "probe_gradcheck", "Jacobian mismatch for output β with respect to input "),
+    ("positive_gamma.py", "contract", "γ > 0"),
+    ("transposed_snapshot.py", "contract", "do the declared parameter shapes match"),
+    ("nan_on_zero.py", "contract", "not finite"),
+    ("shapes_disagree.py", "contract", "do the declared parameter shapes match"),
+    ("over_erase.py", "contract", "β outside [0, 1]"),
+    ("batch_mixing.py", "independence", "(the scheme mixes the batch)"),
+    ("decay_over_channels.py", "contract", "output γ must have shape [..., H, K]"),
 ])
-def test_broken_scheme_fails(capsys, file, caught_by):
+def test_broken_scheme_fails(capsys, file, caught_by, cause):
     rc, out = check(capsys, BROKEN / file, *FEW, *WITHOUT_OPTIMIZED)
     assert rc == 1 and verdicts(out)[caught_by] == "FAIL", out
     assert f"FAIL: {caught_by}" in out and "example: ProbeDraw(" in out
+    assert cause in out.split(f"FAIL: {caught_by}")[1], out
+
+
+def test_an_erase_gate_above_one_is_expansive_with_slow_decays(capsys):
+    """``merge`` with β = 3σ(·): the decay at make_levels' scales hides the over-erase; slow decays do not."""
+    rc, out = check(capsys, BROKEN / "over_erase.py", *FEW, "--only", "stability")
+    assert rc == 1 and verdicts(out) == {"stability": "EXPANSIVE"}, out
+    assert "with slow decays" in out and "decay=0.001" in out, out
+
+
+def test_a_query_count_that_cannot_be_read_is_refused(capsys):
+    """A query bank declared ``(H, n + 1, K)``: no axis of size n, so the scheme is refused (exit 2)."""
+    assert main(["scheme", "check", str(BROKEN / "unreadable_query_count.py")]) == 2
+    err = capsys.readouterr().err
+    assert "cannot determine the query count n from the parameter shapes" in err and "'P'" in err, err
+
+
+P_BANK = '''from reference.schemes import gates, l2norm, reduce_log_decay, register_scheme
+
+def shapes(H, K, V, n):
+    return {"P": (H, n, K), "W_beta": (H, V, K), "W_omega": (H, V, V), "W_gamma": (H, V, K)}
+
+def p_bank(M_below, params, reduction="mean"):
+    ν = params["P"] @ M_below
+    κ = l2norm(params["P"]).expand(*ν.shape[:-1], -1)
+    β, ω, γ_i = gates(ν, params)
+    return κ, ν, β, ω, reduce_log_decay(γ_i, reduction)
+
+register_scheme("p_bank", p_bank, shapes)
+'''
+
+
+def test_the_query_count_comes_from_the_shapes_not_the_name(capsys, tmp_path):
+    """``fixed_address`` with its bank called ``P``: n is read from ``P``'s axis 1, so ``one_pair``
+    (n = 1) applies and the query-row permutation is checked."""
+    path = tmp_path / "p_bank.py"
+    path.write_text(P_BANK)
+    rc, out = check(capsys, path, *FEW, "--only", "one_pair", "--only", "permutation", "--only", "contract")
+    assert rc == 0 and verdicts(out) == {"contract": "ok", "permutation": "ok", "one_pair": "ok"}, out
+
+
+STATEFUL = '''from reference.schemes import learned, learned_parameter_shapes, register_scheme
+
+calls = [0]
+
+def stateful(M_below, params, reduction="mean"):
+    calls[0] += 1
+    κ, ν, β, ω, γ = learned(M_below, params, reduction)
+    return κ, ν * (1 + 1e-3 * (calls[0] % 2)), β, ω, γ
+
+register_scheme("stateful", stateful, learned_parameter_shapes)
+'''
+
+
+def test_a_stateful_probe_is_named_impure(capsys, tmp_path):
+    path = tmp_path / "stateful.py"
+    path.write_text(STATEFUL)
+    rc, out = check(capsys, path, *FEW, "--only", "contract")
+    assert rc == 1 and "a probe must be a pure function of (M_below, params)" in out, out
+    assert "FlakyFailure" not in out and "unreliable" not in out, out
 
 
 def test_the_reproduction_command_reruns_the_failure(capsys):

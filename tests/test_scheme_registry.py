@@ -92,3 +92,66 @@ def test_a_good_probe_passes_the_output_check(registry):
     M_below, params = inputs()
     κ, ν, β, ω, γ = get_scheme("good_outputs").probe(M_below, params)
     assert κ.shape == (1, H, n, K) and γ.shape == (1, H, K)
+
+
+def p_shapes(H, K, V, n):
+    return {"P": (H, n, K), "W_beta": (H, V, K), "W_omega": (H, V, V), "W_gamma": (H, V, K)}
+
+
+def p_probe(M_below, params, reduction="mean"):
+    return good_probe(M_below, {"Q": params["P"], **{k: v for k, v in params.items() if k != "P"}}, reduction)
+
+
+def test_the_query_count_is_read_from_the_declared_shapes_not_a_name(registry):
+    """A query bank called ``P``: its axis 1 is the query axis, so ``make_levels(query_counts=[4])``
+    gives 4 pairs and the nested reference runs; a bank larger than K is refused naming ``P``."""
+    from reference.nested import make_levels, naive_nested_gdn2
+
+    register_scheme("p_bank", p_probe, p_shapes)
+    assert SCHEMES["p_bank"].query_axes == (("P", 1),) and SCHEMES["learned"].query_axes == (("Q", 1),)
+    assert SCHEMES["merge"].query_axes == ()
+    level, = make_levels(2, H, K, V, scheme="p_bank", query_counts=[4])
+    M_below = torch.randn(1, H, K, V, dtype=torch.float64)
+    assert get_scheme("p_bank").probe(M_below, level.params)[0].shape == (1, H, 4, K)
+    assert get_scheme("p_bank").query_count(level.params, H, K, V) == 4
+    assert get_scheme("merge").query_count(make_levels(2, H, K, V, scheme="merge")[0].params, H, K, V) == K
+    B, T, L = 1, 5, 2
+    q = torch.randn(B, T, H, L, K, dtype=torch.float64)
+    k, g, b = (torch.randn(B, T, H, K, dtype=torch.float64) for _ in range(3))
+    v, w = (torch.randn(B, T, H, V, dtype=torch.float64) for _ in range(2))
+    o, _ = naive_nested_gdn2(q, k, v, -g.abs(), b.sigmoid(), w.sigmoid(), torch.zeros(B, T, H, L, dtype=torch.float64),
+                             [level], chunk_size=2)
+    assert o.shape == (B, T, H, V)
+    too_many = {**level.params, "P": torch.zeros(H, K + 1, K, dtype=torch.float64)}
+    with pytest.raises(ValueError, match=r"params\['P'\] holds n = 9 queries but K = 8"):
+        get_scheme("p_bank").probe(M_below, too_many)
+
+
+@pytest.mark.parametrize("shapes_fn, message", [
+    (lambda H, K, V, n: {"P": (H, n + 1, K)}, r"cannot determine the query count n.*axis 1 of 'P' depends on n "
+                                              r"without being of size n \(sizes \[2, 3, 6\]"),
+    (lambda H, K, V, n: {"W": (H, 2 * n)}, r"cannot determine the query count n.*axis 1 of 'W'"),
+    (lambda H, K, V, n: {"P": (H, n, K)} if n < 5 else {"R": (H, n, K)}, r"must declare the same parameters"),
+    (lambda H, K, V, n: [("P", (H, n, K))], r"must return a dict \{name: shape tuple of ints\}"),
+    (lambda H, K, V, n: {"P": (H, n, K // 0)}, r"parameter_shapes\(3, 16, 12, 1\) raised ZeroDivisionError"),
+], ids=["n_plus_one", "two_n", "names_change", "not_a_dict", "raises"])
+def test_shapes_from_which_n_cannot_be_read_are_refused_at_once(registry, shapes_fn, message):
+    with pytest.raises((ValueError, TypeError), match=f"scheme 'unreadable'.*{message}"):
+        register_scheme("unreadable", good_probe, shapes_fn)
+    assert "unreadable" not in SCHEMES
+
+
+def test_a_probe_without_a_query_axis_returns_at_most_K_pairs(registry):
+    def many_pairs(M_below, params, reduction="mean"):
+        κ, ν, β, ω, γ = good_probe(M_below, params, reduction)
+        cat = lambda x: torch.cat([x, x], dim=-2)  # noqa: E731
+        return cat(κ), cat(ν), cat(β), cat(ω), γ
+
+    fixed = lambda H, K, V, n: {"Q": (H, 5, K), "W_beta": (H, V, K), "W_omega": (H, V, V),  # noqa: E731
+                                "W_gamma": (H, V, K)}
+    register_scheme("ten_pairs", many_pairs, fixed)
+    assert SCHEMES["ten_pairs"].query_axes == ()
+    gen = torch.Generator().manual_seed(0)
+    params = {k: torch.randn(*s, generator=gen, dtype=torch.float64) for k, s in fixed(H, K, V, 0).items()}
+    with pytest.raises(ValueError, match=r"scheme 'ten_pairs': probe returned n = 10 pairs .* but K = 8"):
+        get_scheme("ten_pairs").probe(torch.randn(1, H, K, V, dtype=torch.float64), params)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import torch
 
+from optimized.autograd import first_order_only
 from optimized.checks import KERNEL_DTYPES, check_finite_activations, check_kernel_device, check_kernel_dtype
 from optimized.fenwick_gdn2.bwd import fenwick_gdn2_bwd_with_tail
 from optimized.fenwick_gdn2.fwd import Saved, fenwick_gdn2_fwd, stacked_blocks
@@ -51,6 +52,8 @@ class ChunkFenwickGDN2Function(torch.autograd.Function):
 def check_fenwick_gdn2_kernel_inputs(q, k, v, g, b, w, level_scales, scale, initial_state, offset):
     """Every check of the entry point, before any work. Returns ``(B, T, H, K, V, L)``."""
     B, T, H, K, V = check_gdn2_inputs(q, k, v, g, b, w, scale, dtypes=KERNEL_DTYPES)
+    if initial_state is not None and not isinstance(initial_state, torch.Tensor):
+        raise TypeError(f"initial_state must be a torch.Tensor or None, got {type(initial_state).__name__}")
     if not isinstance(offset, int) or isinstance(offset, bool):
         raise TypeError(f"offset must be an int, got {type(offset).__name__}")
     if offset < 0 or offset % CHUNK != 0:
@@ -116,5 +119,7 @@ def chunk_fenwick_gdn2(q, k, v, g, b, w, level_scales, scale=None, initial_state
     q, k, v, g, b, w, level_scales = (x.contiguous() for x in (q, k, v, g, b, w, level_scales))
     if initial_state is not None:
         initial_state = initial_state.contiguous()
+    q, k, v, g, b, w, level_scales, initial_state = first_order_only("chunk_fenwick_gdn2", q, k, v, g, b, w,
+                                                                     level_scales, initial_state)
     return ChunkFenwickGDN2Function.apply(q, k, v, g, b, w, level_scales, initial_state, scale, offset,
                                           output_final_state)

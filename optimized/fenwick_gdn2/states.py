@@ -47,7 +47,7 @@ OWN_LEVELS = 7
 def fenwick_states_fwd_kernel(
     kg, wy, u, gk, mtab, carry, h, vn, final, T, N, J, L, NOWN,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DOT: tl.constexpr, MUTANT: tl.constexpr,
+    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DOT: tl.constexpr,
 ):
     i_v, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
@@ -90,10 +90,10 @@ def fenwick_states_fwd_kernel(
             tl.store(p_f + lvl * K * V, b_end, mask=m_kv & (c == N - 1) & (lvl < L))
             take = not_last & (is_own | (blk < m))
             acc += tl.where(take, b_end, 0.0)
-            # the next pre-state: end[blk] kept above m, empty below m and on the own blocks
+            # the next pre-state: end[blk] kept above m, emptied below m and on the own blocks
+            # (the slot is recycled: it holds the pre-state of two chunks before); block m: acc
             keep = (blk < J) & (blk > m)
-            written = (blk != m) & (keep | (MUTANT != 1))     # 1: the emptied blocks left stale
-            tl.store(p_c1 + blk * V, tl.where(keep, b_end, 0.0), mask=m_kv & not_last & written)
+            tl.store(p_c1 + blk * V, tl.where(keep, b_end, 0.0), mask=m_kv & not_last & (blk != m))
         tl.store(p_c1 + m * V, acc, mask=m_kv & not_last)
         tl.debug_barrier()
 
@@ -160,19 +160,13 @@ def block_sizes(K: int, V: int) -> tuple[int, int]:
     return BK, BV
 
 
-STATES_FWD_MUTANTS = ("stale_slot",)   # test-only: the recycled slot's emptied blocks not zeroed
-
-
 def states_fwd(kg, wy, u, gk, mtab, h0, N: int, J: int, L: int, V: int, n_own: int = OWN_LEVELS,
-               precision: str = "ieee", dtype: torch.dtype = torch.float32, _mutant: str | None = None):
+               precision: str = "ieee", dtype: torch.dtype = torch.float32):
     """From the first chunk's stacked pre-state ``h0 [B, H, K, NB·V]`` float32 (``NB = J + n_own``),
     returns ``(h [B, N, H, K, NB·V], vn [B, T, H, NB·V], final [B, H, L, K, V] float32)``: every
     chunk's pre-state and ``vn`` in ``dtype`` (what fla's pieces read; the scan itself carries
     float32 states between chunks, in two slots), the final states in float32. With ``n_own = 1``
-    final level 0 holds the last chunk's whole own end state and levels 1 … 6 stay zero.
-    ``_mutant`` (test-only): one of ``STATES_FWD_MUTANTS``."""
-    if _mutant is not None and _mutant not in STATES_FWD_MUTANTS:
-        raise ValueError(f"_mutant must be one of {STATES_FWD_MUTANTS}, got {_mutant!r}")
+    final level 0 holds the last chunk's whole own end state and levels 1 … 6 stay zero."""
     B, T, H, K = kg.shape
     BK, BV = block_sizes(K, V)
     NBV = (J + n_own) * V
@@ -183,8 +177,7 @@ def states_fwd(kg, wy, u, gk, mtab, h0, N: int, J: int, L: int, V: int, n_own: i
     final = torch.zeros(B, H, L, K, V, device=kg.device, dtype=torch.float32)
     grid = (triton.cdiv(V, BV), B * H)
     fenwick_states_fwd_kernel[grid](kg, wy, u, gk, mtab, carry, h, vn, final, T, N, J, L, n_own,
-                                    H=H, K=K, V=V, BT=CHUNK, BK=BK, BV=BV, DOT=precision,
-                                    MUTANT=1 if _mutant == "stale_slot" else 0, num_warps=num_warps(BK, BV))
+                                    H=H, K=K, V=V, BT=CHUNK, BK=BK, BV=BV, DOT=precision, num_warps=num_warps(BK, BV))
     return h, vn, final
 
 

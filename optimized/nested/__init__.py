@@ -3,8 +3,8 @@
 Layout (fla's op shape): ``plan`` (the schedule), ``probe``, ``reads_torch`` / ``reads_fwd`` /
 ``reads_bwd`` (the upper levels' reads and the router), ``probe_fused`` (the built-in schemes'
 probe with its hand-written backward), ``fwd`` and ``bwd`` (launch functions),
-``function`` (input checks and the autograd Function), ``pieces`` (swappable parts for the
-mutation tests).
+``function`` (input checks and the autograd Function), ``pieces`` (the op's choices and
+swappable parts: block sizes, precisions, the alternatives benchmarks compare).
 
 Computes exactly what ``reference.nested.naive_nested_gdn2`` computes (chunk size 64),
 stage by stage, level by level (level ℓ depends only on level ℓ-1):
@@ -29,7 +29,8 @@ stage by stage, level by level (level ℓ depends only on level ℓ-1):
    device), ``q`` read in place, ``o`` written once. Its backward (``reads_bwd``): ``dq`` of
    levels ≥ 1 straight into the ``[B, T, H, L, K]`` buffer, the router gradient from
    ``do · Mᵀ`` (no recomputed reads), each state's gradient summed over the chunks that read
-   it (no atomics). ``NGDN_NESTED_READS=torch`` selects the PyTorch reads they replaced.
+   it (no atomics). ``Pieces(reads_fwd=..., reads_bwd=...)`` with ``reads_torch``'s functions
+   selects the PyTorch reads they replaced (``bench/reads_ab.py``, variant ``torch``).
 
 Schedule (host integers only): ``N = ⌈T/64⌉`` chunks, ``N_full = ⌊T/64⌋`` full ones;
 level ℓ fires at chunks ``c = m·f_ℓ ≤ N_full`` (``m = 1..F_ℓ``, 1-based), probing

@@ -6,6 +6,7 @@ import contextlib
 import torch
 
 from optimized import triton_mode  # noqa: F401  (device mode before fla)
+from optimized.autograd import empty_result, first_order_only
 from optimized.checks import KERNEL_DTYPES, check_finite_activations, check_kernel_device, check_kernel_dtype
 from optimized.gdn2 import MAX_HEAD_DIM
 from optimized.nested.bwd import nested_bwd
@@ -82,12 +83,18 @@ def _nested(q, k, v, g, b, w, r, levels, scale=None, initial_states=None, output
                              params=((f"levels[{i}].params[{key!r}]", p) for i, level in enumerate(levels)
                                      for key, p in level.params.items()))
     scale = K ** -0.5 if scale is None else float(scale)
+    if B == 0 or H == 0:           # the scans' and reads' grids have no empty form
+        inputs = (q, k, v, g, b, w, r, *(initial_states or ()), *(p for lv in levels for p in lv.params.values()))
+        o = empty_result((B, T, H, V), q.dtype, q.device, inputs)
+        finals = [empty_result((B, H, K, V), torch.float32, q.device, inputs) for _ in range(L)]
+        return o, (finals if output_final_state else None)
     initial_states = [None if s is None else s.contiguous()
                       for s in ([None] * L if initial_states is None else initial_states)]
     k, v, g, b, w = (x.contiguous() for x in (k, v, g, b, w))
     meta = {"levels": list(levels), "scale": scale, "pieces": pieces, "L": L,
             "inputs": {"initial_states": initial_states}}
     flat = list(initial_states) + [p for lv in levels for p in lv.params.values()]
+    q, k, v, g, b, w, r, *flat = first_order_only("chunk_nested_gdn2", q, k, v, g, b, w, r, *flat)
     with _device_of(q):
         o, *finals = NestedGDN2Function.apply(meta, q, k, v, g, b, w, r, *flat)
     return o, (finals if output_final_state else None)

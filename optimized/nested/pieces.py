@@ -1,7 +1,14 @@
-"""The pluggable pieces of the nested op (the mutation tests swap one for a broken twin)."""
+"""The pluggable pieces of the nested op (``Pieces``): the op's choices, gathered in one place.
+
+The default ``Pieces()`` is the production op. A field holds either a piece of the computation
+(the schedule, a kernel's launch function, the partial-sum reduction) or a choice the op
+supports (block sizes, dot precisions, the probe's gates, whether the probe keeps its
+pre-activations). Tests swap a piece for a broken twin or shrink the blocks to reach several
+of them on small CPU shapes; benchmarks (``bench/reads_ab.py``) build the supported
+alternatives side by side (the PyTorch reads ``reads_torch``, the two-phase reverse scan).
+"""
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Callable
 
@@ -10,7 +17,7 @@ import torch
 from optimized.nested.plan import make_plan
 from optimized.nested.reads_bwd import reads_bwd, reads_bwd_states
 from optimized.nested.reads_fwd import reads_fwd
-from optimized.nested.reads_torch import reads_router_bwd_torch, reads_router_fwd_torch
+from optimized.nested.reads_torch import reads_router_bwd_torch
 from optimized.promote_scan import promote_scan_bwd, promote_scan_fwd, sum_partials
 from optimized.promote_scan_two_phase import promote_scan_bwd_two_phase
 from optimized.state_grad import state_grad_bwd
@@ -51,21 +58,13 @@ def scan_bwd_two_phase(*args, **kwargs):
     return promote_scan_bwd_two_phase(*args, consume_dstates=True, **kwargs)
 
 
-# ``NGDN_NESTED_READS=torch`` selects the PyTorch reads (einsum per level, the pre-kernel
-# path), for side-by-side benchmarks; the default is the Triton kernels.
-READS = os.environ.get("NGDN_NESTED_READS", "triton").strip().lower()
-if READS not in ("triton", "torch"):
-    raise ValueError(f"NGDN_NESTED_READS must be 'triton' or 'torch', got {READS!r}")
-
-
 def scan_precision(dtype, direction: str) -> str:
     """The scans' dot precision for a run in ``dtype``, ``direction`` ``"fwd"`` or ``"bwd"``.
 
     The reverse scan runs on TF32 tensor cores when the activations are bf16 (2^-11 per
-    product, under bf16's own 2^-8); everything else is IEEE float32. Measured on the H200
-    (bf16, L=4, K=128, B=8, T=4096; results/2026-11-30-issue13/): TF32 takes the three reverse
-    scans from 9.4 to 4.8 ms but the forward scans from 2.1 to 2.7 ms, so the forward stays IEEE
-    (the backward recomputes what it needs from the stored states: mixing is consistent)."""
+    product, under bf16's own 2^-8); everything else is IEEE float32: TF32 pays off in the
+    reverse scans, not in the forward ones (bench/NOTES.md). Mixing is consistent: the backward
+    recomputes what it needs from the stored states."""
     if direction not in ("fwd", "bwd"):
         raise ValueError(f"direction must be 'fwd' or 'bwd', got {direction!r}")
     return "tf32" if dtype == torch.bfloat16 and direction == "bwd" else "ieee"
@@ -73,35 +72,32 @@ def scan_precision(dtype, direction: str) -> str:
 
 def probe_precision(dtype) -> str:
     """The fused probe's float32 matmul precision for a run in ``dtype``: TF32 when the
-    activations are bf16 (2^-11 per product), IEEE otherwise (issue 13)."""
+    activations are bf16 (2^-11 per product), IEEE otherwise."""
     return "tf32" if dtype == torch.bfloat16 else "ieee"
 
 
 @dataclass(frozen=True)
 class Pieces:
-    plan: Callable = make_plan
-    state_grad: Callable = state_grad_bwd
-    reduce_partials: Callable = sum_partials
+    """The nested op's pieces and choices (module docstring); the defaults are the op."""
+    plan: Callable = make_plan                  # (T, intervals) -> the schedule
+    state_grad: Callable = state_grad_bwd       # level 0's state-gradient recurrence
+    reduce_partials: Callable = sum_partials    # the scans' per-V-block partial sums
     scan_fwd: Callable = promote_scan_fwd
-    scan_bwd: Callable = promote_scan_bwd   # or scan_bwd_two_phase (the reverse scan in two phases)
-    reads_fwd: Callable = reads_router_fwd if READS == "triton" else reads_router_fwd_torch
-    reads_bwd: Callable = reads_router_bwd if READS == "triton" else reads_router_bwd_torch_levels
-    fused_probe: bool = True        # built-in schemes through probe_fused (False: the generic replay)
-    probe_keeps_preactivations: bool = False  # True: the fused probe keeps z [H, B·F·n, 3K + V] for its
-    #                                 backward instead of recomputing it (one bmm per level). H200, L=4,
-    #                                 B=8, T=4096, H=16, K=V=128, bf16, side by side: recomputing costs
-    #                                 +0.33 ms per step (35.45 → 35.79 ms) and saves 0.75 GiB of the
-    #                                 peak (8.07 → 7.32 GiB); results/2026-11-30-nested-memory-gpu/
+    scan_bwd: Callable = promote_scan_bwd       # or scan_bwd_two_phase (the reverse scan in two phases)
+    reads_fwd: Callable = reads_router_fwd      # or reads_torch.reads_router_fwd_torch (PyTorch reads)
+    reads_bwd: Callable = reads_router_bwd      # or reads_router_bwd_torch_levels (with the PyTorch reads)
+    fused_probe: bool = True                    # built-in schemes through probe_fused (False: the generic replay)
+    probe_keeps_preactivations: bool = False    # True: the fused probe keeps z [H, B·F·n, 3K + V] for its
+    #                                             backward (one bmm per level less, more memory) instead of
+    #                                             recomputing it
     scan_precision: Callable = scan_precision   # (dtype, 'fwd'|'bwd') -> the scans' dot precision
     probe_precision: Callable = probe_precision  # dtype -> the fused probe's float32 matmul precision
     block_v: int | None = None      # the scan's V block and pair block (None: promote_scan's
     block_n: int | None = None      # defaults); tests shrink them to reach several blocks
     probe_gates: str = "triton"     # the fused probe's gates in one kernel per pass
     #                                 (optimized.nested.probe_gates; learned and merge; bounded_erase keeps
-    #                                 the PyTorch gates); "torch": ≈ 11 + 25 PyTorch kernels per level
-    #                                 (reads_ab gates-torch)
-    scan_block_v: int | None = None  # the scans' V block alone (None: block_v; the reads keep block_v):
-    #                                 more programs for the scans' sequential chains (reads_ab scan-bv16)
+    #                                 the PyTorch gates); "torch": the PyTorch gates
+    scan_block_v: int | None = None  # the scans' V block alone (None: block_v; the reads keep block_v)
 
     def scan_block(self) -> int | None:
         """The V block of the promote scans: ``scan_block_v``, else ``block_v``."""

@@ -6,14 +6,14 @@ import torch
 from optimized.level0 import chunk_end_states
 from optimized.nested.plan import Plan
 from reference.nested import Level
-from reference.schemes import get_scheme, query_count
+from reference.schemes import get_scheme
 
 
 def _probe(level: Level, snaps: torch.Tensor, params: dict, H: int, K: int, V: int):
     """The scheme's probe on ``snaps [B, F, H, K, V]`` (float32), outputs contiguous float32."""
     B, F = snaps.shape[:2]
     if F == 0:
-        n = query_count(params, K)
+        n = get_scheme(level.scheme).query_count(params, H, K, V)   # read from shapes, or the probe
         z = snaps.new_zeros
         return z(B, 0, H, n, K), z(B, 0, H, n, V), z(B, 0, H, n, K), z(B, 0, H, n, V), z(B, 0, H, K)
     outs = get_scheme(level.scheme).probe(snaps, params, level.reduction)

@@ -1,5 +1,5 @@
 """A fused probe for the built-in schemes (``learned``, ``merge``, ``bounded_erase``) with a
-hand-written backward (issue 13 item 1): no autograd graph, no replay.
+hand-written backward: no autograd graph, no replay.
 
 ``probe_fwd(scheme, snaps, params, reduction) -> (outs, saved)`` computes exactly what
 ``reference.schemes.get_scheme(scheme).probe`` computes on ``snaps [..., H, K, V]``
@@ -60,22 +60,12 @@ import torch
 import torch.nn.functional as F
 
 from optimized.nested.probe_gates import GATE_SCHEMES, probe_gates_bwd, probe_gates_fwd
-from optimized.nested.probe_gates import MUTANTS as GATE_MUTANTS
 from reference.schemes import check_reduction
 
 FUSED_SCHEMES = ("learned", "merge", "bounded_erase")
 
 _EPS = 1e-6                 # reference.schemes.l2norm's epsilon
 _SOFTPLUS_THRESHOLD = 20.0  # torch.nn.functional.softplus's default threshold (beta = 1)
-
-# Test-only deliberate errors of the backward (property_tests/test_probe_fused.py): each must
-# make the float64 comparison with autograd fail.
-MUTANTS = ("no_projection",      # l2norm backward without its projection term: dZ_K = s dκ
-           "softplus_one",       # softplus' replaced by 1
-           "no_clamp",           # bounded_erase: the clamp's mask ignored (gradient through r < 1)
-           "no_overlap",         # bounded_erase: no gradient through r (the overlap) at all
-           "drop_dnu",           # dν not added to the gradient flowing back from κ, β, ω, γ
-           "gamma_no_mean")      # the reduction's 1/n forgotten in the backward
 
 
 class FusedSaved(NamedTuple):
@@ -200,24 +190,21 @@ def _head_major(x, Bt, H, rows, last):
 
 def probe_bwd(scheme: str, saved: FusedSaved, snaps: torch.Tensor, params: dict, reduction: str,
               dκ=None, dν=None, dβ=None, dω=None, dγ=None, *, precision: str = "ieee",
-              gates: str = "torch", _mutant: str | None = None):
+              gates: str = "torch"):
     """Gradients of the snapshots and of every parameter from the gradients of the five outputs
     (``None``: zero). Returns ``(d_snaps [..., H, K, V], {name: d_param})``. ``precision``: of
     its float32 matmuls on CUDA (``float32_matmuls``). ``gates``: as in ``probe_fwd`` (the
-    gates' backward in one kernel). ``_mutant`` (test-only) names one of ``MUTANTS``; with
-    ``gates="triton"`` the kernel plants ``gamma_no_mean`` and ``no_projection`` itself."""
+    gates' backward in one kernel)."""
     _check_gates(gates)
     with float32_matmuls(precision):
-        return _probe_bwd(scheme, saved, snaps, params, reduction, dκ, dν, dβ, dω, dγ, _mutant, gates)
+        return _probe_bwd(scheme, saved, snaps, params, reduction, dκ, dν, dβ, dω, dγ, gates)
 
 
-def _probe_bwd(scheme, saved, snaps, params, reduction, dκ, dν, dβ, dω, dγ, _mutant, gates="torch"):
+def _probe_bwd(scheme, saved, snaps, params, reduction, dκ, dν, dβ, dω, dγ, gates="torch"):
     _check_scheme(scheme)
     check_reduction(reduction)
     if scheme != saved.scheme:
         raise ValueError(f"saved state is for scheme {saved.scheme!r}, not {scheme!r}")
-    if _mutant is not None and _mutant not in MUTANTS:
-        raise ValueError(f"unknown mutant {_mutant!r}; known: {list(MUTANTS)}")
     *lead, H, K, V = snaps.shape
     Bt, n = math.prod(lead), saved.n
     names, W = _weights(scheme, params)
@@ -225,19 +212,16 @@ def _probe_bwd(scheme, saved, snaps, params, reduction, dκ, dν, dβ, dω, dγ,
     nu_h = saved.nu.reshape(Bt, H, n, V).transpose(0, 1).reshape(H, Bt * n, V)   # head-major copy
     z = torch.bmm(nu_h, W) if saved.z is None else saved.z
     if gates == "triton" and scheme in GATE_SCHEMES:
-        if _mutant not in (None, "drop_dnu", *GATE_MUTANTS):
-            raise ValueError(f"mutant {_mutant!r} is planted in the PyTorch gates only (gates='torch')")
-        dz = probe_gates_bwd(scheme, z, Bt, H, n, K, V, reduction, dκ, dβ, dω, dγ,
-                             _mutant=_mutant if _mutant in GATE_MUTANTS else None)
+        dz = probe_gates_bwd(scheme, z, Bt, H, n, K, V, reduction, dκ, dβ, dω, dγ)
     else:
-        dz = _gates_bwd_torch(scheme, z, Bt, H, n, K, V, reduction, dκ, dβ, dω, dγ, _mutant)
+        dz = _gates_bwd_torch(scheme, z, Bt, H, n, K, V, reduction, dκ, dβ, dω, dγ)
 
     # the one matmul: dν' = dν + dZ Wᵀ (ν is itself an output), dW = νᵀ dZ
     dz_rows = dz.view(H, Bt * n, C)
     dW = torch.bmm(nu_h.transpose(1, 2), dz_rows)                   # [H, V, C]
     back = torch.bmm(dz_rows, W.transpose(1, 2)).view(H, Bt, n, V).transpose(0, 1)   # [Bt, H, n, V] view
     dνt = snaps.new_empty(Bt, H, n, V)
-    if dν is None or _mutant == "drop_dnu":
+    if dν is None:
         dνt.copy_(back)
     else:
         torch.add(dν.reshape(Bt, H, n, V), back, out=dνt)
@@ -258,8 +242,8 @@ def _probe_bwd(scheme, saved, snaps, params, reduction, dκ, dν, dβ, dω, dγ,
     return d_snaps.view(*lead, H, K, V), {k: dparams[k] for k in params}
 
 
-def _gates_bwd_torch(scheme, z, Bt, H, n, K, V, reduction, dκ, dβ, dω, dγ, _mutant):
-    """``dz [H, Bt, n, C]`` from the gates' gradients in PyTorch (every scheme, every mutant)."""
+def _gates_bwd_torch(scheme, z, Bt, H, n, K, V, reduction, dκ, dβ, dω, dγ):
+    """``dz [H, Bt, n, C]`` from the gates' gradients in PyTorch (every scheme)."""
     C = z.shape[-1]
     z4 = z.view(H, Bt, n, C)
     sK, sB, sW, sG = _offsets(scheme, K, V)
@@ -278,13 +262,10 @@ def _gates_bwd_torch(scheme, z, Bt, H, n, K, V, reduction, dκ, dβ, dω, dγ, _
     else:
         g = z4[..., sG]
         dγ_i = -dγ.reshape(Bt, H, 1, K).transpose(0, 1)             # [H, Bt, 1, K], through the negation
-        if reduction == "mean" and _mutant != "gamma_no_mean":
+        if reduction == "mean":
             dγ_i = dγ_i / n
-        if _mutant == "softplus_one":
-            dz[..., sG].copy_(dγ_i.expand_as(g))
-        else:
-            e = torch.exp(g.clamp(max=_SOFTPLUS_THRESHOLD))
-            torch.where(g > _SOFTPLUS_THRESHOLD, dγ_i, dγ_i * e / (e + 1), out=dz[..., sG])
+        e = torch.exp(g.clamp(max=_SOFTPLUS_THRESHOLD))
+        torch.where(g > _SOFTPLUS_THRESHOLD, dγ_i, dγ_i * e / (e + 1), out=dz[..., sG])
 
     # β (and, for bounded_erase, the overlap's gradient to κ)
     dκ_overlap = None
@@ -303,11 +284,10 @@ def _gates_bwd_torch(scheme, z, Bt, H, n, K, V, reduction, dκ, dβ, dω, dγ, _
             m = r.clamp(min=1.0)
             dβ_i = dβh.sum(-1, keepdim=True)                          # β = (b / m) expanded over K
             db = dβ_i / m
-            if _mutant != "no_overlap":
-                dm = -dβ_i * b / (m * m)
-                dr = dm if _mutant == "no_clamp" else torch.where(r >= 1.0, dm, torch.zeros_like(dm))
-                dG = dr * G.sgn()                                     # d|G|: sgn, 0 at 0 (as autograd)
-                dκ_overlap = (dG + dG.transpose(-1, -2)) @ κ
+            dm = -dβ_i * b / (m * m)
+            dr = torch.where(r >= 1.0, dm, torch.zeros_like(dm))      # through clamp(min=1) where r ≥ 1
+            dG = dr * G.sgn()                                         # d|G|: sgn, 0 at 0 (as autograd)
+            dκ_overlap = (dG + dG.transpose(-1, -2)) @ κ
             dβ_ch = (db / K).expand_as(β_ch)                          # b = mean_k β_ch
         else:
             dβ_ch = dβh
@@ -323,9 +303,6 @@ def _gates_bwd_torch(scheme, z, Bt, H, n, K, V, reduction, dκ, dβ, dω, dγ, _
         else:
             u = z4[..., sK]
             nrm = torch.sqrt((u * u).sum(-1, keepdim=True) + _EPS)
-            if _mutant == "no_projection":
-                torch.div(dκt, nrm, out=dz[..., sK])
-            else:
-                κ = u / nrm
-                torch.div(dκt - κ * (κ * dκt).sum(-1, keepdim=True), nrm, out=dz[..., sK])
+            κ = u / nrm
+            torch.div(dκt - κ * (κ * dκt).sum(-1, keepdim=True), nrm, out=dz[..., sK])
     return dz

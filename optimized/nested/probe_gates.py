@@ -5,10 +5,8 @@ gates), for ``learned`` and ``merge``.
 The probe's one bmm gives the pre-activations ``z [H, Bt·n, C]`` (rows ``(bt, i)`` of one head,
 columns ``[Z_K | Z_β | Z_ω | Z_γ]``; ``merge`` has no ``Z_K``). The gates then take, in PyTorch,
 about a dozen elementwise and reduction kernels forward and two dozen backward per level, each a
-full pass over ``[H, Bt, n, K]`` float32 (H200, L = 4: ≈ 5 ms of 10–60 µs kernels a step). Here one
-program per (bt, head) reads its ``n`` rows of ``z`` once and writes every output once (H200, L = 4,
-K = 128, side by side with the PyTorch gates: step 33.91 → 30.16 ms, forward 8.11 → 7.43 ms;
-results/2026-11-30-issue13-session8/call6-final/).
+full pass over ``[H, Bt, n, K]`` float32. Here one program per (bt, head) reads its ``n`` rows of
+``z`` once and writes every output once (the measured effect: bench/NOTES.md).
 
 Forward (per row; ``s = 1/sqrt(|Z_K|² + ε)``, ε = 1e-6 as ``reference.schemes.l2norm``)::
 
@@ -37,9 +35,6 @@ import triton.language as tl
 from reference.schemes import check_reduction
 
 GATE_SCHEMES = ("learned", "merge")
-# test-only deliberate errors of the backward kernel (property_tests/test_probe_fused.py)
-MUTANTS = {"gamma_no_mean": 1,      # γ's gradient summed instead of averaged over the n rows
-           "no_projection": 2}      # l2norm's backward without its projection term
 
 
 @triton.jit
@@ -66,9 +61,8 @@ def _row_block(i0, n, z_row0, out_row0, o_k, m_k, m_v, K, C, BN: tl.constexpr):
 # Bt, n and H are runtime sizes, not specialised (a new level, schedule or batch reuses the
 # compiled kernel). K, V, C and OFF_B are the row strides and column offsets: Triton's
 # specialisation on their divisibility by 16 is what lets it prove rows aligned and load and
-# store them 16 bytes at a time (with them unspecialised the kernels ran at ≈ 1/4 of the
-# bandwidth, H200 session 8: 0.6 ms a level for ≈ 0.5 GB of traffic); it compiles at most a
-# few variants per block size
+# store them 16 bytes at a time (unspecialised, the kernels ran at about a quarter of the
+# bandwidth: bench/NOTES.md); it compiles at most a few variants per block size
 @triton.jit(do_not_specialize=["Bt", "n", "H"])
 def probe_gates_fwd_kernel(
     z, kappa, beta, omega, gamma, Bt, n, c_reduce, H, K, V, C, OFF_B,
@@ -102,7 +96,7 @@ def probe_gates_fwd_kernel(
 def probe_gates_bwd_kernel(
     z, dkappa, dbeta, domega, dgamma, dz, Bt, n, c_reduce, H, K, V, C, OFF_B,
     HAS_KAPPA: tl.constexpr, HAS_DK: tl.constexpr, HAS_DB: tl.constexpr, HAS_DW: tl.constexpr,
-    HAS_DG: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, MUTANT: tl.constexpr = 0,
+    HAS_DG: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
 ):
     """One (bt, head): ``dz`` of its n rows from the gates' gradients (module docstring);
     every column of ``dz`` is written (0 where the output's gradient is absent)."""
@@ -113,8 +107,6 @@ def probe_gates_bwd_kernel(
     out_row0 = (i_bt.to(tl.int64) * H + i_h) * n
     if HAS_DG:
         dg_i = -c_reduce * tl.load(dgamma + (i_bt.to(tl.int64) * H + i_h) * K + o_k, mask=m_k, other=0.0)
-        if MUTANT == 1:
-            dg_i = dg_i / c_reduce
     for i0 in range(0, n, BN):
         o_n, m_nk, m_nv, z_rows, p_nk = _row_block(i0, n, z_row0, out_row0, o_k, m_k, m_v, K, C, BN)
         p_z, p_dz = z + z_rows, dz + z_rows
@@ -125,10 +117,7 @@ def probe_gates_bwd_kernel(
                 s = 1.0 / tl.sqrt(tl.sum(u * u, axis=1) + 1e-6)
                 kap = u * s[:, None]
                 d_k = tl.load(dkappa + p_nk, mask=m_nk, other=0.0)
-                if MUTANT == 2:
-                    d_u = d_k * s[:, None]
-                else:
-                    d_u = (d_k - kap * tl.sum(kap * d_k, axis=1)[:, None]) * s[:, None]
+                d_u = (d_k - kap * tl.sum(kap * d_k, axis=1)[:, None]) * s[:, None]
             tl.store(p_dz + o_k[None, :], d_u, mask=m_nk)
         d_a = tl.zeros([BN, BK], dtype=tl.float32)
         if HAS_DB:
@@ -193,12 +182,9 @@ def probe_gates_fwd(scheme: str, z: torch.Tensor, Bt: int, H: int, n: int, K: in
 
 
 def probe_gates_bwd(scheme: str, z: torch.Tensor, Bt: int, H: int, n: int, K: int, V: int, reduction: str,
-                    dkappa=None, dbeta=None, domega=None, dgamma=None, _mutant: str | None = None) -> torch.Tensor:
-    """``dz [H, Bt·n, C]`` float32 from the gates' gradients (any may be None); ``_mutant``
-    (test-only) one of ``MUTANTS``."""
+                    dkappa=None, dbeta=None, domega=None, dgamma=None) -> torch.Tensor:
+    """``dz [H, Bt·n, C]`` float32 from the gates' gradients (any may be None)."""
     C, off_b, BN, BK, BV = _sizes(scheme, z, Bt, H, n, K, V)
-    if _mutant is not None and _mutant not in MUTANTS:
-        raise ValueError(f"unknown mutant {_mutant!r}; known: {list(MUTANTS)}")
     dz = torch.empty_like(z)
     if Bt * H * n == 0:
         return dz
@@ -213,5 +199,5 @@ def probe_gates_bwd(scheme: str, z: torch.Tensor, Bt: int, H: int, n: int, K: in
         z, *(stand_in if x is None else x for x in grads), dz, Bt, n, _reduce_factor(reduction, n),
         H, K, V, C, off_b, HAS_KAPPA=scheme != "merge", HAS_DK=grads[0] is not None,
         HAS_DB=grads[1] is not None, HAS_DW=grads[2] is not None, HAS_DG=grads[3] is not None,
-        BN=BN, BK=BK, BV=BV, MUTANT=MUTANTS.get(_mutant, 0), num_warps=4)
+        BN=BN, BK=BK, BV=BV, num_warps=4)
     return dz

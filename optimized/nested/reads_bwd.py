@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 
 from optimized.nested.reads_fwd import (_expect, block_sizes, check_reads, dot_exact_a, dot_exact_b,
-                                        level_column, mutant_code, num_warps, router_probs)
+                                        level_column, num_warps, router_probs)
 
 
 # T, N, S, L are runtime sizes (see reads_fwd_kernel).
@@ -39,7 +39,7 @@ def reads_bwd_tokens_kernel(
     scale, T, N, S, L,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BKA: tl.constexpr, BV: tl.constexpr, BL: tl.constexpr,
-    SPLIT: tl.constexpr, MUTANT: tl.constexpr,
+    SPLIT: tl.constexpr,
 ):
     """One (chunk j, batch·head) program, all ``BT = 64`` tokens; K visited in blocks of ``BKA``
     and V in blocks of ``BV`` (``u`` is made one key block at a time):
@@ -63,7 +63,7 @@ def reads_bwd_tokens_kernel(
     m_t, m_l = o_t < T, o_l < L
     tok = (i_b.to(tl.int64) * T + o_t.to(tl.int64)) * H + i_h            # [BT] (b, t, h) index
 
-    b_p = router_probs(r, i_b, i_h, o_t, m_t, T, L, H, BL, MUTANT == 4)   # 4: wrong axis
+    b_p = router_probs(r, i_b, i_h, o_t, m_t, T, L, H, BL)
     b_p0 = level_column(b_p, 0, BL)
 
     # level 0: dp_0 = do · o0, do0 = p_0 do
@@ -75,8 +75,6 @@ def reads_bwd_tokens_kernel(
         b_o0 = tl.load(o0 + tok[:, None] * V + o_v[None, :], mask=m_tv, other=0.0).to(tl.float32)
         b_dp0 += tl.sum(b_do * b_o0, axis=1)
         tl.store(do0 + tok[:, None] * V + o_v[None, :], b_p0[:, None] * b_do, mask=m_tv)
-    if MUTANT == 2:                                                      # 2: forgets level 0
-        b_dp0 = b_dp0 * 0.0
     b_dp = tl.where(o_l[None, :] == 0, b_dp0[:, None], 0.0)
 
     for l in range(1, L):
@@ -100,12 +98,7 @@ def reads_bwd_tokens_kernel(
             tl.store(dq + (tok * L + l)[:, None] * K + o_k[None, :], (b_pl * scale)[:, None] * b_u, mask=m_tk)
         b_dp += tl.where(o_l[None, :] == l, b_dpl[:, None], 0.0)
 
-    if MUTANT == 3:                                                      # 3: drops - Σ p dp
-        b_dr = b_p * b_dp
-    else:
-        b_dr = b_p * (b_dp - tl.sum(b_p * b_dp, axis=1)[:, None])
-    if MUTANT == 5:                                                      # 5: drops dr
-        b_dr = b_dr * 0.0
+    b_dr = b_p * (b_dp - tl.sum(b_p * b_dp, axis=1)[:, None])
     tl.store(dr + tok[:, None] * L + o_l[None, :], b_dr, mask=m_t[:, None] & m_l[None, :])
 
 
@@ -115,7 +108,7 @@ def reads_bwd_states_kernel(
     scale, T, S, L,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BL: tl.constexpr,
-    SPLIT: tl.constexpr, MUTANT: tl.constexpr,
+    SPLIT: tl.constexpr,
 ):
     """One (V block, stored row s, batch·head) program; ``[BK, BV]`` accumulator, ℓ = row_level[s]:
 
@@ -136,15 +129,13 @@ def reads_bwd_states_kernel(
     l = tl.load(row_level + i_s)
     j_lo = tl.load(row_chunk_lo + i_s)
     j_hi = tl.load(row_chunk_hi + i_s)
-    if MUTANT == 6:                                                      # 6: one chunk too few
-        j_hi = tl.maximum(j_hi - 1, j_lo)
 
     b_ds = tl.zeros([BK, BV], dtype=tl.float32)
     for j in range(j_lo, j_hi):
         o_t = j * BT + tl.arange(0, BT)
         m_t = o_t < T
         tok = (i_b.to(tl.int64) * T + o_t.to(tl.int64)) * H + i_h
-        b_pl = level_column(router_probs(r, i_b, i_h, o_t, m_t, T, L, H, BL, MUTANT == 4), l, BL)
+        b_pl = level_column(router_probs(r, i_b, i_h, o_t, m_t, T, L, H, BL), l, BL)
         b_q = tl.load(q + (tok * L + l)[:, None] * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :],
                       other=0.0).to(tl.float32)
         b_do = tl.load(do + tok[:, None] * V + o_v[None, :], mask=m_t[:, None] & m_v[None, :], other=0.0)
@@ -153,10 +144,19 @@ def reads_bwd_states_kernel(
     tl.store(p_ds + o_k[:, None] * V + o_v[None, :], scale * b_ds, mask=m_k[:, None] & m_v[None, :])
 
 
+def token_blocks(BK: int, BV: int) -> tuple[int, int, int]:
+    """``(BKA, BVA, warps)`` of kernel A from ``block_sizes``' ``BK, BV``: K is visited in key
+    blocks of ``BKA`` (several when K > 32) and V in blocks of ``BVA``. Kernel A holds
+    ``[64, BKA]`` and ``[64, BVA]`` blocks: 32 x 32 with 8 warps is free of spills on sm_90 up
+    to K = 128 (ptxas; 64-wide blocks or 4 warps spill 16-1000 bytes)."""
+    BKA, BVA = min(BK, 32), min(BV, 32)
+    return BKA, BVA, 4 if BKA * BVA < 32 * 32 else 8
+
+
 def reads_bwd(do: torch.Tensor, q: torch.Tensor, r: torch.Tensor, o0: torch.Tensor, states: torch.Tensor,
               read_row: torch.Tensor, row_level: torch.Tensor, row_chunk_lo: torch.Tensor,
               row_chunk_hi: torch.Tensor, scale: float, dq: torch.Tensor, *, block_v: int | None = None,
-              with_states: bool = True, _mutant: str | None = None):
+              with_states: bool = True):
     """Gradients of ``reads_fwd`` (module docstring). Returns ``(dr [B, T, H, L], do0 [B, T, H, V],
     dstates [B, S, H, K, V])``, all float32, and writes ``dq[:, :, :, 1:]`` in place.
 
@@ -165,18 +165,14 @@ def reads_bwd(do: torch.Tensor, q: torch.Tensor, r: torch.Tensor, o0: torch.Tens
     ``dq`` a contiguous ``[B, T, H, L, K]`` buffer in float32 or q's dtype (the float32 values
     are rounded once, on store): levels 1..L-1 are overwritten, level 0 is left alone.
     ``with_states=False``: ``dstates`` is None (``reads_bwd_states`` gives any rows of it later).
-    ``block_v`` / ``_mutant`` as in ``reads_fwd``.
+    ``block_v`` as in ``reads_fwd``.
     """
     B, T, H, L, K, V, S, N = _check_bwd(do, q, r, o0, states, read_row, row_level, row_chunk_lo, row_chunk_hi)
     _expect("dq", dq, (B, T, H, L, K), (torch.float32, q.dtype), q.device)
     if not dq.is_contiguous():
         raise ValueError("dq must be contiguous (levels 1..L-1 are written into it in place)")
-    mutant = mutant_code(_mutant)
     BT, BK, BV, BL = block_sizes(K, V, L, block_v)
-    # kernel A holds [64, BKA] and [64, BVA] blocks: 32 x 32 with 8 warps is free of spills on
-    # sm_90 up to K = 128 (ptxas; 64-wide blocks or 4 warps spill 16-1000 bytes)
-    BKA, BVA = min(BK, 32), min(BV, 32)
-    warps_a = 4 if BKA * BVA < 32 * 32 else 8
+    BKA, BVA, warps_a = token_blocks(BK, BV)
     f32 = torch.float32
     dr = torch.empty(B, T, H, L, dtype=f32, device=q.device)
     do0 = torch.empty(B, T, H, V, dtype=f32, device=q.device)
@@ -189,11 +185,11 @@ def reads_bwd(do: torch.Tensor, q: torch.Tensor, r: torch.Tensor, o0: torch.Tens
         reads_bwd_tokens_kernel[(N, B * H)](
             do, q, r, o0.contiguous(), states, read_row.contiguous(), dq, dr, do0,
             float(scale), T, N, S, L,
-            H=H, K=K, V=V, BT=BT, BKA=BKA, BV=BVA, BL=BL, SPLIT=split, MUTANT=mutant,
+            H=H, K=K, V=V, BT=BT, BKA=BKA, BV=BVA, BL=BL, SPLIT=split,
             num_warps=warps_a)
     if with_states:
         dstates = reads_bwd_states(do, q, r, o0, states, read_row, row_level, row_chunk_lo, row_chunk_hi, scale,
-                                   slice(0, S), block_v=block_v, _mutant=_mutant)
+                                   slice(0, S), block_v=block_v)
     return dr, do0, dstates
 
 
@@ -208,8 +204,8 @@ def _check_bwd(do, q, r, o0, states, read_row, row_level, row_chunk_lo, row_chun
 
 def reads_bwd_states(do: torch.Tensor, q: torch.Tensor, r: torch.Tensor, o0: torch.Tensor, states: torch.Tensor,
                      read_row: torch.Tensor, row_level: torch.Tensor, row_chunk_lo: torch.Tensor,
-                     row_chunk_hi: torch.Tensor, scale: float, rows: slice, *, block_v: int | None = None,
-                     _mutant: str | None = None) -> torch.Tensor:
+                     row_chunk_hi: torch.Tensor, scale: float, rows: slice, *,
+                     block_v: int | None = None) -> torch.Tensor:
     """The stored rows ``rows`` (a step-1 slice of ``0 .. S``) of ``reads_bwd``'s ``dstates``, as a
     fresh float32 ``[B, len(rows), H, K, V]``: the nested backward asks for one level's rows at a
     time, so the levels' state gradients are never all alive at once. Same kernel, launched on
@@ -221,7 +217,6 @@ def reads_bwd_states(do: torch.Tensor, q: torch.Tensor, r: torch.Tensor, o0: tor
     if step != 1:
         raise ValueError(f"rows must be a slice with step 1, got {rows}")
     n = max(stop - start, 0)
-    mutant = mutant_code(_mutant)
     BT, BK, BV, BL = block_sizes(K, V, L, block_v)
     dstates = torch.empty(B, n, H, K, V, dtype=torch.float32, device=q.device)
     if n > 0 and B * H > 0 and K * V > 0:
@@ -229,6 +224,6 @@ def reads_bwd_states(do: torch.Tensor, q: torch.Tensor, r: torch.Tensor, o0: tor
             do.contiguous(), q.contiguous(), r.contiguous(), row_level[start:stop].contiguous(),
             row_chunk_lo[start:stop].contiguous(), row_chunk_hi[start:stop].contiguous(), dstates,
             float(scale), T, n, L,
-            H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, BL=BL, SPLIT=q.dtype == torch.bfloat16, MUTANT=mutant,
+            H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, BL=BL, SPLIT=q.dtype == torch.bfloat16,
             num_warps=num_warps(BK, BV))
     return dstates

@@ -41,39 +41,22 @@ from optimized.warps import num_warps
 # CUDA limits the 2nd and 3rd grid dimensions to 65535 programs.
 MAX_GRID_YZ = 65535
 
-# ``_mutant``: deliberately broken kernels for the mutation tests (None: the correct ones).
-# "stale_read": reads_fwd reads the row of the chunk before (read_row[ℓ, j-1]);
-# "no_level0": reads_fwd drops p_0 · o0 and reads_bwd drops dp_0 from dr;
-# "no_centering": reads_bwd's dr = p ⊙ dp (drops - Σ_ℓ p_ℓ dp_ℓ);
-# "softmax_wrong_axis": router_probs normalises over the chunk's tokens, not the levels
-# (every kernel that computes p);
-# "dropped_dr": reads_bwd's kernel A writes dr = 0;
-# "short_state_sum": reads_bwd's kernel B sums each row over chunks [lo, hi - 1) when hi > lo.
-MUTANTS = {None: 0, "stale_read": 1, "no_level0": 2, "no_centering": 3,
-           "softmax_wrong_axis": 4, "dropped_dr": 5, "short_state_sum": 6}
-
 
 # ----------------------------------------------------------------------------- jit helpers
 @triton.jit
-def router_probs(r, i_b, i_h, o_t, m_t, T, L, H: tl.constexpr, BL: tl.constexpr, WRONG_AXIS: tl.constexpr):
+def router_probs(r, i_b, i_h, o_t, m_t, T, L, H: tl.constexpr, BL: tl.constexpr):
     """``softmax(r[b, t, h, :])`` over the ``L`` levels for the tokens ``o_t``: ``[BT, BL]`` float32.
 
     Columns ≥ L are -inf before the softmax (probability 0). Rows of tokens past ``T`` are
     loaded as logits 0 (uniform, finite: they may multiply masked-out zeros, never NaN).
-    ``WRONG_AXIS`` (test-only mutant, False in real use): normalise over the tokens (axis 0)
-    instead; columns ≥ L and tokens past ``T`` then keep logit 0, so ``p`` stays finite.
     """
     o_l = tl.arange(0, BL)
     m_l = o_l < L
     p_r = r + ((i_b.to(tl.int64) * T + o_t.to(tl.int64)) * H + i_h) * L
     b_r = tl.load(p_r[:, None] + o_l[None, :], mask=m_t[:, None] & m_l[None, :], other=0.0).to(tl.float32)
-    if WRONG_AXIS:                          # test-only mutant: softmax over the tokens (finite)
-        b_e = tl.exp(b_r - tl.max(b_r, axis=0)[None, :])
-        b_p = b_e / tl.sum(b_e, axis=0)[None, :]
-    else:
-        b_r = tl.where(m_l[None, :], b_r, float("-inf"))
-        b_e = tl.exp(b_r - tl.max(b_r, axis=1)[:, None])
-        b_p = b_e / tl.sum(b_e, axis=1)[:, None]
+    b_r = tl.where(m_l[None, :], b_r, float("-inf"))
+    b_e = tl.exp(b_r - tl.max(b_r, axis=1)[:, None])
+    b_p = b_e / tl.sum(b_e, axis=1)[:, None]
     return b_p
 
 
@@ -125,7 +108,7 @@ def reads_fwd_kernel(
     scale, T, N, S, L,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BL: tl.constexpr,
-    SPLIT: tl.constexpr, MUTANT: tl.constexpr,
+    SPLIT: tl.constexpr,
 ):
     """One (V block, chunk j, batch·head) program; ``BT = 64`` tokens, ``[BT, BV]`` outputs:
 
@@ -150,16 +133,11 @@ def reads_fwd_kernel(
     m_kv = m_k[:, None] & m_v[None, :]
     tok = (i_b.to(tl.int64) * T + o_t.to(tl.int64)) * H + i_h            # [BT] (b, t, h) index
 
-    b_p = router_probs(r, i_b, i_h, o_t, m_t, T, L, H, BL, MUTANT == 4)   # 4: wrong axis
-    b_o = tl.zeros([BT, BV], dtype=tl.float32)
-    if MUTANT != 2:                                                      # 2: forgets level 0
-        b_o0 = tl.load(o0 + tok[:, None] * V + o_v[None, :], mask=m_tv, other=0.0).to(tl.float32)
-        b_o += level_column(b_p, 0, BL)[:, None] * b_o0
+    b_p = router_probs(r, i_b, i_h, o_t, m_t, T, L, H, BL)
+    b_o0 = tl.load(o0 + tok[:, None] * V + o_v[None, :], mask=m_tv, other=0.0).to(tl.float32)
+    b_o = level_column(b_p, 0, BL)[:, None] * b_o0
     for l in range(1, L):
-        if MUTANT == 1:                                                  # 1: one chunk late
-            i_row = tl.load(read_row + l * N + tl.maximum(i_c - 1, 0))
-        else:
-            i_row = tl.load(read_row + l * N + i_c)
+        i_row = tl.load(read_row + l * N + i_c)
         p_m = states + ((i_b.to(tl.int64) * S + i_row) * H + i_h) * K * V
         b_m = tl.load(p_m + o_k[:, None] * V + o_v[None, :], mask=m_kv, other=0.0)
         b_q = tl.load(q + (tok * L + l)[:, None] * K + o_k[None, :], mask=m_tk, other=0.0)
@@ -233,12 +211,6 @@ def block_sizes(K: int, V: int, L: int, block_v: int | None = None) -> tuple[int
     return CHUNK, BK, BV, BL
 
 
-def mutant_code(mutant) -> int:
-    if mutant not in MUTANTS:
-        raise ValueError(f"_mutant must be one of {list(MUTANTS)}, got {mutant!r}")
-    return MUTANTS[mutant]
-
-
 def _expect(name, x, shape, dtypes, device):
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
@@ -278,18 +250,16 @@ def check_reads(q, r, o0, states, read_row):
 
 
 def reads_fwd(q: torch.Tensor, r: torch.Tensor, o0: torch.Tensor, states: torch.Tensor,
-              read_row: torch.Tensor, scale: float, *, block_v: int | None = None,
-              _mutant: str | None = None) -> torch.Tensor:
+              read_row: torch.Tensor, scale: float, *, block_v: int | None = None) -> torch.Tensor:
     """``o [B, T, H, V]`` in q's dtype: ``o_t = p_t,0 o0_t + Σ_{ℓ≥1} p_t,ℓ · scale · M_ℓ,j^T q_t^(ℓ)``
     with ``p_t = softmax(r_t)`` and ``M_ℓ,j = states[read_row[ℓ, j]]`` (module docstring).
 
     ``q [B, T, H, L, K]``, ``r [B, T, H, L]``, ``o0 [B, T, H, V]`` (one dtype: float32 or
     bfloat16); ``states [B, S, H, K, V]`` float32; ``read_row int32 [L, N]`` (valid rows of
     ``states``; not checked: it lives on the device). ``block_v``: the V block (tests shrink
-    it); ``_mutant``: a deliberately broken kernel for the mutation tests.
+    it to reach several V blocks).
     """
     B, T, H, L, K, V, S, N = check_reads(q, r, o0, states, read_row)
-    mutant = mutant_code(_mutant)
     BT, BK, BV, BL = block_sizes(K, V, L, block_v)
     o = o0.new_empty(B, T, H, V)
     if o.numel() == 0:
@@ -298,6 +268,6 @@ def reads_fwd(q: torch.Tensor, r: torch.Tensor, o0: torch.Tensor, states: torch.
     reads_fwd_kernel[grid](
         q.contiguous(), r.contiguous(), o0.contiguous(), states.contiguous(), read_row.contiguous(), o,
         float(scale), T, N, S, L,
-        H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, BL=BL, SPLIT=q.dtype == torch.bfloat16, MUTANT=mutant,
+        H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, BL=BL, SPLIT=q.dtype == torch.bfloat16,
         num_warps=num_warps(BK, BV))
     return o

@@ -1,0 +1,333 @@
+"""The table of ops: one entry per public optimized op (PyTorch OpInfo's idea, this project's shape).
+
+An entry names everything a generic check needs to run the op and its spec:
+
+- ``op``: the optimized function (``optimized.__all__``), ``reference`` its float64 PyTorch
+  reference, ``numpy_twin`` the NumPy twin;
+- ``sample(draw)``: seeded float64 master inputs (``Sample``) for one ``Draw``: activations (cast to
+  the kernel dtype), states and scheme parameters (float32 for the op, float64 for the reference),
+  static keyword arguments;
+- ``draws(bucket)``: a Hypothesis strategy of draws (the CPU menu, or one compile bucket's sizes on
+  CUDA, ``ngdn.compile_buckets``), ``covering``: one fixed draw with B ≥ 2, H ≥ 2, more than one
+  chunk and a ragged last chunk;
+- ``vs_reference(draw, dtype, op, log)`` / ``vs_numpy(draw, log)``: the op's own agreement checks
+  (``ngdn.checks.<op>``: values, final states, every gradient);
+- ``tolerance``: the ``tolerances.yaml`` component of ``vs_reference``; ``family`` the compile
+  family; ``dtypes`` per device mode;
+- capabilities: ``final_state`` (returns final states), ``state_passing`` (how a sequence may be
+  split and continued, or None), ``deterministic`` (two runs agree bit for bit),
+  ``second_order`` (``"refused"``: a ``create_graph=True`` backward raises; ``"supported"`` would
+  mean checked against the reference's second-order gradients).
+
+The generic checks (``ngdn.checks.generic``) and the generic properties
+(``property_tests/test_ops.py``) iterate this table; ``ngdn check`` runs each entry's
+``vs_reference``. Adding an op: README, "Adding an op".
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, NamedTuple
+
+import torch
+from hypothesis import strategies as st
+
+from ngdn.compile_buckets import on_bucket
+from ngdn.fenwick_inputs import FenwickShape, fenwick_gdn2_inputs, fenwick_inputs
+from ngdn.inputs import GDN2Shape, gdn2_inputs
+from ngdn.nested_inputs import NestedShape, nested_inputs
+from ngdn.tensor3d_inputs import Tensor3DShape, tensor3d_inputs
+from optimized import (chunk_fenwick, chunk_fenwick_gdn2, chunk_gdn2, chunk_nested_gdn2, chunk_tensor3d,
+                       triton_mode)
+from reference import (naive_fenwick, naive_fenwick_gdn2, naive_fenwick_gdn2_numpy, naive_fenwick_numpy,
+                       naive_gdn2, naive_gdn2_numpy, naive_nested_gdn2, naive_nested_gdn2_numpy, naive_tensor3d,
+                       naive_tensor3d_numpy)
+from reference.nested import CHUNK_SIZE
+
+CHUNK = CHUNK_SIZE   # 64: every op's chunk
+
+
+class Draw(NamedTuple):
+    """One draw of an op: its shape NamedTuple, a seed, the input regime and op options
+    (e.g. the tensor state's gate granularity, the nested op's scheme)."""
+    shape: tuple
+    seed: int = 0
+    regime: str = "typical"
+    options: tuple = ()            # sorted (name, value) pairs
+
+    def option(self, name, default=None):
+        return dict(self.options).get(name, default)
+
+
+@dataclass
+class Sample:
+    """An op's inputs as float64 masters. ``activations`` are cast to the kernel dtype,
+    ``states`` (initial states: a tensor or a list; scheme parameters: ``levels``) to float32;
+    ``static`` are passed as they are."""
+    activations: dict
+    states: dict = field(default_factory=dict)
+    static: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class StatePassing:
+    """How a call may be split at token ``split`` and continued: ``argument`` receives the first
+    call's final state(s); ``splits(draw)`` lists the split points the contract allows for the
+    draw (at a chunk boundary and, where allowed, off one); ``extra(split)`` further keyword
+    arguments of the second call (e.g. Fenwick GDN-2's ``offset``)."""
+    argument: str
+    splits: Callable
+    extra: Callable = lambda split: {}
+
+
+@dataclass(frozen=True)
+class OpInfo:
+    name: str
+    op: Callable
+    reference: Callable
+    numpy_twin: Callable | None
+    sample: Callable                    # Draw -> Sample
+    draws: Callable                     # bucket (None under the interpreter) -> strategy of Draw
+    covering: Callable                  # () -> Draw
+    edge_shape: Callable                # (B, T, H, K, V) -> shape NamedTuple
+    vs_reference: Callable              # (draw, dtype, op, log) -> {quantity: (error, bound)}
+    vs_numpy: Callable | None           # (draw, log) -> {quantity: (error, bound)}
+    tolerance: str
+    family: str
+    dtypes: dict = field(default_factory=lambda: {triton_mode.CPU_INTERPRET: (torch.float32,),
+                                                  triton_mode.CUDA: (torch.float32, torch.bfloat16)})
+    final_state: bool = True
+    state_passing: StatePassing | None = None
+    deterministic: bool = True
+    second_order: str = "refused"
+
+    def __repr__(self):
+        return f"OpInfo({self.name})"
+
+
+def options(**kwargs) -> tuple:
+    return tuple(sorted(kwargs.items()))
+
+
+# --- GDN-2 ---------------------------------------------------------------------------------------
+
+def gdn2_sample(d: Draw) -> Sample:
+    x = gdn2_inputs(d.shape, d.seed, regime=d.regime)
+    return Sample({n: x[n] for n in ("q", "k", "v", "g", "b", "w")}, {"initial_state": x["initial_state"]},
+                  {"output_final_state": True})
+
+
+def gdn2_draws(bucket):
+    if bucket is None:
+        shapes = st.builds(GDN2Shape, B=st.integers(1, 2), T=st.sampled_from((1, 17, 64, 100, 130)),
+                           H=st.integers(1, 2), K=st.sampled_from((16, 32, 48)), V=st.sampled_from((16, 32, 80)))
+    else:
+        shapes = st.builds(GDN2Shape, B=st.integers(1, 2), T=st.sampled_from(bucket.seq_lens), H=st.just(bucket.H),
+                           K=st.just(bucket.K), V=st.just(bucket.V))
+    return st.builds(Draw, shapes, st.integers(0, 2**31 - 1))
+
+
+def gdn2_vs_reference(d, dtype, op, log=True):
+    from ngdn.checks import gdn2
+    return gdn2.optimized_vs_reference(d.shape, d.seed, dtype, optimized=op, log=log, regime=d.regime)
+
+
+def gdn2_vs_numpy(d, log=True):
+    from ngdn.checks import gdn2
+    return gdn2.torch_vs_numpy(d.shape, d.seed, log=log, regime=d.regime)
+
+
+def anywhere(d: Draw) -> list:
+    """Split points for ops whose state passing holds at any token: a chunk boundary and off one."""
+    T = d.shape.T
+    return sorted({s for s in (CHUNK, CHUNK // 2 + 5, T - 1) if 0 < s < T})
+
+
+def chunk_boundaries(d: Draw) -> list:
+    return [s for s in range(CHUNK, d.shape.T, CHUNK)][:2]
+
+
+# --- Nested GDN-2 --------------------------------------------------------------------------------
+
+def nested_sample(d: Draw) -> Sample:
+    x = nested_inputs(d.shape, d.seed, scheme=d.option("scheme", "learned"),
+                      reduction=d.option("reduction", "mean"), regime=d.regime)
+    return Sample({n: x[n] for n in ("q", "k", "v", "g", "b", "w", "r")},
+                  {"levels": x["levels"], "initial_states": x["initial_states"]}, {"output_final_state": True})
+
+
+SCHEMES = ("learned", "merge", "bounded_erase")
+
+
+def nested_draws(bucket):
+    if bucket is None:
+        shapes = st.builds(NestedShape, B=st.integers(1, 2), T=st.sampled_from((17, 64, 130)), H=st.integers(1, 2),
+                           L=st.integers(2, 3), K=st.sampled_from((16, 20)), V=st.sampled_from((16, 24)))
+    else:
+        shapes = st.builds(NestedShape, B=st.integers(1, 2), T=st.sampled_from((17, 64, 130, 192)),
+                           H=st.just(bucket.H), L=st.integers(2, 4), K=st.just(bucket.K), V=st.just(bucket.V))
+    opts = st.builds(lambda s, r: options(scheme=s, reduction=r), st.sampled_from(SCHEMES),
+                     st.sampled_from(("mean", "sum")))
+    return st.builds(Draw, shapes, st.integers(0, 2**31 - 1), st.just("typical"), opts)
+
+
+def nested_vs_reference(d, dtype, op, log=True):
+    from ngdn.checks import nested_optimized as checks
+    case = checks.OptCase(shape=d.shape, seed=d.seed, scheme=d.option("scheme", "learned"),
+                          reduction=d.option("reduction", "mean"), regime=d.regime)
+    errors = checks.optimized_vs_reference(case, dtype, op=op, log=log)
+    return {label: eb for label, eb in errors.items()}
+
+
+def nested_vs_numpy(d, log=True):
+    from ngdn.checks import nested
+    case = nested.NestedCase(shape=d.shape, seed=d.seed, scheme=d.option("scheme", "learned"),
+                             reduction=d.option("reduction", "mean"), regime=d.regime)
+    return nested.nested_torch_vs_numpy(case, log=log)
+
+
+def nested_splits(d: Draw) -> list:
+    """SPEC §3: a split at a multiple of ``64 · lcm(f)`` (default intervals ``2^(ℓ-1)``) is one call."""
+    period = CHUNK * 2 ** max(0, d.shape.L - 2)
+    return [s for s in range(period, d.shape.T, period)][:1]
+
+
+# --- 3D tensor state -----------------------------------------------------------------------------
+
+def tensor3d_sample(mode):
+    def sample(d: Draw) -> Sample:
+        x = tensor3d_inputs(d.shape, d.seed, mode, d.option("gate", "tile"), d.option("key_mode", "sigmoid"),
+                            regime=d.regime)
+        return Sample({n: x[n] for n in ("q1", "k1", "q2", "k2", "v", "g", "beta")},
+                      {"initial_state": x["initial_state"]}, {"mode": mode, "output_final_state": True})
+    return sample
+
+
+def tensor3d_draws(bucket):
+    if bucket is None:
+        shapes = st.builds(Tensor3DShape, B=st.integers(1, 2), T=st.sampled_from((1, 17, 64, 100)),
+                           H=st.integers(1, 2), K=st.sampled_from((4, 8)), E=st.sampled_from((2, 4)),
+                           V=st.sampled_from((8, 16, 24)))
+    else:
+        shapes = st.builds(Tensor3DShape, B=st.integers(1, 2), T=st.sampled_from(bucket.seq_lens),
+                           H=st.just(bucket.H), K=st.just(bucket.K), E=st.just(bucket.E), V=st.just(bucket.V))
+    opts = st.builds(lambda g, k: options(gate=g, key_mode=k), st.sampled_from(("none", "head", "tile", "channel")),
+                     st.sampled_from(("ones", "sigmoid", "softmax")))
+    return st.builds(Draw, shapes, st.integers(0, 2**31 - 1), st.just("typical"), opts)
+
+
+def tensor3d_vs_reference(mode):
+    def check(d, dtype, op, log=True):
+        from ngdn.checks import tensor3d
+        return tensor3d.optimized_vs_reference(d.shape, d.seed, dtype, mode, d.option("gate", "tile"),
+                                               d.option("key_mode", "sigmoid"), optimized=op, log=log)
+    return check
+
+
+def tensor3d_vs_numpy(mode):
+    def check(d, log=True):
+        from ngdn.checks import tensor3d
+        return tensor3d.torch_vs_numpy(d.shape, d.seed, mode, d.option("gate", "tile"),
+                                       d.option("key_mode", "sigmoid"), log=log, regime=d.regime)
+    return check
+
+
+# --- Fenwick router and Fenwick GDN-2 ------------------------------------------------------------
+
+FENWICK_INPUTS = ("q", "k", "v", "g", "level_scales")
+FENWICK_GDN2_INPUTS = ("q", "k", "v", "g", "b", "w", "level_scales")
+
+
+def fenwick_sample(d: Draw) -> Sample:
+    x = fenwick_inputs(d.shape, d.seed, regime=d.regime)
+    return Sample({n: x[n] for n in FENWICK_INPUTS})
+
+
+def fenwick_gdn2_sample(d: Draw) -> Sample:
+    x = fenwick_gdn2_inputs(d.shape, d.seed, regime=d.regime)
+    return Sample({n: x[n] for n in FENWICK_GDN2_INPUTS}, {}, {"output_final_state": True})
+
+
+def fenwick_draws(bucket, seq_lens=(1, 17, 64, 100, 130)):
+    if bucket is None:
+        shapes = st.builds(FenwickShape, B=st.integers(1, 2), T=st.sampled_from(seq_lens), H=st.integers(1, 2),
+                           K=st.sampled_from((16, 20)), V=st.sampled_from((8, 16)), extra_levels=st.integers(0, 1))
+    else:
+        shapes = st.builds(FenwickShape, B=st.integers(1, 2), T=st.sampled_from(bucket.seq_lens), H=st.just(bucket.H),
+                           K=st.just(bucket.K), V=st.just(bucket.V), extra_levels=st.just(bucket.extra_levels))
+    return st.builds(Draw, shapes, st.integers(0, 2**31 - 1))
+
+
+def fenwick_vs_reference(d, dtype, op, log=True):
+    from ngdn.checks import fenwick
+    return fenwick.optimized_vs_reference(d.shape, d.seed, dtype, optimized=op, log=log)
+
+
+def fenwick_vs_numpy(d, log=True):
+    from ngdn.checks import fenwick
+    return fenwick.torch_vs_numpy(d.shape, d.seed, log=log, regime=d.regime)
+
+
+def fenwick_gdn2_vs_reference(d, dtype, op, log=True):
+    from ngdn.checks import fenwick_gdn2
+    return fenwick_gdn2.optimized_vs_reference(d.shape, d.seed, dtype, optimized=op, log=log, regime=d.regime)
+
+
+# --- the table -----------------------------------------------------------------------------------
+
+def _gdn2_shape(B, T, H, K, V):
+    return GDN2Shape(B, T, H, K, V)
+
+
+OPS = (
+    OpInfo("gdn2", chunk_gdn2, naive_gdn2, naive_gdn2_numpy, gdn2_sample, gdn2_draws,
+           covering=lambda: Draw(on_bucket(GDN2Shape(B=2, T=100, H=2, K=32, V=48)), seed=1),
+           edge_shape=_gdn2_shape, vs_reference=gdn2_vs_reference, vs_numpy=gdn2_vs_numpy, tolerance="gdn2",
+           family="level0", state_passing=StatePassing("initial_state", anywhere)),
+    OpInfo("nested", chunk_nested_gdn2, naive_nested_gdn2, naive_nested_gdn2_numpy, nested_sample, nested_draws,
+           covering=lambda: Draw(on_bucket(NestedShape(B=2, T=130, H=2, L=2, K=16, V=24)), seed=1,
+                                 options=options(scheme="learned", reduction="mean")),
+           edge_shape=lambda B, T, H, K, V: NestedShape(B, T, H, 2, K, V), vs_reference=nested_vs_reference,
+           vs_numpy=nested_vs_numpy, tolerance="nested", family="level0",
+           state_passing=StatePassing("initial_states", nested_splits)),
+    OpInfo("tensor3d-gla", chunk_tensor3d, naive_tensor3d, naive_tensor3d_numpy, tensor3d_sample("gla"),
+           tensor3d_draws,
+           covering=lambda: Draw(on_bucket(Tensor3DShape(B=2, T=100, H=2, K=4, E=4, V=24), "tensor3d"), seed=1,
+                                 options=options(gate="channel", key_mode="sigmoid")),
+           edge_shape=lambda B, T, H, K, V: Tensor3DShape(B, T, H, K, 2, V),
+           vs_reference=tensor3d_vs_reference("gla"), vs_numpy=tensor3d_vs_numpy("gla"), tolerance="tensor3d_gla",
+           family="tensor3d", state_passing=StatePassing("initial_state", anywhere)),
+    OpInfo("tensor3d-delta", chunk_tensor3d, naive_tensor3d, naive_tensor3d_numpy, tensor3d_sample("delta"),
+           tensor3d_draws,
+           covering=lambda: Draw(on_bucket(Tensor3DShape(B=2, T=100, H=2, K=4, E=4, V=24), "tensor3d"), seed=1,
+                                 options=options(gate="tile", key_mode="softmax")),
+           edge_shape=lambda B, T, H, K, V: Tensor3DShape(B, T, H, K, 2, V),
+           vs_reference=tensor3d_vs_reference("delta"), vs_numpy=tensor3d_vs_numpy("delta"),
+           tolerance="tensor3d_delta", family="tensor3d", state_passing=StatePassing("initial_state", anywhere)),
+    OpInfo("fenwick", chunk_fenwick, naive_fenwick, naive_fenwick_numpy, fenwick_sample, fenwick_draws,
+           covering=lambda: Draw(on_bucket(FenwickShape(B=2, T=100, H=2, K=20, V=16), "fenwick", 1), seed=1),
+           edge_shape=lambda B, T, H, K, V: FenwickShape(B, T, H, K, V),
+           vs_reference=fenwick_vs_reference, vs_numpy=fenwick_vs_numpy, tolerance="fenwick", family="fenwick",
+           final_state=False),
+    OpInfo("fenwick-gdn2", chunk_fenwick_gdn2, naive_fenwick_gdn2, naive_fenwick_gdn2_numpy, fenwick_gdn2_sample,
+           fenwick_draws,
+           covering=lambda: Draw(on_bucket(FenwickShape(B=2, T=130, H=2, K=20, V=24)), seed=1),
+           edge_shape=lambda B, T, H, K, V: FenwickShape(B, T, H, K, V),
+           vs_reference=fenwick_gdn2_vs_reference, vs_numpy=fenwick_vs_numpy, tolerance="fenwick_gdn2",
+           family="level0",
+           state_passing=StatePassing("initial_state", chunk_boundaries, extra=lambda split: {"offset": split})),
+)
+BY_NAME = {info.name: info for info in OPS}
+
+
+def get(name: str) -> OpInfo:
+    if name not in BY_NAME:
+        raise ValueError(f"unknown op {name!r}; the table has {sorted(BY_NAME)}")
+    return BY_NAME[name]
+
+
+def public_ops_missing() -> list:
+    """Names in ``optimized.__all__`` that are ops (``chunk_*``) but have no table entry."""
+    import optimized
+
+    covered = {info.op.__name__ for info in OPS}
+    return [n for n in optimized.__all__ if n.startswith("chunk_") and n not in covered]

@@ -1,0 +1,163 @@
+"""The generic properties of every op in the table (``ngdn.ops.OPS``), each shown to fail on a
+broken twin (``op_mutants``). An op added to the table gets all of them.
+
+Draws: the entry's ``covering`` draw (B = 2, H = 2, K ≠ V, more than one chunk with a ragged last
+one; on CUDA the sizes of the family's first compile bucket), shortened to one ragged chunk for the
+self-consistency properties where the op has no schedule that needs two. The op's own files hold
+its Hypothesis-drawn agreement properties (``test_<op>.py``) and op-specific properties.
+"""
+import re
+
+import pytest
+import torch
+
+import op_mutants
+from ngdn import ops
+from ngdn.checks import generic
+from ngdn.ops import OPS, Draw
+from ngdn.testing import kernel_dtypes
+from ngdn.tolerances import assert_passes, failures
+
+OP_PARAMS = [pytest.param(info, id=info.name) for info in OPS]
+STATEFUL = [pytest.param(info, id=info.name) for info in OPS if info.state_passing is not None]
+
+
+def self_consistency_draw(info) -> Draw:
+    """The covering draw, one ragged chunk long (T = 20) except for the nested op, whose levels
+    fire only at a full chunk (T = 70: one firing, then a ragged chunk)."""
+    d = info.covering()
+    return d if info.name == "nested" else d._replace(shape=d.shape._replace(T=20))
+
+
+def state_passing_draw(info) -> Draw:
+    d = info.covering()
+    return d._replace(shape=d.shape._replace(T=max(d.shape.T, 70)))
+
+
+def test_every_public_op_is_in_the_table():
+    assert ops.public_ops_missing() == []
+
+
+# --- values and gradients against the reference and the NumPy twin --------------------------------
+
+@pytest.mark.parametrize("info", OP_PARAMS)
+def test_optimized_equals_reference_on_the_covering_draw(info):
+    """Values, final states and every gradient (the entry's own check)."""
+    assert_passes(info.vs_reference(info.covering(), torch.float32, info.op, True))
+
+
+@pytest.mark.parametrize("info", OP_PARAMS)
+def test_torch_reference_equals_numpy_twin(info):
+    d = info.covering()
+    assert_passes(info.vs_numpy(d._replace(shape=d.shape._replace(T=min(d.shape.T, 40))), True))
+
+
+# --- self-consistency: bitwise, grad modes, layouts, uninitialised memory, second order ------------
+
+@pytest.mark.parametrize("dtype", kernel_dtypes())
+@pytest.mark.parametrize("info", OP_PARAMS)
+def test_self_consistency(info, dtype):
+    """Two runs bit for bit; no_grad / inference_mode values bit for bit and no graph kept;
+    non-contiguous, transposed and batch-expanded inputs bit for bit; NaN-filled allocations
+    change nothing; a second-order gradient is refused. One baseline run serves them all."""
+    d = self_consistency_draw(info)
+    baseline = generic.run(info, d, dtype)
+    errors = {}
+    errors.update({f"bitwise {k}": e for k, e in generic.bitwise(info, d, dtype, baseline=baseline).items()})
+    errors.update({f"grad modes {k}": e for k, e in generic.grad_modes(info, d, dtype, baseline=baseline).items()})
+    errors.update({f"layouts {k}": e for k, e in generic.layouts(info, d, dtype, baseline=baseline).items()})
+    errors.update({f"uninitialised {k}": e
+                   for k, e in generic.uninitialised_memory(info, d, dtype, baseline=baseline).items()})
+    errors.update({f"second order {k}": e for k, e in generic.second_order(info, d, dtype).items()})
+    assert_passes(errors)
+
+
+@pytest.mark.parametrize("info", STATEFUL)
+def test_state_passing_equals_one_call(info):
+    d = state_passing_draw(info)
+    splits = info.state_passing.splits(d)
+    assert splits, f"{info.name}: the draw {d} allows no split"
+    for split in splits:
+        assert_passes({f"split {split}: {k}": e
+                       for k, e in generic.state_passing(info, d, torch.float32, split).items()})
+
+
+# --- edge shapes -----------------------------------------------------------------------------------
+
+# (B, T, H, K, V): an empty batch, no heads, one token, head dims off 16, the smallest head dims.
+EDGE_SHAPES = {"B=0": (0, 5, 2, 16, 16), "H=0": (2, 5, 0, 16, 16), "T=1": (2, 1, 2, 16, 16),
+               "K,V off 16": (2, 5, 2, 20, 12), "K=V=1": (2, 5, 2, 1, 1)}
+
+
+@pytest.mark.parametrize("edge", list(EDGE_SHAPES))
+@pytest.mark.parametrize("dtype", kernel_dtypes())
+@pytest.mark.parametrize("info", OP_PARAMS)
+def test_edge_shapes(info, dtype, edge):
+    """Correct results (values, final states, every gradient) or an up-front ValueError naming
+    the argument; never a crash inside a kernel or a compiler error."""
+    assert_passes(generic.edge_shape(info, info.edge_shape(*EDGE_SHAPES[edge]), dtype))
+
+
+# --- teeth: each generic property fails on a broken twin of every op --------------------------------
+
+@pytest.mark.mutation
+@pytest.mark.parametrize("info", OP_PARAMS)
+def test_bitwise_catches_a_noisy_twin(info):
+    assert failures(generic.bitwise(info, self_consistency_draw(info), torch.float32, op=op_mutants.noisy(info.op)))
+
+
+@pytest.mark.mutation
+@pytest.mark.parametrize("info", OP_PARAMS)
+def test_grad_modes_catch_a_twin_that_differs_without_autograd(info):
+    d = self_consistency_draw(info)
+    assert failures(generic.grad_modes(info, d, torch.float32, op=op_mutants.grad_mode_dependent(info.op)))
+
+
+@pytest.mark.mutation
+@pytest.mark.parametrize("info", OP_PARAMS)
+def test_layouts_catch_a_twin_that_ignores_strides(info):
+    d = self_consistency_draw(info)
+    bad = failures(generic.layouts(info, d, torch.float32, op=op_mutants.strides_ignored(info.op)))
+    assert any(k.startswith("non-contiguous") for k in bad) and any(k.startswith("expanded") for k in bad), bad
+
+
+@pytest.mark.mutation
+@pytest.mark.parametrize("info", OP_PARAMS)
+def test_uninitialised_memory_catches_an_unwritten_token(info):
+    d = self_consistency_draw(info)
+    assert failures(generic.uninitialised_memory(info, d, torch.float32,
+                                                 op=op_mutants.last_token_unwritten(info.op)))
+
+
+@pytest.mark.mutation
+@pytest.mark.parametrize("info", OP_PARAMS)
+def test_second_order_catches_a_gradient_without_its_graph(info):
+    d = self_consistency_draw(info)
+    assert not failures(generic.second_order(info, d, torch.float32))
+    with op_mutants.second_order_unguarded():
+        assert failures(generic.second_order(info, d, torch.float32))
+
+
+@pytest.mark.mutation
+@pytest.mark.parametrize("info", STATEFUL)
+def test_state_passing_catches_a_dropped_state(info):
+    d = state_passing_draw(info)
+    twin = op_mutants.state_dropped(info.state_passing.argument)(info.op)
+    assert failures(generic.state_passing(info, d, torch.float32, info.state_passing.splits(d)[0], op=twin,
+                                          log=False))
+
+
+@pytest.mark.mutation
+@pytest.mark.parametrize("info", OP_PARAMS)
+def test_edge_shapes_catch_a_crash_without_heads(info):
+    shape = info.edge_shape(*EDGE_SHAPES["H=0"])
+    assert failures(generic.edge_shape(info, shape, torch.float32, op=op_mutants.crashes_without_heads(info.op)))
+
+
+def test_an_error_that_names_no_argument_fails_the_edge_property():
+    info = ops.get("gdn2")
+
+    def vague(**kwargs):
+        raise ValueError("something went wrong")
+    bad = failures(generic.edge_shape(info, info.edge_shape(*EDGE_SHAPES["T=1"]), torch.float32, op=vague))
+    assert bad and all(re.search("ValueError naming an argument", k) for k in bad)
