@@ -1,0 +1,181 @@
+"""Pieces shared by the layers: argument checks, the short convolutions, the per-channel
+log-decay gate and the gated output head.
+
+Conventions follow fla's GatedDeltaNet-style layers: bias-free input projections, a depthwise
+causal short convolution with SiLU on q, k and v (``fla.modules.ShortConvolution``), a decay
+``g = -exp(A_log) · softplus(a + dt_bias)`` (per head ``A_log``, per channel ``dt_bias``, as
+fla's KDA layer: GDN-2's gates are per channel), an output gate through ``FusedRMSNormGated``
+and an output projection.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+BACKENDS = ("optimized", "reference")
+
+
+def check_int(name: str, value, minimum: int = 1) -> int:
+    """``value`` is an int (not a bool) ``>= minimum``."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
+def check_bool(name: str, value) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
+    return value
+
+
+def check_positive_float(name: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__}")
+    if not (value > 0 and math.isfinite(value)):
+        raise ValueError(f"{name} must be a positive finite number, got {value}")
+    return float(value)
+
+
+def check_backend(backend) -> str:
+    if not isinstance(backend, str):
+        raise TypeError(f"backend must be a str, got {type(backend).__name__}")
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {list(BACKENDS)}, got {backend!r}")
+    return backend
+
+
+def check_forward_args(hidden_states, hidden_size: int, attention_mask=None, past_key_values=None,
+                       use_cache: bool = False) -> None:
+    """``hidden_states [B, T, hidden_size]``, floating point, ``T >= 1``; no mask, cache or
+    ``use_cache`` (these layers have a training forward only)."""
+    if not isinstance(hidden_states, torch.Tensor):
+        raise TypeError(f"hidden_states must be a torch.Tensor, got {type(hidden_states).__name__}")
+    if hidden_states.dim() != 3:
+        raise ValueError(f"hidden_states must have shape [B, T, D] (3 dimensions), got {tuple(hidden_states.shape)}")
+    if hidden_states.shape[-1] != hidden_size:
+        raise ValueError(f"hidden_states must have last dimension hidden_size = {hidden_size}, "
+                         f"got {tuple(hidden_states.shape)}")
+    if hidden_states.shape[0] == 0 or hidden_states.shape[1] == 0:
+        raise ValueError(f"hidden_states must hold at least one sequence and one token, got {tuple(hidden_states.shape)}")
+    if not hidden_states.is_floating_point():
+        raise ValueError(f"hidden_states must be floating point, got {hidden_states.dtype}")
+    if attention_mask is not None:
+        raise ValueError("attention_mask is not supported: these layers take unpadded [B, T, D] batches")
+    if past_key_values is not None or use_cache:
+        raise ValueError("past_key_values / use_cache are not supported: these layers have a training "
+                         "forward without any cache")
+
+
+def short_conv(dim: int, conv_size: int, conv_bias: bool) -> nn.Module:
+    """fla's depthwise causal convolution with SiLU (its Triton backend; interpreter on CPU)."""
+    from fla.modules import ShortConvolution
+
+    return ShortConvolution(hidden_size=dim, kernel_size=conv_size, bias=conv_bias, activation="silu",
+                            backend="triton")
+
+
+class DecayGate(nn.Module):
+    """Per-channel log-decay ``g = -exp(A_log[h]) · softplus(a + dt_bias) ≤ 0`` from the
+    projection ``a [B, T, H, K]``, computed in float32. Initialised as fla's GatedDeltaNet and
+    KDA layers: ``A ~ U(1, 16)``, ``dt ~ logU(1e-3, 1e-1)`` (floor 1e-4) with
+    ``dt_bias = softplus⁻¹(dt)``, so ``-g`` starts between about 1e-3 and 1.6 per token."""
+
+    def __init__(self, num_heads: int, head_dim: int, dt_min=1e-3, dt_max=1e-1, dt_floor=1e-4):
+        super().__init__()
+        self.num_heads, self.head_dim = num_heads, head_dim
+        A = torch.empty(num_heads).uniform_(1, 16)
+        self.A_log = nn.Parameter(torch.log(A))
+        dt = torch.exp(torch.rand(num_heads * head_dim) * (math.log(dt_max) - math.log(dt_min)) + math.log(dt_min))
+        dt = dt.clamp(min=dt_floor)
+        self.dt_bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))    # softplus(dt_bias) = dt
+        self.A_log._no_weight_decay = True
+        self.dt_bias._no_weight_decay = True
+
+    def forward(self, a: torch.Tensor) -> torch.Tensor:
+        bias = self.dt_bias.float().view(self.num_heads, self.head_dim)
+        return -self.A_log.float().exp()[:, None] * F.softplus(a.float() + bias)
+
+
+class GatedOutput(nn.Module):
+    """``o_proj(RMSNorm(o) ⊙ SiLU(g_proj(x)))`` per head (``use_gate``), else ``o_proj(RMSNorm(o))``."""
+
+    def __init__(self, hidden_size: int, num_heads: int, head_v_dim: int, use_gate: bool, norm_eps: float):
+        super().__init__()
+        from fla.modules import FusedRMSNormGated, RMSNorm
+
+        self.num_heads, self.head_v_dim, self.use_gate = num_heads, head_v_dim, use_gate
+        value_dim = num_heads * head_v_dim
+        if use_gate:
+            self.g_proj = nn.Linear(hidden_size, value_dim, bias=False)
+            self.o_norm = FusedRMSNormGated(head_v_dim, eps=norm_eps)
+        else:
+            self.o_norm = RMSNorm(head_v_dim, eps=norm_eps)
+        self.o_proj = nn.Linear(value_dim, hidden_size, bias=False)
+
+    def forward(self, o: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
+        B, T = o.shape[:2]
+        if self.use_gate:
+            gate = self.g_proj(hidden_states).view(B, T, self.num_heads, self.head_v_dim)
+            o = self.o_norm(o, gate)
+        else:
+            o = self.o_norm(o)
+        return self.o_proj(o.reshape(B, T, self.num_heads * self.head_v_dim))
+
+
+class QKVProjections(nn.Module):
+    """The input side shared by both layers: ``q`` (``q_heads`` query heads), ``k, v`` (``heads``
+    heads), each through an optional short convolution; ``k`` and ``q`` are l2-normalised per
+    head (the ops expect unit-norm keys). Gates: ``a`` (into ``DecayGate``), ``b`` (erase, per
+    key channel) and ``w`` (write, per value channel), both through a sigmoid."""
+
+    def __init__(self, hidden_size, q_heads, heads, head_dim, head_v_dim, use_short_conv, conv_size, conv_bias):
+        super().__init__()
+        self.q_heads, self.heads, self.head_dim, self.head_v_dim = q_heads, heads, head_dim, head_v_dim
+        self.use_short_conv = use_short_conv
+        self.q_proj = nn.Linear(hidden_size, q_heads * head_dim, bias=False)
+        self.k_proj = nn.Linear(hidden_size, heads * head_dim, bias=False)
+        self.v_proj = nn.Linear(hidden_size, heads * head_v_dim, bias=False)
+        if use_short_conv:
+            self.q_conv1d = short_conv(q_heads * head_dim, conv_size, conv_bias)
+            self.k_conv1d = short_conv(heads * head_dim, conv_size, conv_bias)
+            self.v_conv1d = short_conv(heads * head_v_dim, conv_size, conv_bias)
+        self.a_proj = nn.Linear(hidden_size, heads * head_dim, bias=False)
+        self.decay = DecayGate(heads, head_dim)
+        self.b_proj = nn.Linear(hidden_size, heads * head_dim, bias=False)
+        self.w_proj = nn.Linear(hidden_size, heads * head_v_dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> dict:
+        """``{"q": [B, T, q_heads, K], "k", "g", "b": [B, T, H, K], "v", "w": [B, T, H, V]}``;
+        ``g`` in float32, the rest in the projections' dtype."""
+        B, T = x.shape[:2]
+        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        if self.use_short_conv:
+            q, _ = self.q_conv1d(q)
+            k, _ = self.k_conv1d(k)
+            v, _ = self.v_conv1d(v)
+        else:
+            q, k, v = F.silu(q), F.silu(k), F.silu(v)
+        H, K, V = self.heads, self.head_dim, self.head_v_dim
+        q = l2norm(q.view(B, T, self.q_heads, K))
+        k = l2norm(k.view(B, T, H, K))
+        return {"q": q, "k": k, "v": v.view(B, T, H, V),
+                "g": self.decay(self.a_proj(x).view(B, T, H, K)),
+                "b": torch.sigmoid(self.b_proj(x)).view(B, T, H, K),
+                "w": torch.sigmoid(self.w_proj(x)).view(B, T, H, V)}
+
+
+def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """``x / sqrt(Σx² + eps)`` over the last axis, in float32 (the contract's ``l2norm``)."""
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).sum(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+def op_dtype(x: torch.Tensor) -> torch.dtype:
+    """The one activation dtype handed to an optimized op: the projections' dtype (bfloat16 under
+    CUDA autocast or with bfloat16 parameters, else float32)."""
+    return x.dtype

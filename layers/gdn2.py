@@ -1,0 +1,100 @@
+"""``GDN2``: a flat GDN-2 attention layer in fla's conventions over ``optimized.chunk_gdn2``
+(``backend="optimized"``) or the float64 reference ``reference.naive_gdn2``
+(``backend="reference"``), ``[B, T, D]`` in and out: the flat arm beside ``NestedGDN2``.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from layers.common import (GatedOutput, QKVProjections, check_backend, check_bool, check_forward_args, check_int,
+                           check_positive_float)
+
+
+class GDN2(nn.Module):
+    """Flat GDN-2 layer (SPEC §1) with per-channel gates.
+
+    State size is matched to a ``NestedGDN2(num_heads=H, num_levels=L)`` by giving the flat layer
+    ``num_heads = L·H`` heads of the same ``K × V``: both then carry ``L·H·K·V`` state elements per
+    sequence (``state_size()``). The flat layer's q projection is then exactly as wide as the
+    nested one's (``L·H·K``: one query per head there, one per head and level here); its k, v
+    and gate projections are L times wider, and it has no router and no scheme parameters.
+
+    Projections and output as ``NestedGDN2``: ``q_proj, k_proj, v_proj`` (short convolutions,
+    l2-normalised q, k), ``a_proj`` → log-decay ``g``, ``b_proj``/``w_proj`` → erase and write
+    gates (sigmoid), ``o_proj(RMSNorm(o) ⊙ SiLU(g_proj(x)))``.
+    """
+
+    def __init__(self, hidden_size: int = 256, num_heads: int = 8, head_dim: int = 64, head_v_dim: int | None = None,
+                 use_short_conv: bool = True, conv_size: int = 4, conv_bias: bool = False, use_gate: bool = True,
+                 norm_eps: float = 1e-5, backend: str = "optimized", layer_idx: int | None = None):
+        super().__init__()
+        self.hidden_size = check_int("hidden_size", hidden_size)
+        self.num_heads = check_int("num_heads", num_heads)
+        self.head_dim = check_int("head_dim", head_dim)
+        if head_dim > 256:
+            raise ValueError(f"head_dim must be <= 256 (fla's GDN-2 kernels), got {head_dim}")
+        self.head_v_dim = head_dim if head_v_dim is None else check_int("head_v_dim", head_v_dim)
+        self.use_short_conv = check_bool("use_short_conv", use_short_conv)
+        self.conv_size = check_int("conv_size", conv_size, minimum=2)
+        check_bool("conv_bias", conv_bias)
+        self.use_gate = check_bool("use_gate", use_gate)
+        check_positive_float("norm_eps", norm_eps)
+        self.backend = check_backend(backend)
+        self.layer_idx = layer_idx
+        H, K, V = self.num_heads, self.head_dim, self.head_v_dim
+        self.proj = QKVProjections(hidden_size, H, H, K, V, use_short_conv, conv_size, conv_bias)
+        self.out = GatedOutput(hidden_size, H, V, use_gate, norm_eps)
+
+    @property
+    def backend(self) -> str:
+        return self._backend
+
+    @backend.setter
+    def backend(self, value) -> None:
+        self._backend = check_backend(value)
+
+    def inputs(self, hidden_states: torch.Tensor) -> dict:
+        """``q, k, g, b [B, T, H, K]``, ``v, w [B, T, H, V]`` in one dtype (the projections')."""
+        x = self.proj(hidden_states)
+        dt = x["k"].dtype
+        return {n: t.to(dt) for n, t in x.items()}
+
+    def mix(self, x: dict, output_final_state: bool = False):
+        """The recurrence: ``(o [B, T, H, V], final state [B, H, K, V] or None)``."""
+        # The ops take one explicit dtype (the projections'): autocast stays off inside them.
+        with torch.autocast(device_type=x["q"].device.type, enabled=False):
+            return self._mix(x, output_final_state)
+
+    def _mix(self, x: dict, output_final_state: bool):
+        names = ("q", "k", "v", "g", "b", "w")
+        if self.backend == "reference":
+            from reference import naive_gdn2
+
+            o, state = naive_gdn2(*[x[n].double() for n in names], output_final_state=output_final_state)
+            return o.to(x["q"].dtype), state
+        from optimized import chunk_gdn2
+
+        if x["q"].dtype not in (torch.float32, torch.bfloat16):
+            raise ValueError(f"hidden_states: the optimized backend runs in float32 or bfloat16, got activations "
+                             f"in {x['q'].dtype} (use backend='reference' for float64)")
+        return chunk_gdn2(*[x[n] for n in names], output_final_state=output_final_state)
+
+    def forward_with_states(self, hidden_states: torch.Tensor):
+        """``(output [B, T, D], final state [B, H, K, V])``."""
+        check_forward_args(hidden_states, self.hidden_size)
+        o, state = self.mix(self.inputs(hidden_states), output_final_state=True)
+        return self.out(o, hidden_states), state
+
+    def forward(self, hidden_states: torch.Tensor, attention_mask=None, past_key_values=None, use_cache: bool = False,
+                output_attentions: bool = False, **kwargs):
+        """fla's layer signature: returns ``(output [B, T, D], None, None)`` (no attentions, no cache)."""
+        check_forward_args(hidden_states, self.hidden_size, attention_mask, past_key_values, use_cache)
+        if output_attentions:
+            raise ValueError("output_attentions is not supported: a linear-attention layer has no attention matrix")
+        o, _ = self.mix(self.inputs(hidden_states))
+        return self.out(o, hidden_states), None, None
+
+    def state_size(self) -> int:
+        """Recurrent state elements per sequence: ``H · K · V``."""
+        return self.num_heads * self.head_dim * self.head_v_dim

@@ -1,0 +1,152 @@
+"""``NestedGDN2``: a Nested GDN-2 attention layer in fla's conventions, ``[B, T, D]`` in and out.
+
+Backed by ``optimized.chunk_nested_gdn2`` (``backend="optimized"``) or by the float64 per-token
+reference ``reference.naive_nested_gdn2`` (``backend="reference"``, for tests: the same layer
+with only the op swapped). Any registered promotion scheme works; its parameters are
+``nn.Parameter``s of the layer (``scheme_params.level{ℓ}.{name}``), initialised by
+``reference.make_levels`` from torch's global generator (``torch.manual_seed`` fixes them).
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from layers.common import (GatedOutput, QKVProjections, check_backend, check_bool, check_forward_args, check_int,
+                           check_positive_float)
+
+
+class NestedGDN2(nn.Module):
+    """Nested GDN-2 layer: level 0 is GDN-2 with per-channel gates, levels 1..L-1 are promoted
+    memories, a per-token softmax router mixes the L reads (SPEC §3).
+
+    Projections (bias-free, from ``hidden_size``): ``q_proj`` gives one query per head and level
+    (``[B, T, H, L, K]``), ``k_proj``/``v_proj`` level 0's key and value, ``a_proj`` the log-decay
+    ``g`` (``DecayGate``), ``b_proj``/``w_proj`` the erase and write gates (sigmoid), ``r_proj``
+    the router logits ``[B, T, H, L]``; q, k, v go through short convolutions (``use_short_conv``)
+    and q, k are l2-normalised. The output is ``o_proj(RMSNorm(o) ⊙ SiLU(g_proj(x)))`` per head
+    (``use_gate``), as fla's GatedDeltaNet.
+
+    Recurrent state per sequence: L levels × H heads × K × V.
+
+    Args:
+        hidden_size: model width D.
+        num_heads: H heads per level.
+        head_dim: key width K (≤ 256, fla's limit).
+        head_v_dim: value width V (default ``head_dim``).
+        num_levels: L ≥ 1 (L = 1 is GDN-2 with a router over one level).
+        scheme: a registered promotion scheme name, or one name per level ℓ = 1..L-1.
+        intervals, query_counts, reduction: as ``reference.make_levels`` (defaults: ``f_ℓ = 2^(ℓ-1)``
+            chunks, the query ladder ``min(K, 16·2^(ℓ-1))``, ``"mean"``).
+        gate_scale: ``make_levels``' initial spread of the scheme's gate weights.
+        use_short_conv, conv_size, conv_bias: the short convolutions on q, k, v.
+        use_gate: output gate (else RMSNorm only); norm_eps: its epsilon.
+        backend: ``"optimized"`` or ``"reference"``; may be reassigned on the module.
+        layer_idx: kept for fla's conventions (no cache uses it).
+    """
+
+    def __init__(self, hidden_size: int = 256, num_heads: int = 2, head_dim: int = 64, head_v_dim: int | None = None,
+                 num_levels: int = 4, scheme="learned", intervals=None, query_counts=None, reduction="mean",
+                 gate_scale: float = 1.0, use_short_conv: bool = True, conv_size: int = 4, conv_bias: bool = False,
+                 use_gate: bool = True, norm_eps: float = 1e-5, backend: str = "optimized",
+                 layer_idx: int | None = None):
+        super().__init__()
+        from reference import make_levels
+
+        self.hidden_size = check_int("hidden_size", hidden_size)
+        self.num_heads = check_int("num_heads", num_heads)
+        self.head_dim = check_int("head_dim", head_dim)
+        if head_dim > 256:
+            raise ValueError(f"head_dim must be <= 256 (fla's GDN-2 kernels), got {head_dim}")
+        self.head_v_dim = head_dim if head_v_dim is None else check_int("head_v_dim", head_v_dim)
+        self.num_levels = check_int("num_levels", num_levels)
+        self.use_short_conv = check_bool("use_short_conv", use_short_conv)
+        self.conv_size = check_int("conv_size", conv_size, minimum=2)
+        check_bool("conv_bias", conv_bias)
+        self.use_gate = check_bool("use_gate", use_gate)
+        check_positive_float("norm_eps", norm_eps)
+        check_positive_float("gate_scale", gate_scale)
+        self.backend = check_backend(backend)
+        self.layer_idx = layer_idx
+        H, K, V, L = self.num_heads, self.head_dim, self.head_v_dim, self.num_levels
+        if not (isinstance(scheme, str) or (isinstance(scheme, (list, tuple)) and all(isinstance(s, str) for s in scheme))):
+            raise TypeError(f"scheme must be a scheme name or a list of L - 1 names, got {type(scheme).__name__}")
+        # make_levels checks scheme names, intervals, query counts and the reduction, naming each.
+        levels = make_levels(L, H, K, V, scheme=scheme, intervals=intervals, query_counts=query_counts,
+                             reduction=reduction, dtype=torch.float32, gate_scale=gate_scale)
+        self.level_meta = [(lv.scheme, lv.interval, lv.reduction) for lv in levels]
+        self.scheme_params = nn.ModuleDict({
+            f"level{ℓ}": nn.ParameterDict({name: nn.Parameter(p) for name, p in lv.params.items()})
+            for ℓ, lv in enumerate(levels, start=1)})
+
+        self.proj = QKVProjections(hidden_size, H * L, H, K, V, use_short_conv, conv_size, conv_bias)
+        self.r_proj = nn.Linear(hidden_size, H * L, bias=False)
+        self.out = GatedOutput(hidden_size, H, V, use_gate, norm_eps)
+
+    @property
+    def backend(self) -> str:
+        return self._backend
+
+    @backend.setter
+    def backend(self, value) -> None:
+        self._backend = check_backend(value)
+
+    def levels(self, dtype: torch.dtype | None = None) -> list:
+        """The ``reference.nested.Level`` list over this layer's parameters (cast to ``dtype``
+        if given; gradients flow back through the cast)."""
+        from reference import Level
+
+        return [Level(scheme, interval,
+                      {n: (p if dtype is None else p.to(dtype)) for n, p in self.scheme_params[f"level{ℓ}"].items()},
+                      reduction)
+                for ℓ, (scheme, interval, reduction) in enumerate(self.level_meta, start=1)]
+
+    def inputs(self, hidden_states: torch.Tensor) -> dict:
+        """The op's activations ``q [B, T, H, L, K]``, ``k, g, b [B, T, H, K]``, ``v, w [B, T, H, V]``,
+        ``r [B, T, H, L]``, all in one dtype (the projections')."""
+        B, T = hidden_states.shape[:2]
+        x = self.proj(hidden_states)
+        x["q"] = x["q"].view(B, T, self.num_heads, self.num_levels, self.head_dim)
+        x["r"] = self.r_proj(hidden_states).view(B, T, self.num_heads, self.num_levels)
+        dt = x["k"].dtype
+        return {n: t.to(dt) for n, t in x.items()}
+
+    def mix(self, x: dict, output_final_state: bool = False):
+        """The recurrent core on ``inputs``' activations: ``(o [B, T, H, V], states or None)``."""
+        # The ops take one explicit dtype (the projections'): autocast stays off inside them.
+        with torch.autocast(device_type=x["q"].device.type, enabled=False):
+            return self._mix(x, output_final_state)
+
+    def _mix(self, x: dict, output_final_state: bool):
+        names = ("q", "k", "v", "g", "b", "w", "r")
+        if self.backend == "reference":
+            from reference import naive_nested_gdn2
+
+            dt = x["q"].dtype
+            o, states = naive_nested_gdn2(*[x[n].double() for n in names], self.levels(torch.float64),
+                                          output_final_state=output_final_state)
+            return o.to(dt), states
+        from optimized import chunk_nested_gdn2
+
+        if x["q"].dtype not in (torch.float32, torch.bfloat16):
+            raise ValueError(f"hidden_states: the optimized backend runs in float32 or bfloat16, got activations "
+                             f"in {x['q'].dtype} (use backend='reference' for float64)")
+        return chunk_nested_gdn2(*[x[n] for n in names], self.levels(), output_final_state=output_final_state)
+
+    def forward_with_states(self, hidden_states: torch.Tensor):
+        """``(output [B, T, D], [M_0, ..., M_{L-1}])``: the forward plus every level's final state."""
+        check_forward_args(hidden_states, self.hidden_size)
+        o, states = self.mix(self.inputs(hidden_states), output_final_state=True)
+        return self.out(o, hidden_states), states
+
+    def forward(self, hidden_states: torch.Tensor, attention_mask=None, past_key_values=None, use_cache: bool = False,
+                output_attentions: bool = False, **kwargs):
+        """fla's layer signature: returns ``(output [B, T, D], None, None)`` (no attentions, no cache)."""
+        check_forward_args(hidden_states, self.hidden_size, attention_mask, past_key_values, use_cache)
+        if output_attentions:
+            raise ValueError("output_attentions is not supported: a linear-attention layer has no attention matrix")
+        o, _ = self.mix(self.inputs(hidden_states))
+        return self.out(o, hidden_states), None, None
+
+    def state_size(self) -> int:
+        """Recurrent state elements per sequence: ``L · H · K · V``."""
+        return self.num_levels * self.num_heads * self.head_dim * self.head_v_dim

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# The recall benchmark on the device machine, from the repo root (the .whl folder carried):
+# installs the fla-core wheel, runs the layer property test on CUDA (float32 layer with the
+# optimized op vs the same layer on the float64 reference, with the error log), then the default
+# `python -m bench.recall` (learned, merge, bounded_erase, flat; T 512 … 8192; about 5 min
+# estimated, --time-budget 540 s) writing into $OUT. The plot needs matplotlib; without it, draw
+# it here afterwards: python -m bench.recall --plot-only OUT/recall/recall.csv
+# Logs under $OUT: env.txt, pytest-layer.log, errors.jsonl, worst_errors.md, recall/ (csv, md, png), bench.log.
+# Usage: [RECALL_ARGS="--T 512 2048 8192"] [LAYER_TIMEOUT=240] bash scripts/gpu_recall.sh
+set -uo pipefail
+OUT=${OUT:-/tmp/ngdn-out}
+mkdir -p "$OUT"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 NGDN_ERROR_LOG=$OUT/errors.jsonl
+export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/ngdn-triton-cache}
+rm -f "$OUT/errors.jsonl"
+{
+  date -u; nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader
+  echo "CPU cores: $(nproc); CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-unset}"
+  python3 -c "import torch, triton, fla; print('torch', torch.__version__, 'triton', triton.__version__, 'fla', fla.__version__)"
+  python3 -c "import matplotlib; print('matplotlib', matplotlib.__version__)" 2>/dev/null || echo "matplotlib: absent (no plot)"
+} | tee "$OUT/env.txt"
+rc=0
+start=$(date +%s)
+timeout -s INT -k 30 "${LAYER_TIMEOUT:-240}" \
+  python3 -m pytest -p no:cacheprovider -rfE --durations=10 property_tests/test_layer.py 2>&1 | tee "$OUT/pytest-layer.log" | tail -20
+status=${PIPESTATUS[0]}
+[ "$status" -ne 0 ] && rc=$status
+echo "== layer test: wall time $(( $(date +%s) - start )) s, exit $status" | tee -a "$OUT/env.txt"
+python3 -m ngdn.cli errors "$OUT/errors.jsonl" > "$OUT/worst_errors.md" 2>&1
+grep nested_layer "$OUT/worst_errors.md"
+start=$(date +%s)
+# shellcheck disable=SC2086
+python3 -m bench.recall --out "$OUT/recall" ${RECALL_ARGS:-} 2> "$OUT/bench.log" | tail -40
+status=${PIPESTATUS[0]}
+[ "$status" -ne 0 ] && rc=$status
+echo "== bench recall: wall time $(( $(date +%s) - start )) s, exit $status" | tee -a "$OUT/env.txt"
+tail -5 "$OUT/bench.log"
+exit $rc
