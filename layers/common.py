@@ -179,3 +179,45 @@ def op_dtype(x: torch.Tensor) -> torch.dtype:
     """The one activation dtype handed to an optimized op: the projections' dtype (bfloat16 under
     CUDA autocast or with bfloat16 parameters, else float32)."""
     return x.dtype
+
+
+class RecurrentLayer(nn.Module):
+    """What both layers share: the backend switch, the autocast-free recurrent core, fla's
+    ``forward`` signature and ``forward_with_states``. A subclass defines ``inputs(hidden_states)
+    -> dict`` (the op's activations), ``_mix(x, output_final_state)`` (the op call) and ``out``
+    (``GatedOutput``)."""
+
+    @property
+    def backend(self) -> str:
+        return self._backend
+
+    @backend.setter
+    def backend(self, value) -> None:
+        self._backend = check_backend(value)
+
+    def mix(self, x: dict, output_final_state: bool = False):
+        """The recurrent core on ``inputs``' activations: ``(o [B, T, H, V], final state(s) or None)``."""
+        # The ops take one explicit dtype (the projections'): autocast stays off inside them.
+        with torch.autocast(device_type=x["q"].device.type, enabled=False):
+            return self._mix(x, output_final_state)
+
+    @staticmethod
+    def check_optimized_dtype(x: dict) -> None:
+        if x["q"].dtype not in (torch.float32, torch.bfloat16):
+            raise ValueError(f"hidden_states: the optimized backend runs in float32 or bfloat16, got activations "
+                             f"in {x['q'].dtype} (use backend='reference' for float64)")
+
+    def forward_with_states(self, hidden_states: torch.Tensor):
+        """``(output [B, T, D], final state(s))``: the forward plus the recurrence's final state(s)."""
+        check_forward_args(hidden_states, self.hidden_size)
+        o, states = self.mix(self.inputs(hidden_states), output_final_state=True)
+        return self.out(o, hidden_states), states
+
+    def forward(self, hidden_states: torch.Tensor, attention_mask=None, past_key_values=None, use_cache: bool = False,
+                output_attentions: bool = False, **kwargs):
+        """fla's layer signature: returns ``(output [B, T, D], None, None)`` (no attentions, no cache)."""
+        check_forward_args(hidden_states, self.hidden_size, attention_mask, past_key_values, use_cache)
+        if output_attentions:
+            raise ValueError("output_attentions is not supported: a linear-attention layer has no attention matrix")
+        o, _ = self.mix(self.inputs(hidden_states))
+        return self.out(o, hidden_states), None, None

@@ -5,13 +5,12 @@
 from __future__ import annotations
 
 import torch
-from torch import nn
 
-from layers.common import (GatedOutput, QKVProjections, check_backend, check_bool, check_forward_args, check_int,
+from layers.common import (GatedOutput, QKVProjections, RecurrentLayer, check_backend, check_bool, check_int,
                            check_positive_float)
 
 
-class GDN2(nn.Module):
+class GDN2(RecurrentLayer):
     """Flat GDN-2 layer (SPEC §1) with per-channel gates.
 
     State size is matched to a ``NestedGDN2(num_heads=H, num_levels=L)`` by giving the flat layer
@@ -46,13 +45,6 @@ class GDN2(nn.Module):
         self.proj = QKVProjections(hidden_size, H, H, K, V, use_short_conv, conv_size, conv_bias)
         self.out = GatedOutput(hidden_size, H, V, use_gate, norm_eps)
 
-    @property
-    def backend(self) -> str:
-        return self._backend
-
-    @backend.setter
-    def backend(self, value) -> None:
-        self._backend = check_backend(value)
 
     def inputs(self, hidden_states: torch.Tensor) -> dict:
         """``q, k, g, b [B, T, H, K]``, ``v, w [B, T, H, V]`` in one dtype (the projections')."""
@@ -60,11 +52,6 @@ class GDN2(nn.Module):
         dt = x["k"].dtype
         return {n: t.to(dt) for n, t in x.items()}
 
-    def mix(self, x: dict, output_final_state: bool = False):
-        """The recurrence: ``(o [B, T, H, V], final state [B, H, K, V] or None)``."""
-        # The ops take one explicit dtype (the projections'): autocast stays off inside them.
-        with torch.autocast(device_type=x["q"].device.type, enabled=False):
-            return self._mix(x, output_final_state)
 
     def _mix(self, x: dict, output_final_state: bool):
         names = ("q", "k", "v", "g", "b", "w")
@@ -75,25 +62,9 @@ class GDN2(nn.Module):
             return o.to(x["q"].dtype), state
         from optimized import chunk_gdn2
 
-        if x["q"].dtype not in (torch.float32, torch.bfloat16):
-            raise ValueError(f"hidden_states: the optimized backend runs in float32 or bfloat16, got activations "
-                             f"in {x['q'].dtype} (use backend='reference' for float64)")
+        self.check_optimized_dtype(x)
         return chunk_gdn2(*[x[n] for n in names], output_final_state=output_final_state)
 
-    def forward_with_states(self, hidden_states: torch.Tensor):
-        """``(output [B, T, D], final state [B, H, K, V])``."""
-        check_forward_args(hidden_states, self.hidden_size)
-        o, state = self.mix(self.inputs(hidden_states), output_final_state=True)
-        return self.out(o, hidden_states), state
-
-    def forward(self, hidden_states: torch.Tensor, attention_mask=None, past_key_values=None, use_cache: bool = False,
-                output_attentions: bool = False, **kwargs):
-        """fla's layer signature: returns ``(output [B, T, D], None, None)`` (no attentions, no cache)."""
-        check_forward_args(hidden_states, self.hidden_size, attention_mask, past_key_values, use_cache)
-        if output_attentions:
-            raise ValueError("output_attentions is not supported: a linear-attention layer has no attention matrix")
-        o, _ = self.mix(self.inputs(hidden_states))
-        return self.out(o, hidden_states), None, None
 
     def state_size(self) -> int:
         """Recurrent state elements per sequence: ``H · K · V``."""

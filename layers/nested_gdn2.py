@@ -11,11 +11,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from layers.common import (GatedOutput, QKVProjections, check_backend, check_bool, check_forward_args, check_int,
+from layers.common import (GatedOutput, QKVProjections, RecurrentLayer, check_backend, check_bool, check_int,
                            check_positive_float)
 
 
-class NestedGDN2(nn.Module):
+class NestedGDN2(RecurrentLayer):
     """Nested GDN-2 layer: level 0 is GDN-2 with per-channel gates, levels 1..L-1 are promoted
     memories, a per-token softmax router mixes the L reads (SPEC §3).
 
@@ -82,13 +82,6 @@ class NestedGDN2(nn.Module):
         self.r_proj = nn.Linear(hidden_size, H * L, bias=False)
         self.out = GatedOutput(hidden_size, H, V, use_gate, norm_eps)
 
-    @property
-    def backend(self) -> str:
-        return self._backend
-
-    @backend.setter
-    def backend(self, value) -> None:
-        self._backend = check_backend(value)
 
     def levels(self, dtype: torch.dtype | None = None) -> list:
         """The ``reference.nested.Level`` list over this layer's parameters (cast to ``dtype``
@@ -110,11 +103,6 @@ class NestedGDN2(nn.Module):
         dt = x["k"].dtype
         return {n: t.to(dt) for n, t in x.items()}
 
-    def mix(self, x: dict, output_final_state: bool = False):
-        """The recurrent core on ``inputs``' activations: ``(o [B, T, H, V], states or None)``."""
-        # The ops take one explicit dtype (the projections'): autocast stays off inside them.
-        with torch.autocast(device_type=x["q"].device.type, enabled=False):
-            return self._mix(x, output_final_state)
 
     def _mix(self, x: dict, output_final_state: bool):
         names = ("q", "k", "v", "g", "b", "w", "r")
@@ -127,25 +115,9 @@ class NestedGDN2(nn.Module):
             return o.to(dt), states
         from optimized import chunk_nested_gdn2
 
-        if x["q"].dtype not in (torch.float32, torch.bfloat16):
-            raise ValueError(f"hidden_states: the optimized backend runs in float32 or bfloat16, got activations "
-                             f"in {x['q'].dtype} (use backend='reference' for float64)")
+        self.check_optimized_dtype(x)
         return chunk_nested_gdn2(*[x[n] for n in names], self.levels(), output_final_state=output_final_state)
 
-    def forward_with_states(self, hidden_states: torch.Tensor):
-        """``(output [B, T, D], [M_0, ..., M_{L-1}])``: the forward plus every level's final state."""
-        check_forward_args(hidden_states, self.hidden_size)
-        o, states = self.mix(self.inputs(hidden_states), output_final_state=True)
-        return self.out(o, hidden_states), states
-
-    def forward(self, hidden_states: torch.Tensor, attention_mask=None, past_key_values=None, use_cache: bool = False,
-                output_attentions: bool = False, **kwargs):
-        """fla's layer signature: returns ``(output [B, T, D], None, None)`` (no attentions, no cache)."""
-        check_forward_args(hidden_states, self.hidden_size, attention_mask, past_key_values, use_cache)
-        if output_attentions:
-            raise ValueError("output_attentions is not supported: a linear-attention layer has no attention matrix")
-        o, _ = self.mix(self.inputs(hidden_states))
-        return self.out(o, hidden_states), None, None
 
     def state_size(self) -> int:
         """Recurrent state elements per sequence: ``L · H · K · V``."""
