@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from optimized.autograd import first_order_only
+from optimized.autograd import empty_result, first_order_only
 from optimized.padding import pad_dim, padded
 from optimized.checks import KERNEL_DTYPES, check_finite_activations, check_kernel_device, check_kernel_dtype
 from reference.validation import check_gdn2_inputs
@@ -32,6 +32,10 @@ def chunk_gdn2(q, k, v, g, b, w, scale=None, initial_state=None, output_final_st
     check_finite_activations((("q", q), ("k", k), ("v", v), ("g", g), ("b", b), ("w", w)))
     from fla.ops.gdn2 import chunk_gdn2 as fla_chunk_gdn2
 
+    if B == 0 or H == 0:           # fla's grids have no empty form (its KDA backward divides by H)
+        inputs = (q, k, v, g, b, w, initial_state)
+        o = empty_result((B, T, H, V), q.dtype, q.device, inputs)
+        return o, (empty_result((B, H, K, V), torch.float32, q.device, inputs) if output_final_state else None)
     q, k, v, g, b, w, initial_state = first_order_only("chunk_gdn2", q, k, v, g, b, w, initial_state)
     scale = K ** -0.5 if scale is None else float(scale)
     Kp, Vp = padded(K), padded(V)          # head dims below the dots' minimum (optimized.padding)

@@ -129,7 +129,7 @@ def test_initial_state_needs_an_offset():
     (torch.zeros(B, H, 8, K, V, dtype=torch.float64), ValueError,
      "initial_state must have dtype torch.float32, got torch.float64"),
     (torch.full((B, H, 8, K, V), float("inf")), ValueError, "initial_state contains non-finite values"),
-    ([0.0], TypeError, "initial_state must be a torch.Tensor, got list"),
+    ([0.0], TypeError, "initial_state must be a torch.Tensor or None, got list"),
 ])
 def test_bad_initial_state(state, error, fragment):
     if isinstance(state, torch.Tensor):

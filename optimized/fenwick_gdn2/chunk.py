@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from optimized.autograd import first_order_only
+from optimized.autograd import empty_result, first_order_only
 from optimized.checks import KERNEL_DTYPES, check_finite_activations, check_kernel_device, check_kernel_dtype
 from optimized.fenwick_gdn2.bwd import fenwick_gdn2_bwd_with_tail
 from optimized.fenwick_gdn2.fwd import Saved, fenwick_gdn2_fwd, stacked_blocks
@@ -116,6 +116,11 @@ def chunk_fenwick_gdn2(q, k, v, g, b, w, level_scales, scale=None, initial_state
     B, T, H, K, V, L = check_fenwick_gdn2_kernel_inputs(q, k, v, g, b, w, level_scales, scale, initial_state,
                                                         offset)
     scale = K ** -0.5 if scale is None else float(scale)
+    if B == 0 or H == 0:           # fla's KDA backward piece divides by H at compile time
+        inputs = (q, k, v, g, b, w, level_scales, initial_state)
+        o = empty_result((B, T, H, V), v.dtype, v.device, inputs)
+        final = empty_result((B, H, L, K, V), torch.float32, v.device, inputs) if output_final_state else None
+        return o, final
     q, k, v, g, b, w, level_scales = (x.contiguous() for x in (q, k, v, g, b, w, level_scales))
     if initial_state is not None:
         initial_state = initial_state.contiguous()
