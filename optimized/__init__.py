@@ -2,17 +2,24 @@
 
 Importing this package first chooses the device mode (``optimized.triton_mode``):
 compiled Triton on CUDA, Triton's interpreter on CPU tensors otherwise.
+
+The exported ops work under ``torch.compile(fullgraph=True)``: each is its module's function
+behind ``optimized.compile.compilable``, unchanged in eager mode and one opaque custom operator
+(``ngdn::<name>``) while compiling.
 """
 from optimized import triton_mode
 
 MODE = triton_mode.configure()
 
 # The kernel modules import fla and Triton kernels: only after the mode is chosen.
-from optimized.gdn2 import chunk_gdn2  # noqa: E402            GDN-2 level 0 (SPEC §1)
-from optimized.nested import chunk_nested_gdn2  # noqa: E402   Nested GDN-2 (SPEC §2-3)
-from optimized.tensor3d import chunk_tensor3d  # noqa: E402    3D tensor state (SPEC §4)
-from optimized.fenwick import chunk_fenwick  # noqa: E402      Fenwick level router (SPEC §5)
-from optimized.fenwick_gdn2 import chunk_fenwick_gdn2  # noqa: E402  Fenwick GDN-2 memory (SPEC §5)
+from optimized import fenwick, fenwick_gdn2, gdn2, nested, tensor3d  # noqa: E402
+from optimized.compile import compilable  # noqa: E402
+
+chunk_gdn2 = compilable("chunk_gdn2", gdn2.chunk_gdn2)                          # GDN-2 level 0 (SPEC §1)
+chunk_nested_gdn2 = compilable("chunk_nested_gdn2", nested.chunk_nested_gdn2)   # Nested GDN-2 (SPEC §2-3)
+chunk_tensor3d = compilable("chunk_tensor3d", tensor3d.chunk_tensor3d)          # 3D tensor state (SPEC §4)
+chunk_fenwick = compilable("chunk_fenwick", fenwick.chunk_fenwick)              # Fenwick level router (SPEC §5)
+chunk_fenwick_gdn2 = compilable("chunk_fenwick_gdn2", fenwick_gdn2.chunk_fenwick_gdn2)  # Fenwick GDN-2 (SPEC §5)
 
 __all__ = ["MODE", "triton_mode", "chunk_gdn2", "chunk_nested_gdn2", "chunk_tensor3d", "chunk_fenwick",
            "chunk_fenwick_gdn2"]

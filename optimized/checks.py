@@ -31,6 +31,7 @@ the checks only the kernels need, run in this order after them:
    ``with optimized.checks.finite_checks(False):``, skips the check and its host sync (for
    production loops and benchmarks whose inputs are known finite); the ops are then
    undefined on non-finite input (NaN may reach earlier tokens of its chunk, as above).
+   Under ``torch.compile`` the check is skipped too (``optimized.compile``).
 """
 from __future__ import annotations
 
@@ -103,8 +104,10 @@ def check_finite_activations(named: Iterable[tuple[str, torch.Tensor | None]],
                              params: Iterable[tuple[str, torch.Tensor]] = ()):
     """Every activation ``[B, T, ...]`` and every parameter is finite, with one host sync; a
     ``ValueError`` names the first bad tensor (for an activation, its batch index and token,
-    and the value found). Skipped when ``finite_checks_enabled()`` is False."""
-    if not _finite_checks:
+    and the value found). Skipped when ``finite_checks_enabled()`` is False, and while
+    ``torch.compile`` traces (``torch.compiler.is_compiling()``): its host sync would break the
+    graph. The compiled ops (``optimized.compile``) run without it."""
+    if not _finite_checks or torch.compiler.is_compiling():
         return
     named = [(n, x) for n, x in named if x is not None]
     params = list(params)

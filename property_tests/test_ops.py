@@ -21,13 +21,20 @@ from ngdn.tolerances import assert_passes, failures
 
 OP_PARAMS = [pytest.param(info, id=info.name) for info in OPS]
 STATEFUL = [pytest.param(info, id=info.name) for info in OPS if info.state_passing is not None]
+# The broken twins wrap an op from outside (a twin breaks what the op returns or how it is called,
+# not a kernel), and the generic checks treat every entry alike, so each twin is tried on two cheap
+# entries under the interpreter (one with state passing) and on GDN-2's on CUDA (every other
+# entry's twins would compile and hold more kernels per worker: ngdn.ops.fenwick_covering_shape).
+MUTANT_IDS = ("gdn2",) if on_cuda() else ("tensor3d-gla", "fenwick")
+MUTANT_OPS = [p for p in OP_PARAMS if p.id in MUTANT_IDS]
+MUTANT_STATEFUL = [p for p in STATEFUL if p.id in MUTANT_IDS]
 
 
 def self_consistency_draw(info) -> Draw:
     """The covering draw, one ragged chunk long (T = 20) except for the nested op, whose levels
     fire only at a full chunk (T = 70: one firing, then a ragged chunk)."""
     d = info.covering()
-    return d if info.name == "nested" else d._replace(shape=d.shape._replace(T=20))
+    return d._replace(shape=d.shape._replace(T=70 if info.name == "nested" else 20))
 
 
 def state_passing_draw(info) -> Draw:
@@ -58,16 +65,17 @@ def test_torch_reference_equals_numpy_twin(info):
 @pytest.mark.parametrize("dtype", kernel_dtypes())
 @pytest.mark.parametrize("info", OP_PARAMS)
 def test_self_consistency(info, dtype):
-    """Two runs bit for bit; no_grad / inference_mode values bit for bit and no graph kept;
-    non-contiguous, transposed and batch-expanded inputs bit for bit; NaN-filled allocations
-    change nothing; a second-order gradient is refused. One baseline run serves them all."""
+    """Two runs bit for bit, the second with every floating ``torch.empty*`` filled with NaN (so a
+    difference is either nondeterminism or a read of memory nobody wrote); no_grad /
+    inference_mode values bit for bit and no graph kept; non-contiguous, transposed and
+    batch-expanded inputs bit for bit; a second-order gradient refused. One baseline run serves
+    them all."""
     d = self_consistency_draw(info)
     baseline = generic.run(info, d, dtype)
     errors = {}
-    errors.update({f"bitwise {k}": e for k, e in generic.bitwise(info, d, dtype, baseline=baseline).items()})
     errors.update({f"grad modes {k}": e for k, e in generic.grad_modes(info, d, dtype, baseline=baseline).items()})
     errors.update({f"layouts {k}": e for k, e in generic.layouts(info, d, dtype, baseline=baseline).items()})
-    errors.update({f"uninitialised {k}": e
+    errors.update({f"bitwise, NaN-filled allocations {k}": e
                    for k, e in generic.uninitialised_memory(info, d, dtype, baseline=baseline).items()})
     errors.update({f"second order {k}": e for k, e in generic.second_order(info, d, dtype).items()})
     assert_passes(errors)
@@ -115,20 +123,20 @@ def test_edge_shapes(info, dtype, edge):
 # --- teeth: each generic property fails on a broken twin of every op --------------------------------
 
 @pytest.mark.mutation
-@pytest.mark.parametrize("info", OP_PARAMS)
+@pytest.mark.parametrize("info", MUTANT_OPS)
 def test_bitwise_catches_a_noisy_twin(info):
     assert failures(generic.bitwise(info, self_consistency_draw(info), torch.float32, op=op_mutants.noisy(info.op)))
 
 
 @pytest.mark.mutation
-@pytest.mark.parametrize("info", OP_PARAMS)
+@pytest.mark.parametrize("info", MUTANT_OPS)
 def test_grad_modes_catch_a_twin_that_differs_without_autograd(info):
     d = self_consistency_draw(info)
     assert failures(generic.grad_modes(info, d, torch.float32, op=op_mutants.grad_mode_dependent(info.op)))
 
 
 @pytest.mark.mutation
-@pytest.mark.parametrize("info", OP_PARAMS)
+@pytest.mark.parametrize("info", MUTANT_OPS)
 def test_layouts_catch_a_twin_that_ignores_strides(info):
     d = self_consistency_draw(info)
     bad = failures(generic.layouts(info, d, torch.float32, op=op_mutants.strides_ignored(info.op)))
@@ -136,7 +144,7 @@ def test_layouts_catch_a_twin_that_ignores_strides(info):
 
 
 @pytest.mark.mutation
-@pytest.mark.parametrize("info", OP_PARAMS)
+@pytest.mark.parametrize("info", MUTANT_OPS)
 def test_uninitialised_memory_catches_an_unwritten_token(info):
     d = self_consistency_draw(info)
     assert failures(generic.uninitialised_memory(info, d, torch.float32,
@@ -144,7 +152,7 @@ def test_uninitialised_memory_catches_an_unwritten_token(info):
 
 
 @pytest.mark.mutation
-@pytest.mark.parametrize("info", OP_PARAMS)
+@pytest.mark.parametrize("info", MUTANT_OPS)
 def test_second_order_catches_a_gradient_without_its_graph(info):
     d = self_consistency_draw(info)
     assert not failures(generic.second_order(info, d, torch.float32))
@@ -153,7 +161,7 @@ def test_second_order_catches_a_gradient_without_its_graph(info):
 
 
 @pytest.mark.mutation
-@pytest.mark.parametrize("info", STATEFUL)
+@pytest.mark.parametrize("info", MUTANT_STATEFUL)
 def test_state_passing_catches_a_dropped_state(info):
     d = state_passing_draw(info)
     twin = op_mutants.state_dropped(info.state_passing.argument)(info.op)
@@ -162,7 +170,7 @@ def test_state_passing_catches_a_dropped_state(info):
 
 
 @pytest.mark.mutation
-@pytest.mark.parametrize("info", OP_PARAMS)
+@pytest.mark.parametrize("info", MUTANT_OPS)
 def test_edge_shapes_catch_a_crash_without_heads(info):
     shape = edge_shape(info, "H=0")
     assert failures(generic.edge_shape(info, shape, torch.float32, op=op_mutants.crashes_without_heads(info.op)))

@@ -276,12 +276,7 @@ def _strided_or_transposed(name, x):
     return _strided(name, x) if sum(map(ord, name)) % 2 else _transposed(name, x)
 
 
-def _transposed_or_strided(name, x):
-    return _transposed(name, x) if sum(map(ord, name)) % 2 else _strided(name, x)
-
-
 LAYOUTS = {"non-contiguous or transposed": (_strided_or_transposed, None),
-           "transposed or non-contiguous": (_transposed_or_strided, None),
            "expanded": (_batch_expanded, _batch_expanded_copy)}
 
 
