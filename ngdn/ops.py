@@ -17,7 +17,11 @@ An entry names everything a generic check needs to run the op and its spec:
 - capabilities: ``final_state`` (returns final states), ``state_passing`` (how a sequence may be
   split and continued, or None), ``deterministic`` (two runs agree bit for bit),
   ``second_order`` (``"refused"``: a ``create_graph=True`` backward raises; ``"supported"`` would
-  mean checked against the reference's second-order gradients).
+  mean checked against the reference's second-order gradients), ``varlen`` (takes ``cu_seqlens``:
+  sequences packed in one row, each computed as a separate call; the per-sequence initial state is
+  the ``state_passing`` argument), ``positional`` (a token's result depends on its position in
+  its sequence: a firing schedule or a Fenwick counter, so a packed sequence must start its own
+  chunk grid).
 
 The generic checks (``ngdn.checks.generic``) and the generic properties
 (``property_tests/test_ops.py``) iterate this table; ``ngdn check`` runs each entry's
@@ -99,6 +103,8 @@ class OpInfo:
     state_passing: StatePassing | None = None
     deterministic: bool = True
     second_order: str = "refused"
+    varlen: bool = True
+    positional: bool = False
 
     def __repr__(self):
         return f"OpInfo({self.name})"
@@ -106,6 +112,17 @@ class OpInfo:
 
 def options(**kwargs) -> tuple:
     return tuple(sorted(kwargs.items()))
+
+
+def packed_draw(info, lengths, H=2, K=8, V=12, seed=1, **shape) -> Draw:
+    """A draw for a packed call of ``lengths`` (``ngdn.checks.generic.packed_equals_separate``):
+    ``B = len(lengths)`` rows of ``T = max(lengths)`` tokens, one row per sequence; ``shape``
+    replaces further fields (e.g. ``L``). Fenwick shapes get one level more than the longest
+    sequence needs (the levels a packed call takes are set by its longest sequence)."""
+    base = info.edge_shape(len(lengths), max(lengths), H, K, V)
+    if "extra_levels" in base._fields:
+        shape = {"extra_levels": 1, **shape}
+    return Draw(base._replace(**shape), seed=seed)
 
 
 # --- GDN-2 ---------------------------------------------------------------------------------------
@@ -298,7 +315,7 @@ OPS = (
                                  options=options(scheme="learned", reduction="mean")),
            edge_shape=lambda B, T, H, K, V: NestedShape(B, T, H, 2, K, V), vs_reference=nested_vs_reference,
            vs_numpy=nested_vs_numpy, tolerance="nested", family="level0",
-           state_passing=StatePassing("initial_states", nested_splits)),
+           state_passing=StatePassing("initial_states", nested_splits), positional=True),
     OpInfo("tensor3d-gla", chunk_tensor3d, naive_tensor3d, naive_tensor3d_numpy, tensor3d_sample("gla"),
            tensor3d_draws,
            covering=lambda: Draw(on_bucket(Tensor3DShape(B=2, T=100, H=2, K=4, E=4, V=24), "tensor3d"), seed=1,
@@ -317,14 +334,15 @@ OPS = (
            covering=lambda: Draw(fenwick_covering_shape(), seed=1),
            edge_shape=lambda B, T, H, K, V: FenwickShape(B, T, H, K, V),
            vs_reference=fenwick_vs_reference, vs_numpy=fenwick_vs_numpy, tolerance="fenwick", family="fenwick",
-           final_state=False),
+           final_state=False, positional=True),
     OpInfo("fenwick-gdn2", chunk_fenwick_gdn2, naive_fenwick_gdn2, naive_fenwick_gdn2_numpy, fenwick_gdn2_sample,
            fenwick_draws,
            covering=lambda: Draw(on_bucket(FenwickShape(B=2, T=130, H=2, K=20, V=24)), seed=1),
            edge_shape=lambda B, T, H, K, V: FenwickShape(B, T, H, K, V),
            vs_reference=fenwick_gdn2_vs_reference, vs_numpy=fenwick_vs_numpy, tolerance="fenwick_gdn2",
            family="level0",
-           state_passing=StatePassing("initial_state", chunk_boundaries, extra=lambda split: {"offset": split})),
+           state_passing=StatePassing("initial_state", chunk_boundaries, extra=lambda split: {"offset": split}),
+           positional=True),
 )
 BY_NAME = {info.name: info for info in OPS}
 

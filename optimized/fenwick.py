@@ -16,6 +16,9 @@ only. Validates its inputs, then adapts them to fla's kernel:
 - fla's kernel takes no plain initial state (its ``LogLinearAttentionState`` is a
   chunk-level cache, and its backward refuses it); neither does the reference.
 - fla raises for sequences of ``2**17`` tokens or more: checked here first.
+- ``cu_seqlens`` (N sequences packed in one row, ``B = 1``): passed to fla's kernel, which runs
+  every sequence with its own chunk grid and Fenwick counter in one launch set; ``L`` and the
+  ``2**17`` limit then apply to the longest sequence.
 
 The GDN-2 variant (``reference.fenwick.naive_fenwick_gdn2``) has no fla kernel: its optimized
 path is ``optimized.fenwick_gdn2.chunk_fenwick_gdn2`` (our kernels on fla's GDN-2 chunk pieces).
@@ -29,7 +32,7 @@ import torch.nn.functional as F
 
 from optimized.autograd import empty_result, first_order_only
 from optimized.checks import KERNEL_DTYPES, check_finite_activations, check_kernel_device, check_kernel_dtype
-from reference.fenwick import check_fenwick_inputs
+from reference.fenwick import check_fenwick_inputs, longest_sequence
 
 BLOCK_K = 64           # fla's log-linear chunk kernel works on K in blocks of 64
 MIN_V = 16             # smallest value width we hand to the kernel's block dots
@@ -43,7 +46,7 @@ def padded_dims(K: int, V: int) -> tuple[int, int]:
     return K_pad, V_pad
 
 
-def chunk_fenwick(q, k, v, g, level_scales, scale=None):
+def chunk_fenwick(q, k, v, g, level_scales, scale=None, cu_seqlens=None):
     """Chunked Fenwick log-linear attention (fla). Shapes as in ``reference.fenwick.naive_fenwick``.
 
     Inputs are float32 or bfloat16 (one dtype; bfloat16 in cuda mode only), finite, on the
@@ -51,9 +54,12 @@ def chunk_fenwick(q, k, v, g, level_scales, scale=None):
     every op's ``(o, final_state or None)``: fla's kernel keeps no final state (see above).
     Differentiable in ``q, k, v, g, level_scales``.
     """
-    B, T, H, K, V, L = check_fenwick_inputs(q, k, v, g, level_scales, scale, dtypes=KERNEL_DTYPES)
-    if T > MAX_T:
-        raise ValueError(f"q: fla's log-linear kernel needs T < 2**17, got T = {T}")
+    B, T, H, K, V, L = check_fenwick_inputs(q, k, v, g, level_scales, scale, dtypes=KERNEL_DTYPES,
+                                            cu_seqlens=cu_seqlens)
+    longest = T if cu_seqlens is None else longest_sequence(cu_seqlens)
+    if longest > MAX_T:
+        raise ValueError(f"q: fla's log-linear kernel needs T < 2**17, got T = {longest}"
+                         + ("" if cu_seqlens is None else " (the longest sequence in cu_seqlens)"))
     check_kernel_device("q", q)
     check_kernel_dtype("q", q)
     check_finite_activations((("q", q), ("k", k), ("v", v), ("g", g), ("level_scales", level_scales)))
@@ -72,5 +78,5 @@ def chunk_fenwick(q, k, v, g, level_scales, scale=None):
     with warnings.catch_warnings():
         # fla warns on every call that Triton > 3.2 is slower for this kernel.
         warnings.filterwarnings("ignore", message="Triton>3.2.0 detected")
-        o, _ = chunk_log_linear_attn(q, k, v, g, level_scales, scale=scale)
+        o, _ = chunk_log_linear_attn(q, k, v, g, level_scales, scale=scale, cu_seqlens=cu_seqlens)
     return o[..., :V], None

@@ -15,14 +15,18 @@ from reference.validation import check_gdn2_inputs
 MAX_HEAD_DIM = 256  # fla's GDN-2 kernels support K <= 256
 
 
-def chunk_gdn2(q, k, v, g, b, w, scale=None, initial_state=None, output_final_state=False):
+def chunk_gdn2(q, k, v, g, b, w, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None):
     """Chunked GDN-2 (fla). Shapes as in ``reference.gdn2.naive_gdn2``.
 
     Inputs are float32 or bfloat16 (one dtype; bfloat16 in cuda mode only) and finite
     (``optimized.checks``); ``initial_state`` is float32.
+    ``cu_seqlens``: N sequences packed in one row (``B = 1``), as in the reference; passed to fla's
+    kernel, which runs every sequence on its own chunk grid in one launch set; ``initial_state``
+    and the final state are ``[N, H, K, V]``.
     Returns ``(o [B, T, H, V] in q's dtype, S_T [B, H, K, V] float32 or None)``.
     """
-    B, T, H, K, V = check_gdn2_inputs(q, k, v, g, b, w, scale, initial_state, dtypes=KERNEL_DTYPES)
+    B, T, H, K, V = check_gdn2_inputs(q, k, v, g, b, w, scale, initial_state, dtypes=KERNEL_DTYPES,
+                                      cu_seqlens=cu_seqlens)
     if K > MAX_HEAD_DIM:
         raise ValueError(f"q: key dim K must be <= {MAX_HEAD_DIM} for fla's GDN-2 kernels, got {K}")
     check_kernel_device("q", q)
@@ -35,7 +39,8 @@ def chunk_gdn2(q, k, v, g, b, w, scale=None, initial_state=None, output_final_st
     if B == 0 or H == 0:           # fla's grids have no empty form (its KDA backward divides by H)
         inputs = (q, k, v, g, b, w, initial_state)
         o = empty_result((B, T, H, V), q.dtype, q.device, inputs)
-        return o, (empty_result((B, H, K, V), torch.float32, q.device, inputs) if output_final_state else None)
+        N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
+        return o, (empty_result((N, H, K, V), torch.float32, q.device, inputs) if output_final_state else None)
     q, k, v, g, b, w, initial_state = first_order_only("chunk_gdn2", q, k, v, g, b, w, initial_state)
     scale = K ** -0.5 if scale is None else float(scale)
     Kp, Vp = padded(K), padded(V)          # head dims below the dots' minimum (optimized.padding)
@@ -43,7 +48,7 @@ def chunk_gdn2(q, k, v, g, b, w, scale=None, initial_state=None, output_final_st
     v, w = (pad_dim(x, Vp) for x in (v, w))
     initial_state = pad_dim(pad_dim(initial_state, Kp, -2), Vp, -1)
     o, ht = fla_chunk_gdn2(q, k, v, g, b, w, scale=scale, initial_state=initial_state,
-                           output_final_state=output_final_state)
+                           output_final_state=output_final_state, cu_seqlens=cu_seqlens)
     if Vp != V:
         o = o[..., :V]
     if ht is not None and (Kp, Vp) != (K, V):

@@ -89,15 +89,18 @@ def unflatten_state(state, K: int, E: int):
 
 
 def chunk_tensor3d(q1, k1, q2, k2, v, g=None, beta=None, mode="gla", scale=None, initial_state=None,
-                   output_final_state=False):
+                   output_final_state=False, cu_seqlens=None):
     """Chunked 3D tensor state (fla). Shapes as in ``reference.tensor3d.naive_tensor3d``.
 
     Inputs are float32 or bfloat16 (one dtype; bfloat16 in cuda mode only) and finite
     (``optimized.checks``); ``initial_state`` is float32.
+    ``cu_seqlens``: N sequences packed in one row (``B = 1``), as in the reference; passed to
+    fla's ``chunk_gla`` / ``chunk_kda`` (every sequence on its own chunk grid, one launch set);
+    ``initial_state`` and the final state are ``[N, H, K, E, V]``.
     Returns ``(y [B, T, H, V] in q1's dtype, T_final [B, H, K, E, V] float32 or None)``.
     """
     B, T, H, K, E, V, kind = check_tensor3d_inputs(q1, k1, q2, k2, v, g, beta, mode, scale, initial_state,
-                                                   dtypes=KERNEL_DTYPES)
+                                                   dtypes=KERNEL_DTYPES, cu_seqlens=cu_seqlens)
     if mode == "delta" and K * E > MAX_DELTA_KEY_DIM:
         raise ValueError(f"q1, q2: the flattened key width K·E must be <= {MAX_DELTA_KEY_DIM} for fla's "
                          f"chunk_kda (mode 'delta'), got K·E = {K}·{E} = {K * E}")
@@ -111,7 +114,8 @@ def chunk_tensor3d(q1, k1, q2, k2, v, g=None, beta=None, mode="gla", scale=None,
     if B == 0 or H == 0:           # fla's grids have no empty form
         inputs = (q1, k1, q2, k2, v, g, beta, initial_state)
         y = empty_result((B, T, H, V), q1.dtype, q1.device, inputs)
-        final = empty_result((B, H, K, E, V), torch.float32, q1.device, inputs) if output_final_state else None
+        N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
+        final = empty_result((N, H, K, E, V), torch.float32, q1.device, inputs) if output_final_state else None
         return y, final
     q1, k1, q2, k2, v, g, beta, initial_state = first_order_only("chunk_tensor3d", q1, k1, q2, k2, v, g, beta,
                                                                  initial_state)
@@ -127,12 +131,13 @@ def chunk_tensor3d(q1, k1, q2, k2, v, g=None, beta=None, mode="gla", scale=None,
     if mode == "gla":
         from fla.ops.gla import chunk_gla
 
-        y, ht = chunk_gla(q, k, v, g_flat, scale=scale, initial_state=h0, output_final_state=output_final_state)
+        y, ht = chunk_gla(q, k, v, g_flat, scale=scale, initial_state=h0, output_final_state=output_final_state,
+                          cu_seqlens=cu_seqlens)
     else:
         from fla.ops.kda import chunk_kda
 
         y, ht = chunk_kda(q, k, v, g_flat, beta, scale=scale, initial_state=h0,
-                          output_final_state=output_final_state)
+                          output_final_state=output_final_state, cu_seqlens=cu_seqlens)
     y = y[..., :V]
     if output_final_state and (KE, Vp) != (K * E, V):
         ht = ht[..., :K * E, :V]

@@ -86,3 +86,73 @@ def crashes_without_heads(op):
             raise ZeroDivisionError("integer modulo by zero")
         return op(**kwargs)
     return twin
+
+
+def _first_rows(value):
+    """A per-sequence initial state (a tensor or a list of them) cut to its first sequence."""
+    if isinstance(value, (list, tuple)):
+        return [None if x is None else x[:1] for x in value]
+    return None if value is None else value[:1]
+
+
+def _repeated(final, N):
+    if final is None:
+        return None
+    if isinstance(final, (list, tuple)):
+        return [f.expand(N, *f.shape[1:]) for f in final]
+    return final.expand(N, *final.shape[1:])
+
+
+def cu_seqlens_dropped(argument):
+    """Packed batches: ``cu_seqlens`` ignored, the packed row run as one sequence from the first
+    sequence's initial state (each sequence's state carried into the next; its final state
+    reported for every sequence)."""
+    def make(op):
+        def twin(**kwargs):
+            kwargs = dict(kwargs)
+            N = kwargs.pop("cu_seqlens").shape[0] - 1
+            if argument is not None and kwargs.get(argument) is not None:
+                kwargs[argument] = _first_rows(kwargs[argument])
+            o, final = op(**kwargs)
+            return o, _repeated(final, N)
+        return twin
+    return make
+
+
+CHUNK = 64
+
+
+def packed_chunk_grid(argument):
+    """Packed batches: every sequence run on the packed row's chunk grid instead of its own:
+    its front padded with ``start mod 64`` zero tokens (which write and decay nothing), so its
+    chunk ends, firings and Fenwick counter are those of its place in the packed row."""
+    def make(op):
+        def twin(**kwargs):
+            kwargs = dict(kwargs)
+            bounds = kwargs.pop("cu_seqlens").tolist()
+            T = bounds[-1]
+            packed = {n for n, x in kwargs.items()
+                      if n != argument and isinstance(x, torch.Tensor) and x.dim() >= 3 and tuple(x.shape[:2]) == (1, T)}
+            outputs, finals = [], []
+            for i, (s, e) in enumerate(zip(bounds[:-1], bounds[1:])):
+                pad = s % CHUNK
+                call = dict(kwargs)
+                for n in packed:
+                    x = kwargs[n][:, s:e]
+                    call[n] = torch.cat([x.new_zeros((1, pad) + tuple(x.shape[2:])), x], dim=1)
+                if argument is not None and kwargs.get(argument) is not None:
+                    value = kwargs[argument]
+                    call[argument] = ([None if x is None else x[i:i + 1] for x in value]
+                                      if isinstance(value, (list, tuple)) else value[i:i + 1])
+                o, final = op(**call)
+                outputs.append(o[:, pad:])
+                finals.append(final)
+            if finals[0] is None:
+                final = None
+            elif isinstance(finals[0], (list, tuple)):
+                final = [torch.cat([f[l] for f in finals], dim=0) for l in range(len(finals[0]))]
+            else:
+                final = torch.cat(finals, dim=0)
+            return torch.cat(outputs, dim=1), final
+        return twin
+    return make

@@ -120,6 +120,42 @@ def test_edge_shapes(info, dtype, edge):
     assert_passes(generic.edge_shape(info, edge_shape(info, edge), dtype))
 
 
+# --- packed variable-length batches (cu_seqlens) --------------------------------------------------
+
+VARLEN = [pytest.param(info, id=info.name) for info in OPS if info.varlen]
+POSITIONAL = [pytest.param(info, id=info.name) for info in OPS if info.varlen and info.positional]
+# Ragged lengths: one token, one short of a chunk, a chunk, one over (two chunks); packed T = 193,
+# four chunks of the packed row, with the sequences starting off its chunk grid (at 65, 66, 129).
+PACKED_LENGTHS = (65, 1, 63, 64)
+# Nested GDN-2 at L = 3 (intervals 1, 2): the 130-token sequence fires levels 1 and 2, the 65-token
+# one level 1 only, the 1-token one none (packed T = 196).
+NESTED_LEVELS_LENGTHS = (1, 130, 65)
+
+
+def packed_draw(info, lengths=PACKED_LENGTHS, **shape) -> Draw:
+    """``ngdn.ops.packed_draw`` (H = 2, K = 8, V = 12, below the dots' 16: the head-dim padding
+    runs with cu_seqlens); on CUDA the head dims of the family's first compile bucket."""
+    d = ops.packed_draw(info, lengths, **shape)
+    if not on_cuda():
+        return d
+    return d._replace(shape=on_bucket(d.shape, info.family, 0)._replace(H=2))
+
+
+@pytest.mark.parametrize("info", VARLEN)
+def test_packed_equals_separate_calls(info):
+    """SPEC "Variable-length batches": one packed call (cu_seqlens, per-sequence initial states)
+    equals N separate calls: output, per-sequence final states, every gradient."""
+    cu_dtype = torch.int64 if info.name in ("gdn2", "nested", "fenwick") else torch.int32
+    assert_passes(generic.packed_equals_separate(info, packed_draw(info), PACKED_LENGTHS, torch.float32,
+                                                 cu_dtype=cu_dtype))
+
+
+def test_packed_nested_sequences_fire_at_different_levels():
+    info = ops.get("nested")
+    d = packed_draw(info, NESTED_LEVELS_LENGTHS, L=3)
+    assert_passes(generic.packed_equals_separate(info, d, NESTED_LEVELS_LENGTHS, torch.float32))
+
+
 # --- teeth: each generic property fails on a broken twin of every op --------------------------------
 
 @pytest.mark.mutation
@@ -183,3 +219,35 @@ def test_an_error_that_names_no_argument_fails_the_edge_property():
         raise ValueError("something went wrong")
     bad = failures(generic.edge_shape(info, edge_shape(info, "T=1"), torch.float32, op=vague))
     assert bad and all(re.search("ValueError naming an argument", k) for k in bad)
+
+
+def _state_argument(info):
+    return None if info.state_passing is None else info.state_passing.argument
+
+
+def _packed_teeth(info, mutant):
+    """The packed property on the entry's float32 reference (which passes it: the teeth are about
+    the packing, not the kernels, and the reference costs no interpreter run) and on ``mutant``
+    of it (which must fail). Returns the mutant's failures."""
+    d = packed_draw(info)
+    reference = info.reference
+    assert not failures(generic.packed_equals_separate(info, d, PACKED_LENGTHS, torch.float32, op=reference,
+                                                       log=False))
+    twin = mutant(_state_argument(info))(reference)
+    return failures(generic.packed_equals_separate(info, d, PACKED_LENGTHS, torch.float32, op=twin, log=False))
+
+
+@pytest.mark.mutation
+@pytest.mark.parametrize("info", VARLEN)
+def test_packed_property_catches_a_state_carried_into_the_next_sequence(info):
+    """The twin drops cu_seqlens: the packed row runs as one sequence."""
+    assert _packed_teeth(info, op_mutants.cu_seqlens_dropped)
+
+
+@pytest.mark.mutation
+@pytest.mark.parametrize("info", POSITIONAL)
+def test_packed_property_catches_a_sequence_on_the_packed_chunk_grid(info):
+    """The twin runs each sequence on the packed row's chunk grid (its firings or Fenwick counter
+    shifted by its start modulo 64). Ops without a schedule (GDN-2, the 3D state) compute the
+    same on either grid, so only positional entries are checked."""
+    assert _packed_teeth(info, op_mutants.packed_chunk_grid)

@@ -39,9 +39,9 @@ from __future__ import annotations
 import torch
 
 from reference.gdn2 import gdn2_read, gdn2_step
-from reference.validation import (FLOAT_DTYPES, check_dtype, check_gdn2_inputs, check_same_device,
-                                  check_same_dtype, check_scale, check_shape, check_sizes, check_tensor,
-                                  gdn2_sizes)
+from reference.validation import (FLOAT_DTYPES, check_cu_seqlens, check_dtype, check_gdn2_inputs,
+                                  check_same_device, check_same_dtype, check_scale, check_shape, check_sizes,
+                                  check_tensor, gdn2_sizes, sequences)
 
 
 # --- levels ---------------------------------------------------------------------------
@@ -80,23 +80,31 @@ def trailing_ones(n: int) -> int:
 
 # --- validation -----------------------------------------------------------------------
 
-def check_level_scales(level_scales, B: int, T: int, H: int):
-    """``level_scales [B, T, H, L]`` with ``L ≥ 1 + ceil(log2 T)``. Returns ``L``."""
+def check_level_scales(level_scales, B: int, T: int, H: int, longest: int | None = None):
+    """``level_scales [B, T, H, L]`` with ``L ≥ 1 + ceil(log2 T)``. Returns ``L``. ``longest``:
+    the longest sequence of a packed call (``cu_seqlens``), which sets the levels instead of ``T``."""
     check_tensor("level_scales", level_scales, ndim=4)
     if tuple(level_scales.shape[:3]) != (B, T, H):
         raise ValueError(f"level_scales must have shape [B, T, H, L] with (B, T, H) = {(B, T, H)}, "
                          f"got {tuple(level_scales.shape)}")
     L = level_scales.shape[-1]
-    need = min_levels(T)
+    need = min_levels(T if longest is None else longest)
     if L < need:
-        raise ValueError(f"level_scales must have at least 1 + ceil(log2 T) = {need} levels for T = {T}, "
+        what = f"T = {T}" if longest is None else f"the longest packed sequence (cu_seqlens), T = {longest}"
+        raise ValueError(f"level_scales must have at least 1 + ceil(log2 T) = {need} levels for {what}, "
                          f"got L = {L} (shape {tuple(level_scales.shape)})")
     return L
 
 
-def check_fenwick_inputs(q, k, v, g, level_scales, scale=None, dtypes=FLOAT_DTYPES):
+def longest_sequence(cu_seqlens) -> int:
+    """The longest sequence of a checked ``cu_seqlens``."""
+    return max(e - s for _, s, e in sequences(cu_seqlens))
+
+
+def check_fenwick_inputs(q, k, v, g, level_scales, scale=None, dtypes=FLOAT_DTYPES, cu_seqlens=None):
     """SPEC section 5 shapes: q, k ``[B, T, H, K]``; v ``[B, T, H, V]``; g ``[B, T, H]``;
-    level_scales ``[B, T, H, L]``. Returns ``(B, T, H, K, V, L)``."""
+    level_scales ``[B, T, H, L]`` (``L`` for the longest sequence with ``cu_seqlens``,
+    ``reference.validation.check_cu_seqlens``). Returns ``(B, T, H, K, V, L)``."""
     for name, x in (("q", q), ("k", k), ("v", v)):
         check_tensor(name, x, ndim=4)
     check_tensor("g", g, ndim=3)
@@ -108,8 +116,13 @@ def check_fenwick_inputs(q, k, v, g, level_scales, scale=None, dtypes=FLOAT_DTYP
     check_shape("k", k, (B, T, H, K), "[B, T, H, K]")
     check_shape("v", v, (B, T, H, V), "[B, T, H, V]")
     check_shape("g", g, (B, T, H), "[B, T, H]")
-    L = check_level_scales(level_scales, B, T, H)
     named = (("q", q), ("k", k), ("v", v), ("g", g), ("level_scales", level_scales))
+    longest = None
+    if cu_seqlens is not None:
+        check_same_device(named)
+        bounds = check_cu_seqlens(cu_seqlens, B, T, q.device)
+        longest = max(e - s for s, e in zip(bounds[:-1], bounds[1:]))
+    L = check_level_scales(level_scales, B, T, H, longest)
     check_same_dtype(named)
     check_dtype("q", q, dtypes)
     check_sizes(gdn2_sizes(B, T, H, K, V) + (("level_scales [B, T, H, L]", (B, T, H, L)),))
@@ -118,11 +131,11 @@ def check_fenwick_inputs(q, k, v, g, level_scales, scale=None, dtypes=FLOAT_DTYP
     return B, T, H, K, V, L
 
 
-def check_fenwick_gdn2_inputs(q, k, v, g, b, w, level_scales, scale=None):
-    """SPEC section 1 shapes for ``q, k, v, g, b, w`` plus ``level_scales [B, T, H, L]``.
-    Returns ``(B, T, H, K, V, L)``."""
-    B, T, H, K, V = check_gdn2_inputs(q, k, v, g, b, w, scale)
-    L = check_level_scales(level_scales, B, T, H)
+def check_fenwick_gdn2_inputs(q, k, v, g, b, w, level_scales, scale=None, cu_seqlens=None):
+    """SPEC section 1 shapes for ``q, k, v, g, b, w`` plus ``level_scales [B, T, H, L]`` (``L`` for
+    the longest sequence with ``cu_seqlens``). Returns ``(B, T, H, K, V, L)``."""
+    B, T, H, K, V = check_gdn2_inputs(q, k, v, g, b, w, scale, cu_seqlens=cu_seqlens)
+    L = check_level_scales(level_scales, B, T, H, None if cu_seqlens is None else longest_sequence(cu_seqlens))
     check_same_dtype((("q", q), ("level_scales", level_scales)))
     check_same_device((("q", q), ("level_scales", level_scales)))
     return B, T, H, K, V, L
@@ -150,7 +163,7 @@ def _final_states(buckets: list, like: torch.Tensor) -> torch.Tensor:
     return torch.stack([like.new_zeros(like.shape) if S is None else S for S in buckets], dim=2)
 
 
-def naive_fenwick(q, k, v, g, level_scales, scale=None, output_final_state=False):
+def naive_fenwick(q, k, v, g, level_scales, scale=None, output_final_state=False, cu_seqlens=None):
     """Per-token Fenwick log-linear attention, one state per level.
 
     Args:
@@ -158,11 +171,19 @@ def naive_fenwick(q, k, v, g, level_scales, scale=None, output_final_state=False
         level_scales: ``λ [B, T, H, L]``, ``L ≥ 1 + ceil(log2 T)``.
         scale: multiplies every read; default ``K ** -0.5``.
         output_final_state: also return the bucket states after the last token.
+        cu_seqlens: ``[0, T_1, T_1 + T_2, …, T]`` (int32 or int64, on the inputs' device) for N
+            sequences packed in one row (``B = 1``); each is computed as a separate call (its
+            Fenwick counter starts at its first token), final states ``[N, H, L, K, V]``.
 
     Returns:
         ``(o [B, T, H, V], states [B, H, L, K, V] or None)`` in the inputs' dtype.
     """
-    B, T, H, K, V, L = check_fenwick_inputs(q, k, v, g, level_scales, scale)
+    B, T, H, K, V, L = check_fenwick_inputs(q, k, v, g, level_scales, scale, cu_seqlens=cu_seqlens)
+    if cu_seqlens is not None:                  # one separate call per packed sequence
+        parts = [naive_fenwick(*(x[:, s:e] for x in (q, k, v, g, level_scales)), scale, True)
+                 for _, s, e in sequences(cu_seqlens)]
+        return (torch.cat([o for o, _ in parts], dim=1),
+                torch.cat([S for _, S in parts], dim=0) if output_final_state else None)
     scale = K ** -0.5 if scale is None else scale
     buckets = [None] * L                                   # buckets[ℓ]: [B, H, K, V], None while empty
     o = []
@@ -176,7 +197,7 @@ def naive_fenwick(q, k, v, g, level_scales, scale=None, output_final_state=False
     return torch.stack(o, dim=1), (_final_states(buckets, buckets[0]) if output_final_state else None)
 
 
-def naive_fenwick_gdn2(q, k, v, g, b, w, level_scales, scale=None, output_final_state=False):
+def naive_fenwick_gdn2(q, k, v, g, b, w, level_scales, scale=None, output_final_state=False, cu_seqlens=None):
     """The GDN-2 variant: every bucket is a GDN-2 state sharing the token transition.
 
     Args:
@@ -184,11 +205,18 @@ def naive_fenwick_gdn2(q, k, v, g, b, w, level_scales, scale=None, output_final_
         level_scales: ``λ [B, T, H, L]``, ``L ≥ 1 + ceil(log2 T)``.
         scale: multiplies every read; default ``K ** -0.5``.
         output_final_state: also return the bucket states after the last token.
+        cu_seqlens: N sequences packed in one row (``B = 1``), each a separate call with its own
+            Fenwick counter; final states ``[N, H, L, K, V]`` (as in ``naive_fenwick``).
 
     Returns:
         ``(o [B, T, H, V], states [B, H, L, K, V] or None)``; the states sum to GDN-2's state.
     """
-    B, T, H, K, V, L = check_fenwick_gdn2_inputs(q, k, v, g, b, w, level_scales, scale)
+    B, T, H, K, V, L = check_fenwick_gdn2_inputs(q, k, v, g, b, w, level_scales, scale, cu_seqlens=cu_seqlens)
+    if cu_seqlens is not None:                  # one separate call per packed sequence
+        parts = [naive_fenwick_gdn2(*(x[:, s:e] for x in (q, k, v, g, b, w, level_scales)), scale, True)
+                 for _, s, e in sequences(cu_seqlens)]
+        return (torch.cat([o for o, _ in parts], dim=1),
+                torch.cat([S for _, S in parts], dim=0) if output_final_state else None)
     scale = K ** -0.5 if scale is None else scale
     buckets = [None] * L
     o = []
@@ -206,12 +234,15 @@ def naive_fenwick_gdn2(q, k, v, g, b, w, level_scales, scale=None, output_final_
 
 # --- the quadratic masked form ----------------------------------------------------------
 
-def quadratic_fenwick(q, k, v, g, level_scales, scale=None):
+def quadratic_fenwick(q, k, v, g, level_scales, scale=None, cu_seqlens=None):
     """``o_t = scale Σ_{s≤t} λ_t[level(t,s)] exp(G_t - G_s) (q_t·k_s) v_s`` as ``T × T`` matrices.
 
-    Shapes as in ``naive_fenwick``; returns ``o [B, T, H, V]``.
+    Shapes (and ``cu_seqlens``) as in ``naive_fenwick``; returns ``o [B, T, H, V]``.
     """
-    B, T, H, K, V, L = check_fenwick_inputs(q, k, v, g, level_scales, scale)
+    B, T, H, K, V, L = check_fenwick_inputs(q, k, v, g, level_scales, scale, cu_seqlens=cu_seqlens)
+    if cu_seqlens is not None:                  # one separate call per packed sequence
+        return torch.cat([quadratic_fenwick(*(x[:, s:e] for x in (q, k, v, g, level_scales)), scale)
+                          for _, s, e in sequences(cu_seqlens)], dim=1)
     scale = K ** -0.5 if scale is None else scale
     return masked_fenwick(q, k, v, g, level_scales, scale, fenwick_level_matrix(T, device=q.device))
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from reference.fenwick import check_fenwick_gdn2_inputs, check_fenwick_inputs
-from reference.validation import as_array, as_checkable
+from reference.validation import as_array, as_checkable, sequences
 
 
 def fenwick_level_numpy(t: int, s: int) -> int:
@@ -20,15 +20,16 @@ def fenwick_level_numpy(t: int, s: int) -> int:
     return 0 if s == t else 1 + int(np.floor(np.log2(t ^ s)))
 
 
-def _checked(q, k, v, g, level_scales, scale, b=None, w=None):
+def _checked(q, k, v, g, level_scales, scale, b=None, w=None, cu_seqlens=None):
     """The torch reference's checks (``check_fenwick_inputs``, or ``check_fenwick_gdn2_inputs``
     with ``b, w``) on the arrays, then float64 copies ``[q, k, v, g, (b, w,) level_scales]``."""
     views = {n: as_checkable(n, x) for n, x in (("q", q), ("k", k), ("v", v), ("g", g), ("b", b), ("w", w),
                                                  ("level_scales", level_scales))}
     if b is None and w is None:
-        check_fenwick_inputs(views["q"], views["k"], views["v"], views["g"], views["level_scales"], scale)
+        check_fenwick_inputs(views["q"], views["k"], views["v"], views["g"], views["level_scales"], scale,
+                             cu_seqlens=cu_seqlens)
         return [as_array(x) for x in (q, k, v, g, level_scales)]
-    check_fenwick_gdn2_inputs(*views.values(), scale)
+    check_fenwick_gdn2_inputs(*views.values(), scale, cu_seqlens=cu_seqlens)
     return [as_array(x) for x in (q, k, v, g, b, w, level_scales)]
 
 
@@ -50,12 +51,24 @@ def _states(buckets: list, K: int, V: int) -> np.ndarray:
     return np.stack([np.zeros((K, V)) if S is None else S for S in buckets])
 
 
-def naive_fenwick_numpy(q, k, v, g, level_scales, scale=None):
+def _packed(fn, cu_seqlens, arrays, scale):
+    """``fn`` once per packed sequence; outputs joined along T, states stacked (``[N, ...]``)."""
+    parts = [fn(*(x[:, s:e] for x in arrays), scale=scale) for _, s, e in sequences(cu_seqlens)]
+    if isinstance(parts[0], tuple):
+        return np.concatenate([o for o, _ in parts], axis=1), np.concatenate([S for _, S in parts], axis=0)
+    return np.concatenate(parts, axis=1)
+
+
+def naive_fenwick_numpy(q, k, v, g, level_scales, scale=None, cu_seqlens=None):
     """Per-token Fenwick attention on arrays shaped as in ``reference.fenwick.naive_fenwick``.
 
-    Returns ``(o [B, T, H, V], states [B, H, L, K, V])`` as float64 arrays.
+    Returns ``(o [B, T, H, V], states [B, H, L, K, V])`` as float64 arrays. ``cu_seqlens`` (a
+    NumPy or torch int32/int64 array): N sequences packed in one row, each run as a separate
+    call (its own Fenwick counter); states ``[N, H, L, K, V]``.
     """
-    q, k, v, g, lam = _checked(q, k, v, g, level_scales, scale)
+    q, k, v, g, lam = _checked(q, k, v, g, level_scales, scale, cu_seqlens=cu_seqlens)
+    if cu_seqlens is not None:
+        return _packed(naive_fenwick_numpy, cu_seqlens, (q, k, v, g, lam), scale)
     B, T, H, K = q.shape
     V, L = v.shape[-1], lam.shape[-1]
     scale = K ** -0.5 if scale is None else scale
@@ -74,12 +87,15 @@ def naive_fenwick_numpy(q, k, v, g, level_scales, scale=None):
     return o, states
 
 
-def naive_fenwick_gdn2_numpy(q, k, v, g, b, w, level_scales, scale=None):
+def naive_fenwick_gdn2_numpy(q, k, v, g, b, w, level_scales, scale=None, cu_seqlens=None):
     """The GDN-2 variant on arrays shaped as in ``reference.fenwick.naive_fenwick_gdn2``.
 
-    Returns ``(o [B, T, H, V], states [B, H, L, K, V])`` as float64 arrays.
+    Returns ``(o [B, T, H, V], states [B, H, L, K, V])`` as float64 arrays; ``cu_seqlens`` as in
+    ``naive_fenwick_numpy``.
     """
-    q, k, v, g, b, w, lam = _checked(q, k, v, g, level_scales, scale, b, w)
+    q, k, v, g, b, w, lam = _checked(q, k, v, g, level_scales, scale, b, w, cu_seqlens=cu_seqlens)
+    if cu_seqlens is not None:
+        return _packed(naive_fenwick_gdn2_numpy, cu_seqlens, (q, k, v, g, b, w, lam), scale)
     B, T, H, K = q.shape
     V, L = v.shape[-1], lam.shape[-1]
     scale = K ** -0.5 if scale is None else scale
@@ -100,9 +116,12 @@ def naive_fenwick_gdn2_numpy(q, k, v, g, b, w, level_scales, scale=None):
     return o, states
 
 
-def quadratic_fenwick_numpy(q, k, v, g, level_scales, scale=None):
-    """The masked ``T × T`` form, one pair ``(t, s)`` at a time. Returns ``o [B, T, H, V]``."""
-    q, k, v, g, lam = _checked(q, k, v, g, level_scales, scale)
+def quadratic_fenwick_numpy(q, k, v, g, level_scales, scale=None, cu_seqlens=None):
+    """The masked ``T × T`` form, one pair ``(t, s)`` at a time. Returns ``o [B, T, H, V]``;
+    ``cu_seqlens`` as in ``naive_fenwick_numpy``."""
+    q, k, v, g, lam = _checked(q, k, v, g, level_scales, scale, cu_seqlens=cu_seqlens)
+    if cu_seqlens is not None:
+        return _packed(quadratic_fenwick_numpy, cu_seqlens, (q, k, v, g, lam), scale)
     B, T, H, K = q.shape
     V = v.shape[-1]
     scale = K ** -0.5 if scale is None else scale

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from reference.validation import check_gdn2_inputs
+from reference.validation import check_gdn2_inputs, sequences
 
 
 def gdn2_step(S, k, v, g, b, w):
@@ -27,7 +27,7 @@ def gdn2_read(S, q, scale):
     return scale * torch.einsum("...k,...kv->...v", q, S)
 
 
-def naive_gdn2(q, k, v, g, b, w, scale=None, initial_state=None, output_final_state=False):
+def naive_gdn2(q, k, v, g, b, w, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None):
     """Per-token GDN-2.
 
     Args:
@@ -35,11 +35,22 @@ def naive_gdn2(q, k, v, g, b, w, scale=None, initial_state=None, output_final_st
         scale: multiplies every read; default ``K ** -0.5``.
         initial_state: ``[B, H, K, V]`` (float32, or float64 with float64 inputs); default zeros.
         output_final_state: also return the state after the last token.
+        cu_seqlens: ``[0, T_1, T_1 + T_2, …, T]`` (int32 or int64, on the inputs' device) for N
+            sequences packed in one row (``B = 1``); each is computed as a separate call, with
+            ``initial_state`` and the final state ``[N, H, K, V]``, one per sequence.
 
     Returns:
         ``(o [B, T, H, V], S_T [B, H, K, V] or None)`` in the inputs' dtype.
     """
-    B, T, H, K, V = check_gdn2_inputs(q, k, v, g, b, w, scale, initial_state)
+    B, T, H, K, V = check_gdn2_inputs(q, k, v, g, b, w, scale, initial_state, cu_seqlens=cu_seqlens)
+    if cu_seqlens is not None:                  # one separate call per packed sequence
+        outputs, finals = [], []
+        for i, s, e in sequences(cu_seqlens):
+            o_i, S_i = naive_gdn2(q[:, s:e], k[:, s:e], v[:, s:e], g[:, s:e], b[:, s:e], w[:, s:e], scale,
+                                  None if initial_state is None else initial_state[i:i + 1], True)
+            outputs.append(o_i)
+            finals.append(S_i)
+        return torch.cat(outputs, dim=1), (torch.cat(finals, dim=0) if output_final_state else None)
     scale = K ** -0.5 if scale is None else scale
     S = q.new_zeros(B, H, K, V) if initial_state is None else initial_state.to(q.dtype)
     o = []

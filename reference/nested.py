@@ -33,9 +33,9 @@ import torch
 from reference.gdn2 import gdn2_read, gdn2_step
 from reference.promote import promote
 from reference.schemes import check_reduction, check_scheme_params, get_scheme
-from reference.validation import (FLOAT_DTYPES, check_all_finite, check_dtype, check_same_device,
-                                  check_same_dtype, check_scale, check_shape, check_sizes, check_state_dtype,
-                                  check_tensor, gdn2_sizes)
+from reference.validation import (FLOAT_DTYPES, check_all_finite, check_cu_seqlens, check_dtype,
+                                  check_same_device, check_same_dtype, check_scale, check_shape, check_sizes,
+                                  check_state_count, check_state_dtype, check_tensor, gdn2_sizes, sequences)
 
 CHUNK_SIZE = 64
 
@@ -124,7 +124,7 @@ def make_levels(L, H, K, V, scheme="learned", intervals=None, query_counts=None,
 
 
 def validate_nested_inputs(q, k, v, g, b, w, r, levels, scale=None, initial_states=None,
-                           chunk_size=CHUNK_SIZE, dtypes=FLOAT_DTYPES, check_params_finite=True):
+                           chunk_size=CHUNK_SIZE, dtypes=FLOAT_DTYPES, check_params_finite=True, cu_seqlens=None):
     """Every SPEC "Errors" check for Nested GDN-2 (shared with ``optimized.nested``).
 
     q ``[B, T, H, L, K]``; k, g, b ``[B, T, H, K]``; v, w ``[B, T, H, V]``; r ``[B, T, H, L]``;
@@ -133,7 +133,8 @@ def validate_nested_inputs(q, k, v, g, b, w, r, levels, scale=None, initial_stat
     states ``None`` or ``L`` entries, each ``None`` or ``[B, H, K, V]``. One dtype for
     the activations, one device for everything. Returns ``(B, T, H, L, K, V)``.
     ``check_params_finite=False``: the caller checks the parameters' finiteness itself (the
-    optimized op folds it into its one fused check).
+    optimized op folds it into its one fused check). ``cu_seqlens``: N sequences packed in one
+    row (``reference.validation.check_cu_seqlens``); each initial state is then ``[N, H, K, V]``.
     """
     check_tensor("q", q, ndim=5)
     B, T, H, L, K = q.shape
@@ -164,6 +165,12 @@ def validate_nested_inputs(q, k, v, g, b, w, r, levels, scale=None, initial_stat
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be positive, got {chunk_size}")
 
+    N = B
+    if cu_seqlens is not None:
+        check_same_device(activations)
+        check_cu_seqlens(cu_seqlens, B, T, q.device)
+        N = cu_seqlens.shape[0] - 1
+
     tensors = list(activations)
     for i, level in enumerate(levels):
         where = f"levels[{i}] (level ℓ = {i + 1})"
@@ -188,7 +195,10 @@ def validate_nested_inputs(q, k, v, g, b, w, r, levels, scale=None, initial_stat
             if state is None:
                 continue
             check_tensor(f"initial_states[{ℓ}]", state, ndim=4)
-            check_shape(f"initial_states[{ℓ}]", state, (B, H, K, V), "[B, H, K, V]")
+            if cu_seqlens is not None:
+                check_state_count(f"initial_states[{ℓ}]", state, N, "[N, H, K, V]")
+            check_shape(f"initial_states[{ℓ}]", state, (N, H, K, V),
+                        "[B, H, K, V]" if cu_seqlens is None else "[N, H, K, V]")
             check_state_dtype(f"initial_states[{ℓ}]", state, q.dtype)
             tensors.append((f"initial_states[{ℓ}]", state))
     check_same_device(tensors)
@@ -199,7 +209,7 @@ def validate_nested_inputs(q, k, v, g, b, w, r, levels, scale=None, initial_stat
 
 
 def naive_nested_gdn2(q, k, v, g, b, w, r, levels, scale=None, initial_states=None,
-                      output_final_state=False, chunk_size=CHUNK_SIZE):
+                      output_final_state=False, chunk_size=CHUNK_SIZE, cu_seqlens=None):
     """Per-token Nested GDN-2.
 
     Args:
@@ -211,11 +221,27 @@ def naive_nested_gdn2(q, k, v, g, b, w, r, levels, scale=None, initial_states=No
         initial_states: ``None`` or ``L`` entries, each ``None`` (zeros) or ``[B, H, K, V]``.
         output_final_state: also return the ``L`` final states.
         chunk_size: ``C`` (64 per SPEC).
+        cu_seqlens: ``[0, T_1, T_1 + T_2, …, T]`` (int32 or int64, on the inputs' device) for N
+            sequences packed in one row (``B = 1``); each is computed as a separate call (its own
+            chunk grid and firing schedule from its first token), with initial and final states
+            ``[N, H, K, V]``, one per sequence.
 
     Returns:
         ``(o [B, T, H, V], [M_0, ..., M_{L-1}] or None)`` in the inputs' dtype.
     """
-    B, T, H, L, K, V = validate_nested_inputs(q, k, v, g, b, w, r, levels, scale, initial_states, chunk_size)
+    B, T, H, L, K, V = validate_nested_inputs(q, k, v, g, b, w, r, levels, scale, initial_states, chunk_size,
+                                              cu_seqlens=cu_seqlens)
+    if cu_seqlens is not None:                  # one separate call per packed sequence
+        outputs, finals = [], []
+        for i, s, e in sequences(cu_seqlens):
+            states_i = None if initial_states is None else [None if M0 is None else M0[i:i + 1]
+                                                            for M0 in initial_states]
+            o_i, M_i = naive_nested_gdn2(*(x[:, s:e] for x in (q, k, v, g, b, w, r)), levels, scale, states_i,
+                                         True, chunk_size)
+            outputs.append(o_i)
+            finals.append(M_i)
+        return torch.cat(outputs, dim=1), ([torch.cat([M_i[ℓ] for M_i in finals], dim=0) for ℓ in range(L)]
+                                           if output_final_state else None)
     scale = K ** -0.5 if scale is None else scale
     C = chunk_size
     N = -(-T // C)

@@ -14,7 +14,7 @@ from reference.gdn2_numpy import gdn2_step_numpy
 from reference.nested import Level, validate_nested_inputs
 from reference.promote_numpy import SCHEMES_NUMPY, promote_numpy
 from reference.schemes import SCHEMES
-from reference.validation import as_array, as_checkable
+from reference.validation import as_array, as_checkable, sequences
 
 
 def _checkable_levels(levels):
@@ -41,7 +41,8 @@ def softmax(x):
     return e / e.sum()
 
 
-def naive_nested_gdn2_numpy(q, k, v, g, b, w, r, levels, scale=None, initial_states=None, chunk_size=64):
+def naive_nested_gdn2_numpy(q, k, v, g, b, w, r, levels, scale=None, initial_states=None, chunk_size=64,
+                            cu_seqlens=None):
     """Per-token Nested GDN-2 on arrays shaped as in ``reference.nested.naive_nested_gdn2``.
 
     ``levels``: ``L - 1`` ``reference.nested.Level`` whose ``params`` are per-head arrays or
@@ -49,11 +50,23 @@ def naive_nested_gdn2_numpy(q, k, v, g, b, w, r, levels, scale=None, initial_sta
     NumPy arrays or tensors, checked as the torch reference checks them
     (``validate_nested_inputs``, the same errors).
     Returns ``(o [B, T, H, V], [M_0, ..., M_{L-1}] each [B, H, K, V])`` as float64 arrays.
+    ``cu_seqlens`` (a NumPy or torch int32/int64 array): N sequences packed in one row, each run
+    as a separate call; initial and final states are then ``[N, H, K, V]``.
     """
     named = tuple(as_checkable(n, x) for n, x in zip(("q", "k", "v", "g", "b", "w", "r"), (q, k, v, g, b, w, r)))
     states = (initial_states if not isinstance(initial_states, (list, tuple))
               else [as_checkable(f"initial_states[{ℓ}]", s) for ℓ, s in enumerate(initial_states)])
-    B, T, H, L, K, V = validate_nested_inputs(*named, _checkable_levels(levels), scale, states, chunk_size)
+    B, T, H, L, K, V = validate_nested_inputs(*named, _checkable_levels(levels), scale, states, chunk_size,
+                                              cu_seqlens=cu_seqlens)
+    if cu_seqlens is not None:
+        parts = []
+        for i, s, e in sequences(cu_seqlens):
+            states_i = None if initial_states is None else [None if M0 is None else M0[i:i + 1]
+                                                            for M0 in initial_states]
+            parts.append(naive_nested_gdn2_numpy(*(x[:, s:e] for x in (q, k, v, g, b, w, r)), levels, scale,
+                                                 states_i, chunk_size))
+        return (np.concatenate([o for o, _ in parts], axis=1),
+                [np.concatenate([M[ℓ] for _, M in parts], axis=0) for ℓ in range(L)])
     q, k, v, g, b, w, r = (as_array(x) for x in (q, k, v, g, b, w, r))
     scale = K ** -0.5 if scale is None else scale
     C = chunk_size

@@ -43,6 +43,9 @@ from reference.validation import (
     check_sizes,
     check_state_dtype,
     check_tensor,
+    check_cu_seqlens,
+    check_state_count,
+    sequences,
 )
 
 MODES = ("gla", "delta")
@@ -121,10 +124,11 @@ def gate_kind(g, B, T, H, K, E) -> str:
 
 
 def check_tensor3d_inputs(q1, k1, q2, k2, v, g=None, beta=None, mode="gla", scale=None,
-                          initial_state=None, dtypes=FLOAT_DTYPES):
+                          initial_state=None, dtypes=FLOAT_DTYPES, cu_seqlens=None):
     """SPEC section 4 shapes: ``q1, k1 [B, T, H, K]``, ``q2, k2 [B, T, H, E]``,
     ``v [B, T, H, V]``, ``g`` as in ``gate_kind`` or None, ``beta [B, T, H]`` (mode
-    ``delta`` only), ``initial_state [B, H, K, E, V]``.
+    ``delta`` only), ``initial_state [B, H, K, E, V]`` (``[N, H, K, E, V]`` with ``cu_seqlens``,
+    ``reference.validation.check_cu_seqlens``).
 
     Returns ``(B, T, H, K, E, V, gate_kind)``.
     """
@@ -156,9 +160,16 @@ def check_tensor3d_inputs(q1, k1, q2, k2, v, g=None, beta=None, mode="gla", scal
                  ("the per-chunk states [B, ceil(T/64), H, K·E, V]", (B, N, H, K * E, V))))
     check_same_device(named + (("initial_state", initial_state),))
     check_scale(scale)
+    N = B
+    if cu_seqlens is not None:
+        check_cu_seqlens(cu_seqlens, B, T, q1.device)
+        N = cu_seqlens.shape[0] - 1
     if initial_state is not None:
         check_tensor("initial_state", initial_state, ndim=5)
-        check_shape("initial_state", initial_state, (B, H, K, E, V), "[B, H, K, E, V]")
+        if cu_seqlens is not None:
+            check_state_count("initial_state", initial_state, N, "[N, H, K, E, V]")
+        check_shape("initial_state", initial_state, (N, H, K, E, V),
+                    "[B, H, K, E, V]" if cu_seqlens is None else "[N, H, K, E, V]")
         check_state_dtype("initial_state", initial_state, q1.dtype)
     return B, T, H, K, E, V, kind
 
@@ -199,7 +210,7 @@ def tensor3d_read(S, q1, q2, scale):
 
 
 def naive_tensor3d(q1, k1, q2, k2, v, g=None, beta=None, mode="gla", scale=None, initial_state=None,
-                   output_final_state=False):
+                   output_final_state=False, cu_seqlens=None):
     """Per-token 3D tensor state.
 
     Args:
@@ -210,11 +221,23 @@ def naive_tensor3d(q1, k1, q2, k2, v, g=None, beta=None, mode="gla", scale=None,
         scale: multiplies every read; default ``K ** -0.5`` (K = width of q1).
         initial_state: ``[B, H, K, E, V]`` (float32, or float64 with float64 inputs); default zeros.
         output_final_state: also return the state after the last token.
+        cu_seqlens: ``[0, T_1, T_1 + T_2, …, T]`` (int32 or int64, on the inputs' device) for N
+            sequences packed in one row (``B = 1``); each is computed as a separate call, with
+            ``initial_state`` and the final state ``[N, H, K, E, V]``, one per sequence.
 
     Returns:
         ``(y [B, T, H, V], T_final [B, H, K, E, V] or None)`` in the inputs' dtype.
     """
-    B, T, H, K, E, V, _ = check_tensor3d_inputs(q1, k1, q2, k2, v, g, beta, mode, scale, initial_state)
+    B, T, H, K, E, V, _ = check_tensor3d_inputs(q1, k1, q2, k2, v, g, beta, mode, scale, initial_state,
+                                                cu_seqlens=cu_seqlens)
+    if cu_seqlens is not None:                  # one separate call per packed sequence
+        outputs, finals = [], []
+        for i, s, e in sequences(cu_seqlens):
+            y_i, S_i = naive_tensor3d(*(None if x is None else x[:, s:e] for x in (q1, k1, q2, k2, v, g, beta)),
+                                      mode, scale, None if initial_state is None else initial_state[i:i + 1], True)
+            outputs.append(y_i)
+            finals.append(S_i)
+        return torch.cat(outputs, dim=1), (torch.cat(finals, dim=0) if output_final_state else None)
     scale = K ** -0.5 if scale is None else scale
     gate = broadcast_gate(g, K, E)
     S = q1.new_zeros(B, H, K, E, V) if initial_state is None else initial_state.to(q1.dtype)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from reference.tensor3d import check_tensor3d_inputs
-from reference.validation import as_array, as_checkable
+from reference.validation import as_array, as_checkable, sequences
 
 
 def decay_grid_numpy(g_t, K: int, E: int) -> np.ndarray:
@@ -46,17 +46,25 @@ def tensor3d_step_numpy(S, k1, k2, v, decay, beta=None, mode="gla"):
     return flat.reshape(K, E, V)
 
 
-def naive_tensor3d_numpy(q1, k1, q2, k2, v, g=None, beta=None, mode="gla", scale=None, initial_state=None):
+def naive_tensor3d_numpy(q1, k1, q2, k2, v, g=None, beta=None, mode="gla", scale=None, initial_state=None,
+                         cu_seqlens=None):
     """Per-token 3D tensor state on arrays shaped as in ``reference.tensor3d.naive_tensor3d``.
 
     Inputs are NumPy arrays or tensors, checked as the torch reference checks them
     (``check_tensor3d_inputs``, the same errors). Returns ``(y [B, T, H, V], T_final [B, H, K, E, V])``
-    as float64 arrays.
+    as float64 arrays. ``cu_seqlens`` (a NumPy or torch int32/int64 array): N sequences packed in
+    one row, each run as a separate call; ``initial_state`` and ``T_final`` are ``[N, H, K, E, V]``.
     """
     names = ("q1", "k1", "q2", "k2", "v", "g", "beta")
     views = [as_checkable(n, x) for n, x in zip(names, (q1, k1, q2, k2, v, g, beta))]
     B, T, H, K, E, V, _ = check_tensor3d_inputs(*views, mode=mode, scale=scale,
-                                                initial_state=as_checkable("initial_state", initial_state))
+                                                initial_state=as_checkable("initial_state", initial_state),
+                                                cu_seqlens=cu_seqlens)
+    if cu_seqlens is not None:
+        parts = [naive_tensor3d_numpy(*(None if x is None else x[:, s:e] for x in (q1, k1, q2, k2, v, g, beta)),
+                                      mode, scale, None if initial_state is None else initial_state[i:i + 1])
+                 for i, s, e in sequences(cu_seqlens)]
+        return np.concatenate([y for y, _ in parts], axis=1), np.concatenate([S for _, S in parts], axis=0)
     q1, k1, q2, k2, v = (as_array(x) for x in (q1, k1, q2, k2, v))
     g = None if g is None else as_array(g)
     beta = None if beta is None else as_array(beta)

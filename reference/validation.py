@@ -149,9 +149,10 @@ def gdn2_sizes(B, T, H, K, V):
             ("the per-chunk states [B, ceil(T/64), H, K, V]", (B, -(-T // CHUNK), H, K, V)))
 
 
-def check_gdn2_inputs(q, k, v, g, b, w, scale=None, initial_state=None, dtypes=FLOAT_DTYPES):
+def check_gdn2_inputs(q, k, v, g, b, w, scale=None, initial_state=None, dtypes=FLOAT_DTYPES, cu_seqlens=None):
     """SPEC section 1 shapes: q, k, g, b ``[B, T, H, K]``; v, w ``[B, T, H, V]``;
-    ``initial_state`` ``[B, H, K, V]``. Returns ``(B, T, H, K, V)``."""
+    ``initial_state`` ``[B, H, K, V]`` (``[N, H, K, V]`` with ``cu_seqlens``, ``check_cu_seqlens``).
+    Returns ``(B, T, H, K, V)``."""
     for name, x in (("q", q), ("k", k), ("v", v), ("g", g), ("b", b), ("w", w)):
         check_tensor(name, x, ndim=4)
     B, T, H, K = q.shape
@@ -168,8 +169,70 @@ def check_gdn2_inputs(q, k, v, g, b, w, scale=None, initial_state=None, dtypes=F
     check_same_device((("q", q), ("k", k), ("v", v), ("g", g), ("b", b), ("w", w),
                        ("initial_state", initial_state)))
     check_scale(scale)
+    N = B
+    if cu_seqlens is not None:
+        check_cu_seqlens(cu_seqlens, B, T, q.device)
+        N = cu_seqlens.shape[0] - 1
     if initial_state is not None:
         check_tensor("initial_state", initial_state, ndim=4)
-        check_shape("initial_state", initial_state, (B, H, K, V), "[B, H, K, V]")
+        if cu_seqlens is not None:
+            check_state_count("initial_state", initial_state, N, "[N, H, K, V]")
+        check_shape("initial_state", initial_state, (N, H, K, V), "[B, H, K, V]" if cu_seqlens is None
+                    else "[N, H, K, V]")
         check_state_dtype("initial_state", initial_state, q.dtype)
     return B, T, H, K, V
+
+
+# --- packed variable-length batches (SPEC "Variable-length batches") ----------------------------
+
+CU_SEQLENS_DTYPES = (torch.int32, torch.int64)
+
+
+def check_cu_seqlens(cu_seqlens, B: int, T: int, device) -> list[int]:
+    """fla's packed layout: ``cu_seqlens = [0, T_1, T_1 + T_2, …, T]``, a 1-D int32 or int64 tensor
+    on the activations' ``device`` (the NumPy twins pass a NumPy or torch integer array and the
+    activations' device), strictly increasing (every sequence holds at least one token), with the
+    activations packed in one row (``B = 1``). Returns the boundaries as a Python list (one host
+    sync); ``len(...) - 1`` is the number of sequences N."""
+    if isinstance(cu_seqlens, np.ndarray):
+        if cu_seqlens.dtype not in (np.int32, np.int64):
+            raise ValueError(f"cu_seqlens must have dtype int32 or int64, got NumPy {cu_seqlens.dtype}")
+        cu_seqlens = torch.from_numpy(np.ascontiguousarray(cu_seqlens)).to(device)
+    if not isinstance(cu_seqlens, torch.Tensor):
+        raise TypeError(f"cu_seqlens must be a torch.Tensor of int32 or int64 or None, got {type(cu_seqlens).__name__}")
+    if cu_seqlens.dtype not in CU_SEQLENS_DTYPES:
+        raise ValueError(f"cu_seqlens must have dtype torch.int32 or torch.int64, got {cu_seqlens.dtype}")
+    if cu_seqlens.device != torch.device(device):
+        raise ValueError(f"cu_seqlens is on {cu_seqlens.device} but the activations are on {device}; "
+                         "cu_seqlens must be on the tensors' device")
+    if cu_seqlens.dim() != 1:
+        raise ValueError(f"cu_seqlens must be 1-D [N + 1], got shape {tuple(cu_seqlens.shape)}")
+    if cu_seqlens.shape[0] < 2:
+        raise ValueError(f"cu_seqlens must hold at least 2 entries [0, T] (one sequence), got {cu_seqlens.shape[0]}")
+    if B != 1:
+        raise ValueError(f"cu_seqlens packs the sequences along T in one row: the activations must have B = 1, "
+                         f"got B = {B}")
+    bounds = [int(x) for x in cu_seqlens.tolist()]
+    if bounds[0] != 0:
+        raise ValueError(f"cu_seqlens must start at 0, got {bounds[0]}")
+    if bounds[-1] != T:
+        raise ValueError(f"cu_seqlens must end at T = {T} (the packed length), got {bounds[-1]}")
+    for i, (s, e) in enumerate(zip(bounds[:-1], bounds[1:])):
+        if e <= s:
+            raise ValueError(f"cu_seqlens must be strictly increasing (every sequence holds at least one token): "
+                             f"sequence {i} has cu_seqlens[{i}] = {s}, cu_seqlens[{i + 1}] = {e}")
+    return bounds
+
+
+def check_state_count(name: str, state, N: int, layout: str):
+    """A per-sequence initial state of a packed call: leading size ``N`` (the sequences in
+    ``cu_seqlens``), named with its ``layout`` (e.g. ``"[N, H, K, V]"``)."""
+    if state is not None and isinstance(state, torch.Tensor) and state.dim() >= 1 and state.shape[0] != N:
+        raise ValueError(f"{name} must have shape {layout} with one state per sequence, N = {N} (cu_seqlens "
+                         f"holds {N + 1} entries), got {tuple(state.shape)}")
+
+
+def sequences(cu_seqlens) -> list[tuple[int, int, int]]:
+    """``(i, start, end)`` of each packed sequence of a checked ``cu_seqlens`` (tensor or array)."""
+    bounds = [int(x) for x in cu_seqlens.tolist()]
+    return [(i, s, e) for i, (s, e) in enumerate(zip(bounds[:-1], bounds[1:]))]

@@ -323,6 +323,102 @@ def test_numpy_twin_huge_sizes():
         naive_gdn2_numpy(**x)
 
 
+# --- packed batches: cu_seqlens ------------------------------------------------------------------
+
+def one_row(args):
+    """A valid call's inputs cut to batch row 0 (B = 1, T = 8), as a packed call takes them."""
+    return {n: (x[:1] if isinstance(x, torch.Tensor) and x.dim() >= 3 else x) for n, x in args.items()}
+
+
+def both_sides(call):
+    """``(side, inputs)`` for the optimized op (kernel dtype and device) and the reference (float64)."""
+    return (("optimized", call()), ("reference", call(torch.float64, "cpu")))
+
+
+BAD_CU_SEQLENS = [
+    (lambda dev: torch.tensor([0.0, 8.0], device=dev), r"cu_seqlens must have dtype torch.int32 or torch.int64, "
+                                                       r"got torch.float32"),
+    (lambda dev: torch.tensor([0, 8], dtype=torch.int16, device=dev), r"cu_seqlens must have dtype .*got torch.int16"),
+    (lambda dev: torch.tensor([0, 8], device="meta"), r"cu_seqlens is on meta but the activations are on .*"
+                                                      r"cu_seqlens must be on the tensors' device"),
+    (lambda dev: torch.tensor([[0, 8]], device=dev), r"cu_seqlens must be 1-D \[N \+ 1\], got shape \(1, 2\)"),
+    (lambda dev: torch.tensor([8], device=dev), r"cu_seqlens must hold at least 2 entries \[0, T\]"),
+    (lambda dev: torch.tensor([1, 8], device=dev), r"cu_seqlens must start at 0, got 1"),
+    (lambda dev: torch.tensor([0, 3, 7], device=dev), r"cu_seqlens must end at T = 8 \(the packed length\), got 7"),
+    (lambda dev: torch.tensor([0, 3, 3, 8], device=dev), r"cu_seqlens must be strictly increasing .*sequence 1 has "
+                                                         r"cu_seqlens\[1\] = 3, cu_seqlens\[2\] = 3"),
+    (lambda dev: torch.tensor([0, 5, 2, 8], device=dev), r"cu_seqlens must be strictly increasing"),
+]
+
+
+@pytest.mark.parametrize("opt, ref, call, first", OP_PARAMS)
+@pytest.mark.parametrize("case", range(len(BAD_CU_SEQLENS)))
+def test_bad_cu_seqlens_refused(opt, ref, call, first, case):
+    """SPEC "Variable-length batches": a wrong dtype, device or rank, too few entries, not from 0
+    to T, a zero-length (or negative) sequence: a ValueError naming cu_seqlens, optimized and reference."""
+    make, message = BAD_CU_SEQLENS[case]
+    for (side, args), op in zip(both_sides(call), (opt, ref)):
+        args = one_row(args)
+        with pytest.raises(ValueError, match=message):
+            op(**args, cu_seqlens=make(args[first].device))
+
+
+@pytest.mark.parametrize("opt, ref, call, first", OP_PARAMS)
+def test_cu_seqlens_needs_one_row_and_a_tensor(opt, ref, call, first):
+    for (side, args), op in zip(both_sides(call), (opt, ref)):
+        cu = torch.tensor([0, 3, 8], device=args[first].device)
+        with pytest.raises(ValueError, match=r"cu_seqlens packs the sequences along T in one row: the activations "
+                                             r"must have B = 1, got B = 2"):
+            op(**args, cu_seqlens=cu)
+        with pytest.raises(TypeError, match=r"cu_seqlens must be a torch.Tensor of int32 or int64 or None, got list"):
+            op(**one_row(args), cu_seqlens=[0, 3, 8])
+
+
+def packed_state(op_id, N, dtype=torch.float32, device=DEV):
+    """A per-sequence initial state of the small calls above (H = 1) with leading size ``N``."""
+    shape = {"gdn2": (N, 1, 8, 8), "nested": (N, 1, 8, 8), "tensor3d-gla": (N, 1, 4, 2, 8),
+             "tensor3d-delta": (N, 1, 4, 2, 8)}[op_id]
+    state = torch.zeros(shape, dtype=dtype, device=device)
+    return [state, state] if op_id == "nested" else state
+
+
+@pytest.mark.parametrize("op_id", sorted(n for n in STATE_ARGUMENT if n != "fenwick-gdn2"))
+@pytest.mark.parametrize("N", [1, 3])
+def test_packed_initial_state_needs_one_state_per_sequence(op_id, N):
+    """cu_seqlens = [0, 3, 8] holds two sequences: an initial state of leading size 1 or 3 is refused."""
+    _, opt, ref, call, first = next(op for op in OPS if op[0] == op_id)
+    name = STATE_ARGUMENT[op_id]
+    for (side, args), op in zip(both_sides(call), (opt, ref)):
+        args = one_row(args)
+        device = args[first].device
+        args[name] = packed_state(op_id, N, device=device)
+        layout = r"\[N, H, K, E, V\]" if op_id.startswith("tensor3d") else r"\[N, H, K, V\]"
+        with pytest.raises(ValueError, match=rf"{name}(\[0\])? must have shape {layout} with one state per "
+                                             rf"sequence, N = 2 \(cu_seqlens holds 3 entries\), got \({N}, "):
+            op(**args, cu_seqlens=torch.tensor([0, 3, 8], device=device))
+
+
+def test_fenwick_gdn2_refuses_offset_and_initial_state_with_cu_seqlens():
+    args = one_row(fenwick_gdn2_call())
+    cu = torch.tensor([0, 3, 8], device=DEV)
+    with pytest.raises(ValueError, match=r"offset must be 0 with cu_seqlens"):
+        chunk_fenwick_gdn2(**args, offset=64, cu_seqlens=cu)
+    state = torch.zeros(2, 1, args["level_scales"].shape[-1], 8, 8, device=DEV)
+    with pytest.raises(ValueError, match=r"initial_state is not accepted with cu_seqlens"):
+        chunk_fenwick_gdn2(**args, initial_state=state, cu_seqlens=cu)
+
+
+@pytest.mark.parametrize("twin, ref, call", TWINS)
+def test_numpy_twin_bad_cu_seqlens(twin, ref, call):
+    """The NumPy twins take a NumPy or torch integer cu_seqlens, with the references' checks."""
+    args = one_row(call())
+    assert "cu_seqlens must start at 0" in same_error(twin, ref, dict(args, cu_seqlens=torch.tensor([1, 8])))
+    with pytest.raises(ValueError, match=r"cu_seqlens must have dtype int32 or int64, got NumPy float64"):
+        twin(**numpy_of(args), cu_seqlens=np.array([0.0, 8.0]))
+    with pytest.raises(ValueError, match=r"cu_seqlens must be strictly increasing"):
+        twin(**numpy_of(args), cu_seqlens=np.array([0, 8, 8]))
+
+
 # --- make_levels ---------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("kwargs, error, message", [

@@ -21,7 +21,10 @@ test hands in a broken twin to show the property fails.
   are unchanged bit for bit (fla's own tests do the same: an output that turns NaN read a
   buffer nobody wrote);
 - ``edge_shape``: one edge shape (B = 0, H = 0, T = 1, head dims off 16, the smallest) gives the
-  reference's results within tolerance, or an up-front ``ValueError`` naming an argument.
+  reference's results within tolerance, or an up-front ``ValueError`` naming an argument;
+- ``packed_equals_separate``: N sequences of ragged lengths packed in one row (``cu_seqlens``,
+  per-sequence initial states) equal N separate float64 reference calls: outputs, per-sequence
+  final states, every gradient, within the entry's tolerance (SPEC "Variable-length batches").
 """
 from __future__ import annotations
 
@@ -346,3 +349,92 @@ def edge_shape(info, shape, dtype, op=None, log=False) -> dict:
         return {f"ValueError naming an argument: {e}"[:200]: (0.0 if named else math.inf, 0.0)}
     except Exception as e:
         return {f"{type(e).__name__}: {e}"[:200]: (math.inf, 0.0)}
+
+
+# --- packed variable-length batches ----------------------------------------------------------------
+
+def per_sequence_states(info, sample) -> list:
+    """The names of ``sample``'s per-sequence initial states (the entry's state-passing argument,
+    where the sample holds one); scheme parameters (``levels``) are shared by every sequence."""
+    name = None if info.state_passing is None else info.state_passing.argument
+    return [name] if name is not None and sample.states.get(name) is not None else []
+
+
+def cu_seqlens_of(lengths, device=None, dtype=torch.int32) -> torch.Tensor:
+    """``[0, T_1, T_1 + T_2, …]`` for ``lengths`` on ``device`` (the op's by default)."""
+    bounds = [0]
+    for n in lengths:
+        bounds.append(bounds[-1] + int(n))
+    return torch.tensor(bounds, dtype=dtype, device=triton_mode.device() if device is None else device)
+
+
+def packed_sample(info, draw, lengths):
+    """``info.sample(draw)`` (``draw.shape.B = N`` rows, ``T ≥ max(lengths)``) packed in one row:
+    row ``i``'s first ``lengths[i]`` tokens, in order, along T (B = 1). The per-sequence initial
+    states keep their leading ``N``, one per sequence."""
+    from ngdn.ops import Sample
+
+    sample = info.sample(draw)
+    if draw.shape.B != len(lengths) or max(lengths) > draw.shape.T or min(lengths) < 1:
+        raise ValueError(f"lengths {list(lengths)} need a draw with B = {len(lengths)} rows of T >= {max(lengths)} "
+                         f"tokens, got B = {draw.shape.B}, T = {draw.shape.T}")
+    acts = {n: (None if x is None else torch.cat([x[i:i + 1, :n_i] for i, n_i in enumerate(lengths)], dim=1))
+            for n, x in sample.activations.items()}
+    return Sample(acts, dict(sample.states), dict(sample.static))
+
+
+def _sequence_state(value, i):
+    if isinstance(value, (list, tuple)):
+        return [None if x is None else x[i:i + 1] for x in value]
+    return value[i:i + 1]
+
+
+def _stacked_finals(finals):
+    if finals[0] is None:
+        return None
+    if isinstance(finals[0], (list, tuple)):
+        return [torch.cat([f[l] for f in finals], dim=0) for l in range(len(finals[0]))]
+    return torch.cat(finals, dim=0)
+
+
+def packed_equals_separate(info, draw, lengths, dtype, op=None, log=True, cu_dtype=torch.int32) -> dict:
+    """One packed call of ``op`` (default: the entry's op) with ``cu_seqlens`` against N separate
+    float64 reference calls (each on its own sequence and initial state): the output, the
+    per-sequence final states and the gradients of every leaf (packed activations, per-sequence
+    initial states, scheme parameters), within the entry's tolerance. ``draw`` has ``B = N`` rows
+    (``packed_sample``); a sequence's cotangent is its slice of the packed one."""
+    op = info.op if op is None else op
+    sample = packed_sample(info, draw, lengths)
+    states = per_sequence_states(info, sample)
+    kwargs, leaves = inputs_for(sample, dtype, True)
+    try:
+        outputs = flat_outputs(op(**kwargs, cu_seqlens=cu_seqlens_of(lengths, dtype=cu_dtype)))
+    except Exception as e:      # a packed call the contract accepts must compute
+        return {f"packed call: {type(e).__name__}: {e}"[:200]: (math.inf, 0.0)}
+    loss_of(outputs, draw.seed).backward()
+    actual = {k: v.detach() for k, v in outputs.items()}
+    actual.update({f"d{n}": (x.grad if x.grad is not None else torch.zeros_like(x)) for n, x in leaves.items()})
+
+    ref_kwargs, ref_leaves = inputs_for(sample, dtype, True, reference=True)
+    pieces, finals, start = [], [], 0
+    for i, n_i in enumerate(lengths):
+        call = {n: (x[:, start:start + n_i] if n in sample.activations and x is not None else x)
+                for n, x in ref_kwargs.items()}
+        call.update({n: _sequence_state(ref_kwargs[n], i) for n in states})
+        o_i, final_i = info.reference(**call)
+        pieces.append(o_i)
+        finals.append(final_i)
+        start += n_i
+    expected = flat_outputs((torch.cat(pieces, dim=1), _stacked_finals(finals)))
+    loss_of(expected, draw.seed).backward()
+    expected = {k: v.detach() for k, v in expected.items()}
+    expected.update({f"d{n}": (x.grad if x.grad is not None else torch.zeros_like(x))
+                     for n, x in ref_leaves.items()})
+    missing = set(expected) - set(actual)
+    out = {f"{label} missing": (math.inf, 0.0) for label in sorted(missing)}
+    for label in list(actual):
+        if label not in expected or actual[label].shape != expected[label].shape:
+            out[f"{label} shape {tuple(actual[label].shape)}"] = (math.inf, 0.0)
+            del actual[label]
+    out.update(against(info, dtype, actual, expected, log))
+    return out

@@ -10,7 +10,7 @@ from optimized.fenwick_gdn2.fwd import Saved, fenwick_gdn2_fwd, stacked_blocks
 from optimized.fenwick_gdn2.states import CHUNK
 from reference.fenwick import check_level_scales, min_levels
 from reference.validation import (check_gdn2_inputs, check_same_device, check_same_dtype, check_shape,
-                                  check_sizes, check_tensor)
+                                  check_sizes, check_tensor, sequences)
 
 MAX_HEAD_DIM = 256  # fla's GDN-2 kernels support K <= 256
 
@@ -49,9 +49,11 @@ class ChunkFenwickGDN2Function(torch.autograd.Function):
                 dlam.to(q.dtype), dh0, None, None, None)
 
 
-def check_fenwick_gdn2_kernel_inputs(q, k, v, g, b, w, level_scales, scale, initial_state, offset):
+def check_fenwick_gdn2_kernel_inputs(q, k, v, g, b, w, level_scales, scale, initial_state, offset,
+                                     cu_seqlens=None):
     """Every check of the entry point, before any work. Returns ``(B, T, H, K, V, L)``."""
-    B, T, H, K, V = check_gdn2_inputs(q, k, v, g, b, w, scale, dtypes=KERNEL_DTYPES)
+    B, T, H, K, V = check_gdn2_inputs(q, k, v, g, b, w, scale, dtypes=KERNEL_DTYPES, cu_seqlens=cu_seqlens)
+    lengths = [T] if cu_seqlens is None else [e - s for _, s, e in sequences(cu_seqlens)]
     if initial_state is not None and not isinstance(initial_state, torch.Tensor):
         raise TypeError(f"initial_state must be a torch.Tensor or None, got {type(initial_state).__name__}")
     if not isinstance(offset, int) or isinstance(offset, bool):
@@ -59,16 +61,23 @@ def check_fenwick_gdn2_kernel_inputs(q, k, v, g, b, w, level_scales, scale, init
     if offset < 0 or offset % CHUNK != 0:
         raise ValueError(f"offset must be a non-negative multiple of {CHUNK} (the absolute index of the "
                          f"first token; a call continues at a chunk boundary), got {offset}")
+    if cu_seqlens is not None and offset != 0:
+        raise ValueError(f"offset must be 0 with cu_seqlens (every packed sequence starts at its own token 0), "
+                         f"got offset = {offset}; continue a packed sequence in a call of its own")
+    if cu_seqlens is not None and initial_state is not None:
+        raise ValueError("initial_state is not accepted with cu_seqlens: it needs offset > 0 (the bucket states "
+                         "after token offset - 1), and packed sequences start at offset 0; continue a packed "
+                         "sequence in a call of its own")
     if initial_state is not None and offset == 0:
         raise ValueError("initial_state needs offset > 0: it holds the bucket states after token offset - 1 "
                          "(the final states of the call that ended there), and the Fenwick buckets of the "
                          "continuation depend on that absolute position")
     check_tensor("level_scales", level_scales, ndim=4)
-    L = check_level_scales(level_scales, B, T, H)
-    need = min_levels(offset + T)
+    L = check_level_scales(level_scales, B, T, H, None if cu_seqlens is None else max(lengths))
+    need = min_levels(offset + max(lengths))
     if L < need:
         raise ValueError(f"level_scales must have at least 1 + ceil(log2(offset + T)) = {need} levels for "
-                         f"offset = {offset}, T = {T}, got L = {L}")
+                         f"offset = {offset}, T = {max(lengths)}, got L = {L}")
     check_same_dtype((("q", q), ("level_scales", level_scales)))
     if initial_state is not None:
         check_tensor("initial_state", initial_state, ndim=5)
@@ -78,12 +87,13 @@ def check_fenwick_gdn2_kernel_inputs(q, k, v, g, b, w, level_scales, scale, init
     check_same_device((("q", q), ("level_scales", level_scales), ("initial_state", initial_state)))
     if K > MAX_HEAD_DIM:
         raise ValueError(f"q: key dim K must be <= {MAX_HEAD_DIM} for fla's GDN-2 kernels, got {K}")
-    N = -(-T // CHUNK)
-    NB = stacked_blocks(offset, T, L, initial_state is not None)
-    check_sizes((("level_scales [B, T, H, L]", (B, T, H, L)),
-                 ("the stacked values [B, T, H, (J + 1) * V]", (B, T, H, NB * V)),
-                 ("the stacked per-chunk states [B, ceil(T/64), H, K, (J + 1) * V]", (B, N, H, K, NB * V)),
-                 ("the final states [B, H, L, K, V]", (B, H, L, K, V))))
+    check_sizes((("level_scales [B, T, H, L]", (B, T, H, L)),))
+    for T_run in sorted(set(lengths)):      # one run per packed sequence (one run without cu_seqlens)
+        N = -(-T_run // CHUNK)
+        NB = stacked_blocks(offset, T_run, L, initial_state is not None)
+        check_sizes((("the stacked values [B, T, H, (J + 1) * V]", (B, T_run, H, NB * V)),
+                     ("the stacked per-chunk states [B, ceil(T/64), H, K, (J + 1) * V]", (B, N, H, K, NB * V)),
+                     ("the final states [B, H, L, K, V]", (B, H, L, K, V))))
     check_kernel_device("q", q)
     check_kernel_dtype("q", q)
     check_finite_activations((("q", q), ("k", k), ("v", v), ("g", g), ("b", b), ("w", w),
@@ -93,7 +103,7 @@ def check_fenwick_gdn2_kernel_inputs(q, k, v, g, b, w, level_scales, scale, init
 
 
 def chunk_fenwick_gdn2(q, k, v, g, b, w, level_scales, scale=None, initial_state=None, output_final_state=False,
-                       offset=0):
+                       offset=0, cu_seqlens=None):
     """Chunked Fenwick GDN-2 memory. Same contract as ``reference.fenwick.naive_fenwick_gdn2``
     (SPEC section 5, the GDN-2 variant), plus state passing.
 
@@ -108,23 +118,40 @@ def chunk_fenwick_gdn2(q, k, v, g, b, w, level_scales, scale=None, initial_state
         output_final_state: also return the bucket states after the last token.
         offset: absolute index of the first token, a multiple of 64 (default 0); the bucket
             boundaries ``level(t, s)`` are those of the absolute positions.
+        cu_seqlens: ``[0, T_1, T_1 + T_2, …, T]`` (int32 or int64, on the inputs' device) for N
+            sequences packed in one row (``B = 1``), each computed as a separate call with its own
+            chunk grid and Fenwick counter from its first token; final states ``[N, H, L, K, V]``;
+            ``L ≥ 1 + ceil(log2 T_i)`` for the longest. With it ``offset`` must be 0 and
+            ``initial_state`` None (a packed sequence cannot continue an earlier call; continue it
+            in a call of its own). The kernels run once per sequence (one launch set per sequence,
+            after one validation for the whole packed call); a per-sequence kernel grid is future
+            work.
 
     Returns:
         ``(o [B, T, H, V] in v's dtype, states [B, H, L, K, V] float32 or None)``.
         Differentiable in q, k, v, g, b, w, level_scales and initial_state.
     """
     B, T, H, K, V, L = check_fenwick_gdn2_kernel_inputs(q, k, v, g, b, w, level_scales, scale, initial_state,
-                                                        offset)
+                                                        offset, cu_seqlens)
     scale = K ** -0.5 if scale is None else float(scale)
     if B == 0 or H == 0:           # fla's KDA backward piece divides by H at compile time
         inputs = (q, k, v, g, b, w, level_scales, initial_state)
         o = empty_result((B, T, H, V), v.dtype, v.device, inputs)
-        final = empty_result((B, H, L, K, V), torch.float32, v.device, inputs) if output_final_state else None
+        N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
+        final = empty_result((N, H, L, K, V), torch.float32, v.device, inputs) if output_final_state else None
         return o, final
     q, k, v, g, b, w, level_scales = (x.contiguous() for x in (q, k, v, g, b, w, level_scales))
     if initial_state is not None:
         initial_state = initial_state.contiguous()
     q, k, v, g, b, w, level_scales, initial_state = first_order_only("chunk_fenwick_gdn2", q, k, v, g, b, w,
                                                                      level_scales, initial_state)
-    return ChunkFenwickGDN2Function.apply(q, k, v, g, b, w, level_scales, initial_state, scale, offset,
-                                          output_final_state)
+    if cu_seqlens is None:
+        return ChunkFenwickGDN2Function.apply(q, k, v, g, b, w, level_scales, initial_state, scale, offset,
+                                              output_final_state)
+    outputs, finals = [], []
+    for _, s, e in sequences(cu_seqlens):          # B = 1: each slice along T is contiguous
+        o_i, final_i = ChunkFenwickGDN2Function.apply(*(x[:, s:e] for x in (q, k, v, g, b, w, level_scales)),
+                                                      None, scale, 0, output_final_state)
+        outputs.append(o_i)
+        finals.append(final_i)
+    return torch.cat(outputs, dim=1), (torch.cat(finals, dim=0) if output_final_state else None)

@@ -13,6 +13,7 @@ from optimized.nested.bwd import nested_bwd
 from optimized.nested.fwd import nested_fwd
 from optimized.nested.pieces import DEFAULT_PIECES, Pieces
 from reference.nested import validate_nested_inputs
+from reference.validation import sequences
 
 
 def _device_of(x: torch.Tensor):
@@ -71,11 +72,12 @@ class NestedGDN2Function(torch.autograd.Function):
 
 
 def _nested(q, k, v, g, b, w, r, levels, scale=None, initial_states=None, output_final_state=False,
-            pieces: Pieces = DEFAULT_PIECES):
+            pieces: Pieces = DEFAULT_PIECES, cu_seqlens=None):
     if isinstance(q, torch.Tensor):     # before the validation's finiteness sync (a meta q cannot sync)
         check_kernel_device("q", q)
     B, T, H, L, K, V = validate_nested_inputs(q, k, v, g, b, w, r, levels, scale, initial_states,
-                                              dtypes=KERNEL_DTYPES, check_params_finite=False)
+                                              dtypes=KERNEL_DTYPES, check_params_finite=False,
+                                              cu_seqlens=cu_seqlens)
     if K > MAX_HEAD_DIM:
         raise ValueError(f"q: key dim K must be <= {MAX_HEAD_DIM} for fla's GDN-2 kernels, got {K}")
     check_kernel_dtype("q", q)
@@ -86,7 +88,8 @@ def _nested(q, k, v, g, b, w, r, levels, scale=None, initial_states=None, output
     if B == 0 or H == 0:           # the scans' and reads' grids have no empty form
         inputs = (q, k, v, g, b, w, r, *(initial_states or ()), *(p for lv in levels for p in lv.params.values()))
         o = empty_result((B, T, H, V), q.dtype, q.device, inputs)
-        finals = [empty_result((B, H, K, V), torch.float32, q.device, inputs) for _ in range(L)]
+        N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
+        finals = [empty_result((N, H, K, V), torch.float32, q.device, inputs) for _ in range(L)]
         return o, (finals if output_final_state else None)
     initial_states = [None if s is None else s.contiguous()
                       for s in ([None] * L if initial_states is None else initial_states)]
@@ -95,12 +98,26 @@ def _nested(q, k, v, g, b, w, r, levels, scale=None, initial_states=None, output
             "inputs": {"initial_states": initial_states}}
     flat = list(initial_states) + [p for lv in levels for p in lv.params.values()]
     q, k, v, g, b, w, r, *flat = first_order_only("chunk_nested_gdn2", q, k, v, g, b, w, r, *flat)
-    with _device_of(q):
-        o, *finals = NestedGDN2Function.apply(meta, q, k, v, g, b, w, r, *flat)
-    return o, (finals if output_final_state else None)
+    if cu_seqlens is None:
+        with _device_of(q):
+            o, *finals = NestedGDN2Function.apply(meta, q, k, v, g, b, w, r, *flat)
+        return o, (finals if output_final_state else None)
+    outputs, per_sequence = [], []
+    states, params = flat[:L], flat[L:]
+    for i, s, e in sequences(cu_seqlens):       # one separate run per packed sequence (B = 1)
+        states_i = [None if M0 is None else M0[i:i + 1].contiguous() for M0 in states]
+        meta_i = dict(meta, inputs={"initial_states": states_i})
+        with _device_of(q):
+            o_i, *finals_i = NestedGDN2Function.apply(meta_i, *(x[:, s:e] for x in (q, k, v, g, b, w, r)),
+                                                      *states_i, *params)
+        outputs.append(o_i)
+        per_sequence.append(finals_i)
+    finals = [torch.cat([f[ℓ] for f in per_sequence], dim=0) for ℓ in range(L)]
+    return torch.cat(outputs, dim=1), (finals if output_final_state else None)
 
 
-def chunk_nested_gdn2(q, k, v, g, b, w, r, levels, scale=None, initial_states=None, output_final_state=False):
+def chunk_nested_gdn2(q, k, v, g, b, w, r, levels, scale=None, initial_states=None, output_final_state=False,
+                      cu_seqlens=None):
     """Nested GDN-2 on Triton kernels; same contract as ``reference.nested.naive_nested_gdn2``
     (without ``chunk_size``: always 64).
 
@@ -112,8 +129,14 @@ def chunk_nested_gdn2(q, k, v, g, b, w, r, levels, scale=None, initial_states=No
         scale: default ``K ** -0.5``.
         initial_states: None or L entries, each None or float32 ``[B, H, K, V]``.
         output_final_state: also return the L final states.
+        cu_seqlens: ``[0, T_1, T_1 + T_2, …, T]`` (int32 or int64, on the inputs' device) for N
+            sequences packed in one row (``B = 1``), each computed as a separate call (its own
+            chunk grid and firing schedule from its first token); initial and final states are
+            ``[N, H, K, V]``. The kernels run once per sequence (one launch set per sequence, after
+            one validation and finiteness check for the whole packed call); a per-sequence kernel
+            grid is future work.
 
     Returns ``(o [B, T, H, V] in q's dtype, [M_0, ..., M_{L-1}] float32 or None)``. Gradients
     flow to every input, router logit, scheme parameter and initial state.
     """
-    return _nested(q, k, v, g, b, w, r, levels, scale, initial_states, output_final_state)
+    return _nested(q, k, v, g, b, w, r, levels, scale, initial_states, output_final_state, cu_seqlens=cu_seqlens)
