@@ -188,7 +188,7 @@ def header(args, device, argv) -> list[str]:
 
     from bench.harness import _version
 
-    return [f"Packed (cu_seqlens) vs padded batches",
+    return ["Packed (cu_seqlens) vs padded batches",
             f"date: {_dt.datetime.now(_dt.timezone.utc).strftime('%Y-%m-%d %H:%M:%S UTC')}",
             f"device: {device.name}",
             f"versions: torch {torch.__version__}, triton {triton.__version__}, fla-core {_version('fla-core')}",

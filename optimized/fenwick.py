@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import warnings
 
-import torch
 import torch.nn.functional as F
 
 from optimized.autograd import empty_result, first_order_only
