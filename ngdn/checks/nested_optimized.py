@@ -247,7 +247,7 @@ def optimized_vs_reference(case: OptCase, dtype, op=chunk_nested_gdn2, log=True)
     items.update({f"final_state[{ℓ}]": ("final_state", a, e)
                   for ℓ, (a, e) in enumerate(zip(finals, finals_ref))})
     items.update({label: (tolerance_quantity(label), grads[label], grads_ref[label]) for label in grads_ref})
-    if dtype != torch.bfloat16:
+    if dtype != torch.bfloat16 or o.numel() == 0:     # an empty batch or no heads: nothing to be sensitive
         return check("nested", dtype, items, log)
     # bf16: level 1 probes fla's bf16-rounded level-0 states (SPEC allows the kernel's own level 0),
     # and some draws amplify that rounding far beyond the typical bound (H200 thorough run
