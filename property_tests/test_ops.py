@@ -134,11 +134,16 @@ NESTED_LEVELS_LENGTHS = (1, 130, 65)
 
 def packed_draw(info, lengths=PACKED_LENGTHS, **shape) -> Draw:
     """``ngdn.ops.packed_draw`` (H = 2, K = 8, V = 12, below the dots' 16: the head-dim padding
-    runs with cu_seqlens); on CUDA the head dims of the family's first compile bucket."""
+    runs with cu_seqlens). On CUDA the sizes of the family's second compile bucket (H = 2: kernels
+    the bucket tests compile); for fla's log-linear kernels, whose level and chunk counts change
+    with the packed T anyway, the smallest bucket's head dims at H = 2 (their local memory per
+    program grows with K, V and the levels: ``ngdn.ops.fenwick_covering_shape``)."""
     d = ops.packed_draw(info, lengths, **shape)
     if not on_cuda():
         return d
-    return d._replace(shape=on_bucket(d.shape, info.family, 0)._replace(H=2))
+    if info.family == "fenwick":
+        return d._replace(shape=on_bucket(d.shape, "fenwick", 2)._replace(H=2))
+    return d._replace(shape=on_bucket(d.shape, info.family, 1))
 
 
 @pytest.mark.parametrize("info", VARLEN)
