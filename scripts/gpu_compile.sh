@@ -8,15 +8,8 @@
 # COMPILE_TIMEOUT: time limit in seconds (default 540).
 # Usage: [COMPILE_TIMEOUT=540] bash scripts/gpu_compile.sh [pytest args...]
 set -uo pipefail
-OUT=${OUT:-/tmp/ngdn-out}
-mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+source "$(dirname "$0")/gpu_setup.sh"
 export TORCH_LOGS=${TORCH_LOGS:-recompiles,graph_breaks}
-{
-  date -u; nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader
-  python3 -c "import torch, triton, fla; print('torch', torch.__version__, 'triton', triton.__version__, 'fla', fla.__version__)"
-} | tee "$OUT/env.txt"
 start=$(date +%s)
 # SIGINT at the time limit: pytest then still prints its summary.
 timeout -s INT -k 30 "${COMPILE_TIMEOUT:-540}" \

@@ -8,18 +8,10 @@
 # Logs under $OUT: env.txt, pytest-layer.log, errors.jsonl, worst_errors.md, recall/ (csv, md, png), bench.log.
 # Usage: [RECALL_ARGS="--T 512 2048 8192"] [LAYER_TIMEOUT=240] bash scripts/gpu_recall.sh
 set -uo pipefail
-OUT=${OUT:-/tmp/ngdn-out}
-mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 NGDN_ERROR_LOG=$OUT/errors.jsonl
+source "$(dirname "$0")/gpu_setup.sh"
+export NGDN_ERROR_LOG=$OUT/errors.jsonl
 export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/ngdn-triton-cache}
 rm -f "$OUT/errors.jsonl"
-{
-  date -u; nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader
-  echo "CPU cores: $(nproc); CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-unset}"
-  python3 -c "import torch, triton, fla; print('torch', torch.__version__, 'triton', triton.__version__, 'fla', fla.__version__)"
-  python3 -c "import matplotlib; print('matplotlib', matplotlib.__version__)" 2>/dev/null || echo "matplotlib: absent (no plot)"
-} | tee "$OUT/env.txt"
 rc=0
 start=$(date +%s)
 timeout -s INT -k 30 "${LAYER_TIMEOUT:-240}" \

@@ -8,18 +8,11 @@
 # SUITE_TIMEOUTS: one time limit (s) per run, in order (default 420 each).
 # Usage: [SUITE_RUNS="cold warm"] [SUITE_TIMEOUTS="320 180"] bash scripts/gpu_suite.sh [pytest args...]
 set -uo pipefail
-OUT=${OUT:-/tmp/ngdn-out}
-mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 NGDN_ERROR_LOG=$OUT/errors.jsonl
+source "$(dirname "$0")/gpu_setup.sh"
+export NGDN_ERROR_LOG=$OUT/errors.jsonl
 # A cache of our own, so "cold" means cold even on a machine that ran Triton before.
 export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/ngdn-triton-cache}
 rm -f "$OUT/errors.jsonl"
-{
-  date -u; nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader
-  echo "CPU cores: $(nproc); CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-unset}"
-  python3 -c "import torch, triton, fla, xdist, hypothesis; print('torch', torch.__version__, 'triton', triton.__version__, 'fla', fla.__version__, 'pytest-xdist', xdist.__version__, 'hypothesis', hypothesis.__version__)"
-} | tee "$OUT/env.txt"
 rc=0
 read -r -a limits <<< "${SUITE_TIMEOUTS:-}"
 i=0
