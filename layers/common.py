@@ -187,6 +187,23 @@ class RecurrentLayer(nn.Module):
     -> dict`` (the op's activations), ``_mix(x, output_final_state)`` (the op call) and ``out``
     (``GatedOutput``)."""
 
+    def _check_common(self, hidden_size, num_heads, head_dim, head_v_dim, use_short_conv, conv_size, conv_bias,
+                      use_gate, norm_eps, backend, layer_idx) -> None:
+        """The constructor arguments both layers take, checked and stored."""
+        self.hidden_size = check_int("hidden_size", hidden_size)
+        self.num_heads = check_int("num_heads", num_heads)
+        self.head_dim = check_int("head_dim", head_dim)
+        if head_dim > 256:
+            raise ValueError(f"head_dim must be <= 256 (fla's GDN-2 kernels), got {head_dim}")
+        self.head_v_dim = head_dim if head_v_dim is None else check_int("head_v_dim", head_v_dim)
+        self.use_short_conv = check_bool("use_short_conv", use_short_conv)
+        self.conv_size = check_int("conv_size", conv_size, minimum=2)
+        check_bool("conv_bias", conv_bias)
+        self.use_gate = check_bool("use_gate", use_gate)
+        check_positive_float("norm_eps", norm_eps)
+        self.backend = check_backend(backend)
+        self.layer_idx = layer_idx
+
     @property
     def backend(self) -> str:
         return self._backend

@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from layers.common import (GatedOutput, QKVProjections, RecurrentLayer, check_backend, check_bool, check_int,
-                           check_positive_float)
+from layers.common import (GatedOutput, QKVProjections, RecurrentLayer)
 
 
 class GDN2(RecurrentLayer):
@@ -28,19 +27,8 @@ class GDN2(RecurrentLayer):
                  use_short_conv: bool = True, conv_size: int = 4, conv_bias: bool = False, use_gate: bool = True,
                  norm_eps: float = 1e-5, backend: str = "optimized", layer_idx: int | None = None):
         super().__init__()
-        self.hidden_size = check_int("hidden_size", hidden_size)
-        self.num_heads = check_int("num_heads", num_heads)
-        self.head_dim = check_int("head_dim", head_dim)
-        if head_dim > 256:
-            raise ValueError(f"head_dim must be <= 256 (fla's GDN-2 kernels), got {head_dim}")
-        self.head_v_dim = head_dim if head_v_dim is None else check_int("head_v_dim", head_v_dim)
-        self.use_short_conv = check_bool("use_short_conv", use_short_conv)
-        self.conv_size = check_int("conv_size", conv_size, minimum=2)
-        check_bool("conv_bias", conv_bias)
-        self.use_gate = check_bool("use_gate", use_gate)
-        check_positive_float("norm_eps", norm_eps)
-        self.backend = check_backend(backend)
-        self.layer_idx = layer_idx
+        self._check_common(hidden_size, num_heads, head_dim, head_v_dim, use_short_conv, conv_size, conv_bias,
+                           use_gate, norm_eps, backend, layer_idx)
         H, K, V = self.num_heads, self.head_dim, self.head_v_dim
         self.proj = QKVProjections(hidden_size, H, H, K, V, use_short_conv, conv_size, conv_bias)
         self.out = GatedOutput(hidden_size, H, V, use_gate, norm_eps)

@@ -11,8 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from layers.common import (GatedOutput, QKVProjections, RecurrentLayer, check_backend, check_bool, check_int,
-                           check_positive_float)
+from layers.common import (GatedOutput, QKVProjections, RecurrentLayer, check_int, check_positive_float)
 
 
 class NestedGDN2(RecurrentLayer):
@@ -52,21 +51,10 @@ class NestedGDN2(RecurrentLayer):
         super().__init__()
         from reference import make_levels
 
-        self.hidden_size = check_int("hidden_size", hidden_size)
-        self.num_heads = check_int("num_heads", num_heads)
-        self.head_dim = check_int("head_dim", head_dim)
-        if head_dim > 256:
-            raise ValueError(f"head_dim must be <= 256 (fla's GDN-2 kernels), got {head_dim}")
-        self.head_v_dim = head_dim if head_v_dim is None else check_int("head_v_dim", head_v_dim)
+        self._check_common(hidden_size, num_heads, head_dim, head_v_dim, use_short_conv, conv_size, conv_bias,
+                           use_gate, norm_eps, backend, layer_idx)
         self.num_levels = check_int("num_levels", num_levels)
-        self.use_short_conv = check_bool("use_short_conv", use_short_conv)
-        self.conv_size = check_int("conv_size", conv_size, minimum=2)
-        check_bool("conv_bias", conv_bias)
-        self.use_gate = check_bool("use_gate", use_gate)
-        check_positive_float("norm_eps", norm_eps)
         check_positive_float("gate_scale", gate_scale)
-        self.backend = check_backend(backend)
-        self.layer_idx = layer_idx
         H, K, V, L = self.num_heads, self.head_dim, self.head_v_dim, self.num_levels
         if not (isinstance(scheme, str) or (isinstance(scheme, (list, tuple)) and all(isinstance(s, str) for s in scheme))):
             raise TypeError(f"scheme must be a scheme name or a list of L - 1 names, got {type(scheme).__name__}")

@@ -9,9 +9,6 @@
 # Usage: [RECALL_ARGS="--T 512 2048 8192"] [LAYER_TIMEOUT=240] bash scripts/gpu_recall.sh
 set -uo pipefail
 source "$(dirname "$0")/gpu_setup.sh"
-export NGDN_ERROR_LOG=$OUT/errors.jsonl
-export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/ngdn-triton-cache}
-rm -f "$OUT/errors.jsonl"
 rc=0
 start=$(date +%s)
 timeout -s INT -k 30 "${LAYER_TIMEOUT:-240}" \

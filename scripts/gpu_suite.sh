@@ -9,10 +9,6 @@
 # Usage: [SUITE_RUNS="cold warm"] [SUITE_TIMEOUTS="320 180"] bash scripts/gpu_suite.sh [pytest args...]
 set -uo pipefail
 source "$(dirname "$0")/gpu_setup.sh"
-export NGDN_ERROR_LOG=$OUT/errors.jsonl
-# A cache of our own, so "cold" means cold even on a machine that ran Triton before.
-export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/ngdn-triton-cache}
-rm -f "$OUT/errors.jsonl"
 rc=0
 read -r -a limits <<< "${SUITE_TIMEOUTS:-}"
 i=0

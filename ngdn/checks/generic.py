@@ -51,8 +51,7 @@ def _cast_states(name, value, to):
     if value is None:
         return None, leaves
     if name == "levels":
-        cast_levels_ = [lv for lv in value]
-        out = to(cast_levels_, "levels")
+        out = to(value, "levels")
         for i, lv in enumerate(out):
             for n, p in lv.params.items():
                 leaves[f"levels[{i}].{n}"] = p
@@ -131,8 +130,13 @@ def run(info, draw, dtype, op=None, grad: bool = True, transform=None, sample=No
     grads = {}
     if grad:
         loss_of(outputs, draw.seed).backward()
-        grads = {f"d{n}": (x.grad if x.grad is not None else torch.zeros_like(x)) for n, x in leaves.items()}
+        grads = gradients(leaves)
     return {k: v.detach() for k, v in outputs.items()}, grads
+
+
+def gradients(leaves: dict) -> dict:
+    """``{"d<leaf>": its gradient}`` after a backward (zeros where none reached it)."""
+    return {f"d{n}": (x.grad if x.grad is not None else torch.zeros_like(x)) for n, x in leaves.items()}
 
 
 # --- comparisons -----------------------------------------------------------------------------------
@@ -213,7 +217,7 @@ def state_passing(info, draw, dtype, split: int, op=None, log=True) -> dict:
     outputs = flat_outputs((torch.cat([o1, o2], dim=1), s2))
     loss_of(outputs, draw.seed).backward()
     actual = {k: v.detach() for k, v in outputs.items()}
-    actual.update({f"d{n}": (x.grad if x.grad is not None else torch.zeros_like(x)) for n, x in leaves.items()})
+    actual.update(gradients(leaves))
     ref_values, ref_grads = run(info, draw, dtype, sample=sample, reference=True)
     return against(info, dtype, actual, {**ref_values, **ref_grads}, log)
 
@@ -413,7 +417,7 @@ def packed_equals_separate(info, draw, lengths, dtype, op=None, log=True, cu_dty
         return {f"packed call: {type(e).__name__}: {e}"[:200]: (math.inf, 0.0)}
     loss_of(outputs, draw.seed).backward()
     actual = {k: v.detach() for k, v in outputs.items()}
-    actual.update({f"d{n}": (x.grad if x.grad is not None else torch.zeros_like(x)) for n, x in leaves.items()})
+    actual.update(gradients(leaves))
 
     ref_kwargs, ref_leaves = inputs_for(sample, dtype, True, reference=True)
     pieces, finals, start = [], [], 0
@@ -428,8 +432,7 @@ def packed_equals_separate(info, draw, lengths, dtype, op=None, log=True, cu_dty
     expected = flat_outputs((torch.cat(pieces, dim=1), _stacked_finals(finals)))
     loss_of(expected, draw.seed).backward()
     expected = {k: v.detach() for k, v in expected.items()}
-    expected.update({f"d{n}": (x.grad if x.grad is not None else torch.zeros_like(x))
-                     for n, x in ref_leaves.items()})
+    expected.update(gradients(ref_leaves))
     missing = set(expected) - set(actual)
     out = {f"{label} missing": (math.inf, 0.0) for label in sorted(missing)}
     for label in list(actual):
