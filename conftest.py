@@ -1,8 +1,9 @@
-"""Root test configuration: GPU per worker, device mode, IEEE float32, pinned autotuners, Hypothesis profile.
+"""Root test configuration: GPU per worker, device mode, float32-accurate dots, pinned autotuners, Hypothesis profile.
 
 Runs before any test module imports a kernel: each pytest-xdist worker first
 pins its own GPU (``ngdn.gpu_workers``, round-robin over the visible GPUs); on
-CUDA it asks for IEEE float32 dots (tight float32 tolerances) and pins every
+CUDA it asks for float32-accurate dots (tight float32 tolerances; fla's as three
+TF32 products, ``NGDN_F32_DOTS``, see ``optimized.triton_mode``) and pins every
 Triton autotuner to one config; without CUDA ``optimized`` switches Triton to
 its interpreter.
 """
@@ -18,6 +19,7 @@ import torch  # noqa: E402
 
 os.environ.setdefault("NGDN_PIN_AUTOTUNE", "1")
 os.environ.setdefault("NGDN_IEEE_F32", "1")
+os.environ.setdefault("NGDN_F32_DOTS", "tf32x3")
 
 from optimized import triton_mode  # noqa: E402
 
@@ -28,7 +30,7 @@ MODE = triton_mode.configure()
 # them ~60x slower.
 torch.set_num_threads(1)
 
-from ngdn import strategies  # noqa: E402
+from ngdn import compile_clock, strategies  # noqa: E402
 
 strategies.register_profiles()
 PROFILE = strategies.load_profile(cuda=MODE == triton_mode.CUDA)
@@ -54,6 +56,7 @@ def pytest_runtest_logreport(report):
 
     entry = {"test": report.nodeid, "when": report.when, "outcome": report.outcome,
              "duration_s": round(report.duration, 3)}
+    entry.update((k, v) for k, v in report.user_properties if k in ("compile_s", "kernels_compiled"))
     if report.failed:
         entry["message"] = report.longreprtext[-3000:]
     with open(path, "a") as f:
@@ -80,6 +83,16 @@ def pytest_collection_modifyitems(config, items):
     from ngdn.compile_buckets import spread_evenly
 
     items[:] = spread_evenly(items, lambda item: item.get_closest_marker("compiles") is not None)
+
+
+if MODE == triton_mode.CUDA and compile_clock.install():
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_call(item):
+        """Each test's Triton compile time in its report (``NGDN_TEST_LOG`` records it)."""
+        compile_clock.reset()
+        yield
+        seconds, kernels = compile_clock.read()
+        item.user_properties += [("compile_s", round(seconds, 2)), ("kernels_compiled", kernels)]
 
 
 if MODE == triton_mode.CUDA:

@@ -39,10 +39,11 @@ def check(args) -> int:
 
     import torch
 
-    # A correctness report, measured like the test suite: IEEE float32 dots on CUDA,
+    # A correctness report, measured like the test suite: float32-accurate dots on CUDA,
     # autotuners pinned to one config (no multi-minute autotuning).
     os.environ.setdefault("NGDN_PIN_AUTOTUNE", "1")
     os.environ.setdefault("NGDN_IEEE_F32", "1")
+    os.environ.setdefault("NGDN_F32_DOTS", "tf32x3")
 
     from optimized import triton_mode
 
@@ -125,7 +126,7 @@ def errors(args) -> int:
 
 
 def _scheme_check_environment(device: str | None) -> None:
-    """Measured like the test suite (IEEE float32 dots, pinned autotuners; the interpreter for
+    """Measured like the test suite (float32-accurate dots, pinned autotuners; the interpreter for
     ``--device cpu``). Must run before anything imports ``optimized``, which fixes the mode at
     import: ``ngdn.scheme_check`` does at import (its draws use the compile buckets)."""
     import os
@@ -134,6 +135,7 @@ def _scheme_check_environment(device: str | None) -> None:
         os.environ["TRITON_INTERPRET"] = "1"
     os.environ.setdefault("NGDN_PIN_AUTOTUNE", "1")
     os.environ.setdefault("NGDN_IEEE_F32", "1")
+    os.environ.setdefault("NGDN_F32_DOTS", "tf32x3")
 
 
 def scheme_check(args) -> int:

@@ -62,6 +62,7 @@ def warm(unit: str, require_cuda: bool = True) -> None:
     kind, bucket, dtype_name = parse_unit(unit)
     os.environ.setdefault("NGDN_PIN_AUTOTUNE", "1")
     os.environ.setdefault("NGDN_IEEE_F32", "1")
+    os.environ.setdefault("NGDN_F32_DOTS", "tf32x3")
     import torch
 
     from optimized import triton_mode

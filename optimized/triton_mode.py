@@ -22,12 +22,16 @@ Under the interpreter three harness fixes are installed:
 3. ``tl.load``/``tl.store`` masks are cast to bool (some fla kernels build masks
    with integer arithmetic, which the interpreter rejects).
 
-``NGDN_IEEE_F32=1`` (set by the test suite on CUDA) sets
-``TRITON_F32_DEFAULT=ieee`` so float32 dots are IEEE, not TF32. fla 0.6.0 pins
-its triangular solves to TF32 on Ampere and newer (module constants
-``SOLVE_TRIL_DOT_PRECISION``, which override that default); in this mode they
-are set to ``ieee`` before any kernel compiles. Measured on the H200 before
-this: float32 GDN-2 agreed with the float64 reference to only ~1e-4.
+``NGDN_IEEE_F32=1`` (set by the test suite on CUDA) asks for float32 dots at
+float32 accuracy, not TF32: it sets ``TRITON_F32_DEFAULT`` to
+``NGDN_F32_DOTS``: ``ieee`` (the default here) or ``tf32x3`` (three TF32
+tensor-core products per dot, float32-level error; the test suite's choice,
+set in the root conftest). fla 0.6.0 pins its triangular solves to TF32 on Ampere
+and newer (module constants ``SOLVE_TRIL_DOT_PRECISION``, which override that
+default); in this mode they are set to the same precision before any kernel
+compiles. Measured on the H200 before this: float32 GDN-2 agreed with the
+float64 reference to only ~1e-4. Our own kernels name their dots' precision
+themselves (IEEE for float32 operands), whatever the default.
 """
 from __future__ import annotations
 
@@ -65,7 +69,7 @@ def configure() -> str:
         return MODE
 
     interpret = _truthy("TRITON_INTERPRET") or not _cuda_available()
-    CONFIGURED_WITH.update({v: os.environ.get(v) for v in ("TRITON_INTERPRET", "NGDN_IEEE_F32",
+    CONFIGURED_WITH.update({v: os.environ.get(v) for v in ("TRITON_INTERPRET", "NGDN_IEEE_F32", "NGDN_F32_DOTS",
                                                             "NGDN_PIN_AUTOTUNE", "TRITON_F32_DEFAULT")})
     kernel_modules = [m for m in ("fla.ops", "optimized.promote_scan", "optimized.state_grad") if m in sys.modules]
     if interpret and not _truthy("TRITON_INTERPRET") and kernel_modules:
@@ -77,7 +81,7 @@ def configure() -> str:
     if interpret:
         os.environ["TRITON_INTERPRET"] = "1"
     elif _truthy("NGDN_IEEE_F32"):
-        os.environ["TRITON_F32_DEFAULT"] = "ieee"
+        os.environ["TRITON_F32_DEFAULT"] = f32_dots()
 
     import triton
 
@@ -98,7 +102,7 @@ def configure() -> str:
         if _truthy("NGDN_PIN_AUTOTUNE"):
             _pin_autotuners()
         if _truthy("NGDN_IEEE_F32"):
-            _fla_solves_in_ieee()
+            _fla_solves_in(f32_dots())
         MODE = CUDA
     return MODE
 
@@ -112,7 +116,20 @@ def device() -> str:
 FLA_TF32_SOLVES = ("fla.ops.gdn2.chunk_intra", "fla.ops.kda.chunk_intra", "fla.ops.gated_delta_rule.chunk_fwd")
 
 
-def _fla_solves_in_ieee() -> None:
+# The float32 dot precisions that keep float32 accuracy (``NGDN_F32_DOTS``).
+F32_DOTS = ("ieee", "tf32x3")
+
+
+def f32_dots() -> str:
+    """``NGDN_F32_DOTS`` (default ``ieee``), checked: the precision of fla's float32 dots when
+    ``NGDN_IEEE_F32`` asks for float32 accuracy."""
+    value = os.environ.get("NGDN_F32_DOTS", "").strip().lower() or "ieee"
+    if value not in F32_DOTS:
+        raise ValueError(f"NGDN_F32_DOTS={value!r}: expected one of {F32_DOTS} (float32-accurate dots)")
+    return value
+
+
+def _fla_solves_in(precision: str) -> None:
     import importlib
 
     import triton.language as tl
@@ -120,7 +137,7 @@ def _fla_solves_in_ieee() -> None:
     for name in FLA_TF32_SOLVES:
         module = importlib.import_module(name)
         if hasattr(module, "SOLVE_TRIL_DOT_PRECISION"):
-            module.SOLVE_TRIL_DOT_PRECISION = tl.constexpr("ieee")
+            module.SOLVE_TRIL_DOT_PRECISION = tl.constexpr(precision)
 
 
 def _pin_autotuners() -> None:

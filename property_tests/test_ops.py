@@ -10,6 +10,7 @@ import re
 
 import pytest
 import torch
+from hypothesis import settings
 
 import op_mutants
 from ngdn import ops
@@ -100,15 +101,25 @@ EDGE_SHAPES = {"B=0": (0, 5, 2, 16, 16), "H=0": (2, 5, 0, 16, 16), "T=1": (2, 1,
 
 def edge_shape(info, edge: str):
     """The entry's shape for ``edge``. On CUDA the edges that are not about head dims take the head
-    dims of the family's first compile bucket, and "K,V off 16" those of its second (V off 16,
-    K·E or K not a power of two): kernels the other tests compile, so only K = V = 1 compiles anew."""
+    count and head dims of the family's first compile bucket (``H`` is a constexpr of fla's
+    kernels; "H=0" keeps its zero), and "K,V off 16" those of its second (V off 16, K·E or K not a
+    power of two): kernels the other tests compile, so only K = V = 1 compiles anew."""
     B, T, H, K, V = EDGE_SHAPES[edge]
     shape = info.edge_shape(B, T, H, K, V)
     if not on_cuda() or edge == "K=V=1":
         return shape
     if edge == "K,V off 16":
         return on_bucket(shape, info.family, 1)
-    return on_bucket(shape, info.family, 0)._replace(B=B, T=T, H=H)
+    bucket = on_bucket(shape, info.family, 0)
+    return bucket._replace(B=B, T=T, H=0) if edge == "H=0" else bucket._replace(B=B, T=T)
+
+
+# Edges whose value Triton specializes (an int argument equal to 1): on CUDA each compiles the op's
+# whole kernel set anew, per dtype. Their float32 cases cost 80-170 s each in a cold 16-worker run
+# (results/2026-12-01-gpu-suite-op-table-2/), a third of the suite's test time, so on CUDA the
+# float32 ones run under the thorough profile only; bfloat16 (the training dtype, the one whose
+# compile failed at a small head dim) runs always, and float32 runs always under the interpreter.
+SPECIALIZED_EDGES = ("T=1", "K=V=1")
 
 
 @pytest.mark.parametrize("edge", list(EDGE_SHAPES))
@@ -117,6 +128,10 @@ def edge_shape(info, edge: str):
 def test_edge_shapes(info, dtype, edge):
     """Correct results (values, final states, every gradient) or an up-front ValueError naming
     the argument; never a crash inside a kernel or a compiler error."""
+    if (on_cuda() and dtype == torch.float32 and edge in SPECIALIZED_EDGES
+            and settings.get_current_profile_name() != "thorough"):
+        pytest.skip(f"float32 at {edge} on CUDA compiles every kernel anew: thorough profile only "
+                    "(NGDN_HYPOTHESIS_PROFILE=thorough); bfloat16 here and float32 on the interpreter run always")
     assert_passes(generic.edge_shape(info, edge_shape(info, edge), dtype))
 
 

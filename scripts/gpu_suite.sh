@@ -3,8 +3,8 @@
 # installs the fla-core wheel, then runs the README's `pytest -n auto` once per name in
 # SUITE_RUNS (default "cold warm": the first on an empty Triton cache, the second on the cache
 # the first filled), each with the error log and a per-test log, and prints the worst error per
-# tolerance entry. Logs go under $OUT: env.txt, pytest-<run>.log, tests-<run>.jsonl,
-# errors.jsonl, worst_errors.md. `CHECK=1` also runs `ngdn check` in float32 and bfloat16.
+# tolerance entry. Logs go under $OUT: env.txt, pytest-<run>.log, tests-<run>.jsonl.gz (with each
+# test's Triton compile seconds), errors.jsonl.gz, worst_errors.md. `CHECK=1` also runs `ngdn check` in float32 and bfloat16.
 # SUITE_TIMEOUTS: one time limit (s) per run, in order (default 420 each).
 # Usage: [SUITE_RUNS="cold warm"] [SUITE_TIMEOUTS="320 180"] bash scripts/gpu_suite.sh [pytest args...]
 set -uo pipefail
@@ -30,4 +30,6 @@ tail -5 "$OUT/worst_errors.md"
 if [ "${CHECK:-0}" = 1 ]; then
   for dtype in float32 bfloat16; do python3 -m ngdn.cli check --dtype $dtype; done 2>&1 | tee -a "$OUT/env.txt" | tail -30
 fi
+# the device returns at most 8 files: the raw JSON-lines logs go back compressed
+gzip -f "$OUT"/errors.jsonl "$OUT"/tests-*.jsonl 2>/dev/null
 exit $rc

@@ -1,0 +1,53 @@
+"""Seconds this process spends compiling Triton kernels (or loading them from Triton's disk cache).
+
+The GPU suite's cold time is mostly compiling: a test that compiles kernel variants no other test
+compiled (a new dtype, a head dim of 1, one token) costs minutes on a busy machine, the same test
+warm a second. ``install()`` times every compile through Triton's JIT hooks
+(``triton.knobs.runtime.jit_cache_hook`` before a compile, ``jit_post_compile_hook`` after it);
+the root conftest records each test's share in the per-test log (``NGDN_TEST_LOG``), so a cold
+run says which tests brought which compiles. Under the interpreter nothing compiles and nothing is
+installed.
+"""
+from __future__ import annotations
+
+import time
+
+_started: list[float] = []
+_total = {"seconds": 0.0, "kernels": 0}
+
+
+def _before(*args, **kwargs):
+    _started.append(time.perf_counter())
+    return False            # a true value would tell Triton to skip the compile
+
+
+def _after(*args, **kwargs):
+    if _started:
+        _total["seconds"] += time.perf_counter() - _started.pop()
+        _total["kernels"] += 1
+    return False
+
+
+def install() -> bool:
+    """Time every later Triton compile in this process; ``False`` where this Triton has no JIT
+    hooks (then ``read()`` stays at zero) or another hook is already installed (left alone)."""
+    try:
+        from triton import knobs
+        runtime = knobs.runtime
+    except (ImportError, AttributeError):
+        return False
+    if runtime.jit_cache_hook not in (None, _before) or runtime.jit_post_compile_hook not in (None, _after):
+        return False
+    runtime.jit_cache_hook = _before
+    runtime.jit_post_compile_hook = _after
+    return True
+
+
+def read() -> tuple[float, int]:
+    """(seconds spent compiling, kernels compiled) since the last ``reset()``."""
+    return _total["seconds"], _total["kernels"]
+
+
+def reset() -> None:
+    _total.update(seconds=0.0, kernels=0)
+    _started.clear()
