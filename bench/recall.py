@@ -2,8 +2,9 @@
 
 For every arm and context length T a small model (``bench.recall_model.RecallModel``: 2
 blocks by default, ``d_model`` wide) is trained from a fixed seed on multi-query associative recall
-(``bench.recall_model.mqar_batch``: ``kv_pairs`` key-value pairs, then each key queried once
-somewhere in the rest of the sequence; loss and accuracy on the answers only). Arms:
+(``bench.recall_model.mqar_batch``: ``kv_pairs`` key-value pairs, then one query of one of their
+keys per ``query_every`` tokens, uniform over the rest of the sequence, the answer not echoed;
+loss and accuracy on the answers only). Arms:
 
 - ``learned``, ``merge``, ``bounded_erase`` (and every scheme a ``--scheme FILE.py`` registers):
   ``layers.NestedGDN2`` with ``L`` levels of ``H`` heads, that promotion scheme at every level;
@@ -56,12 +57,12 @@ WARMUP_STEPS = 2
 COLUMNS = ("arm", "scheme", "T", "step", "train_tokens", "loss", "accuracy", "tokens_per_s", "top_state_norm",
            "state_size", "params", "seconds", "status")
 SIZES = {   # the defaults of the command-line options, per size
-    "default": dict(layers=2, d_model=128, heads=2, head_dim=64, levels=4, vocab=8192, kv_pairs=64, T=DEFAULT_T,
-                    batch_tokens=32768, steps=250, eval_every=25, eval_sequences=16, lr=3e-3),
+    "default": dict(layers=2, d_model=128, heads=2, head_dim=64, levels=4, vocab=8192, kv_pairs=64, query_every=8,
+                    T=DEFAULT_T, batch_tokens=32768, steps=250, eval_every=25, eval_sequences=16, lr=3e-3),
     # quick: one sequence per step, one layer; under the interpreter a nested layer's forward and
     # backward cost seconds per 64-token chunk, so this is a smoke-sized run, not a learning one.
-    "quick": dict(layers=1, d_model=32, heads=1, head_dim=16, levels=3, vocab=64, kv_pairs=4, T=(64, 128),
-                  batch_tokens=64, steps=3, eval_every=3, eval_sequences=1, lr=3e-3),
+    "quick": dict(layers=1, d_model=32, heads=1, head_dim=16, levels=3, vocab=64, kv_pairs=4, query_every=8,
+                  T=(64, 128), batch_tokens=64, steps=3, eval_every=3, eval_sequences=1, lr=3e-3),
 }
 
 
@@ -92,6 +93,9 @@ def parse_args(argv):
     p.add_argument("--eval-sequences", type=positive_int, default=None, help="held-out sequences per evaluation")
     p.add_argument("--kv-pairs", type=positive_int, default=None)
     p.add_argument("--vocab", type=positive_int, default=None)
+    p.add_argument("--query-every", type=positive_int, default=None,
+                   help="one query per this many tokens after the pairs (>= 2; at least one per key; "
+                        ">= T: each key queried once, as Zoology)")
     p.add_argument("--filler", choices=("pad", "noise"), default="pad")
     p.add_argument("--layers", type=positive_int, default=None, help="blocks of the model (default 2)")
     p.add_argument("--d-model", type=positive_int, default=None)
@@ -202,7 +206,8 @@ def train_one(args, cfg, arm: str, T: int) -> list[dict]:
     opt, sched = optimizer_for(model, args.lr, args.steps)
     data = torch.Generator().manual_seed(args.seed * 1000 + T)
     held = torch.Generator().manual_seed(10 ** 6 + args.seed * 1000 + T)
-    eval_tokens, eval_labels = (t.to(dev) for t in mqar_batch(args.eval_sequences, T, args.kv_pairs, vocab, held))
+    eval_tokens, eval_labels = (t.to(dev) for t in mqar_batch(args.eval_sequences, T, args.kv_pairs, vocab, held,
+                                                              args.query_every))
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if cuda else torch.autocast("cpu", enabled=False)
     scheme = "" if arm == "flat" else arm
 
@@ -220,7 +225,8 @@ def train_one(args, cfg, arm: str, T: int) -> list[dict]:
     rows, t_start, timed_s, timed_tokens = [], time.perf_counter(), 0.0, 0
     with finite_checks(False):
         for step in range(1, args.steps + 1):
-            tokens, labels = (t.to(dev, non_blocking=True) for t in mqar_batch(B, T, args.kv_pairs, vocab, data))
+            tokens, labels = (t.to(dev, non_blocking=True)
+                              for t in mqar_batch(B, T, args.kv_pairs, vocab, data, args.query_every))
             t0 = time.perf_counter()
             with autocast:
                 loss, _ = loss_and_accuracy(model(tokens), labels)
@@ -392,18 +398,20 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     cfg = configure(args)
     arms = resolve_arms(args)
-    from bench.recall_model import Vocab, check_mqar
+    from bench.recall_model import Vocab, check_mqar, n_queries
 
     vocab = Vocab(args.vocab, args.filler)
     for T in args.T:
-        check_mqar(T, args.kv_pairs, vocab)
+        check_mqar(T, args.kv_pairs, vocab, args.query_every)
     if not cfg["cuda"] and not args.quick:
         log("WARNING: no CUDA: the default size under the Triton interpreter takes days; use --quick on a CPU")
     meta = {"device": cfg["gpu"], "mode": cfg["mode"], "dtype": cfg["dtype"],
             "model": f"{args.layers} layers, d_model {args.d_model}, vocab {args.vocab}",
             "nested": f"L = {args.levels} levels × H = {args.heads} heads, K = V = {args.head_dim}",
             "flat": f"{args.levels * args.heads} heads, K = V = {args.head_dim} (same state size)",
-            "task": f"{args.kv_pairs} key-value pairs, filler {args.filler}, {args.batch_tokens} tokens per step",
+            "task": (f"{args.kv_pairs} key-value pairs, then one query per {args.query_every} tokens "
+                     f"({', '.join(f'{n_queries(T, args.kv_pairs, args.query_every)} at T = {T}' for T in args.T)} "
+                     f"per sequence), filler {args.filler}, {args.batch_tokens} tokens per step"),
             "training": f"{args.steps} steps, AdamW lr {args.lr}, warmup 10 % + cosine, seed {args.seed}",
             "command": "python -m bench.recall " + " ".join(argv)}
     log(f"device {cfg['gpu']}; arms {arms}; T {args.T}; {args.steps} steps each")

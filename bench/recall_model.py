@@ -2,12 +2,17 @@
 
 ``mqar_batch``: multi-query associative recall in the style of Zoology's MQAR. A sequence of T
 tokens opens with ``kv_pairs`` key-value pairs ``k_1 v_1 … k_n v_n`` (keys distinct within a
-sequence, drawn from the key range; values from the value range), then filler; every key is
-queried once, in random order, at a random even offset in the rest of the sequence. The model
-reads the key and must emit its value as the next token: labels are the value at each query
-position and ``-100`` (ignored) everywhere else, so loss and accuracy count answers only.
-Filler is one pad token (``"pad"``, as Zoology) or random tokens from a noise range
-(``"noise"``: the memory must also ignore writes it does not need).
+sequence, drawn from the key range; values from the value range), then the query section: one
+query per ``query_every`` of its tokens (at least ``kv_pairs``), each a key of the pairs at a
+random even offset, uniform over the section (so most queries lie far from the pairs at long T).
+The first ``kv_pairs`` queries cover every key once, in random order; the rest draw their key
+uniformly. The model reads the query key and must emit its value as the next token: labels hold
+the value at each query position and ``-100`` (ignored) everywhere else, so loss and accuracy
+count answers only. As in Zoology the answer is not echoed into the input (the token after a
+query is filler): every answer must come from the pairs at the start, never from an earlier
+query. With ``query_every >= T`` each key is queried once (Zoology's layout). Filler is one pad
+token (``"pad"``, as Zoology) or random tokens from a noise range (``"noise"``: the memory must
+also ignore writes it does not need).
 
 ``RecallModel``: token embedding, ``n_layers`` pre-norm blocks (RMSNorm → mixer → residual,
 RMSNorm → SwiGLU MLP → residual), final RMSNorm, untied output head. The mixer is any
@@ -23,6 +28,7 @@ from torch import nn
 
 PAD = 0
 IGNORE = -100
+DEFAULT_QUERY_EVERY = 8
 
 
 @dataclass(frozen=True)
@@ -55,9 +61,16 @@ class Vocab:
         return 1 + 2 * self.n_keys, 1 + 3 * self.n_keys
 
 
-def check_mqar(T: int, kv_pairs: int, vocab: Vocab) -> None:
+def n_queries(T: int, kv_pairs: int, query_every: int) -> int:
+    """Queries per sequence: one per ``query_every`` tokens after the pairs, at least ``kv_pairs``."""
+    return max(kv_pairs, (T - 2 * kv_pairs) // query_every)
+
+
+def check_mqar(T: int, kv_pairs: int, vocab: Vocab, query_every: int = DEFAULT_QUERY_EVERY) -> None:
     if kv_pairs < 1:
         raise ValueError(f"kv_pairs must be >= 1, got {kv_pairs}")
+    if query_every < 2:
+        raise ValueError(f"query_every must be >= 2 (a query and its answer slot), got {query_every}")
     if kv_pairs > vocab.n_keys:
         raise ValueError(f"kv_pairs = {kv_pairs} needs at least that many distinct keys; the vocabulary of "
                          f"{vocab.size} has {vocab.n_keys}")
@@ -66,10 +79,11 @@ def check_mqar(T: int, kv_pairs: int, vocab: Vocab) -> None:
                          f"4 * kv_pairs = {4 * kv_pairs} tokens")
 
 
-def mqar_batch(B: int, T: int, kv_pairs: int, vocab: Vocab, generator: torch.Generator):
+def mqar_batch(B: int, T: int, kv_pairs: int, vocab: Vocab, generator: torch.Generator,
+               query_every: int = DEFAULT_QUERY_EVERY):
     """``(tokens [B, T] int64, labels [B, T] int64)`` on the CPU from ``generator``."""
-    check_mqar(T, kv_pairs, vocab)
-    n = kv_pairs
+    check_mqar(T, kv_pairs, vocab, query_every)
+    n, nq = kv_pairs, n_queries(T, kv_pairs, query_every)
     k0, _ = vocab.keys()
     v0, v1 = vocab.values()
     keys = torch.argsort(torch.rand(B, vocab.n_keys, generator=generator), dim=1)[:, :n] + k0
@@ -80,14 +94,14 @@ def mqar_batch(B: int, T: int, kv_pairs: int, vocab: Vocab, generator: torch.Gen
         tokens = torch.full((B, T), PAD, dtype=torch.long)
     tokens[:, 0:2 * n:2], tokens[:, 1:2 * n:2] = keys, values
     labels = torch.full((B, T), IGNORE, dtype=torch.long)
-    # Query slots: pairs of positions (p, p + 1) after the pairs; the key at p, its value at p + 1.
+    # Query slots: pairs of positions (p, p + 1) after the pairs; the key at p (its label: the
+    # value, the token to emit next), filler at p + 1 (the answer is not echoed).
     slots = (T - 2 * n) // 2
-    pos = 2 * n + 2 * torch.argsort(torch.rand(B, slots, generator=generator), dim=1)[:, :n]
-    order = torch.argsort(torch.rand(B, n, generator=generator), dim=1)
-    qkeys, qvalues = keys.gather(1, order), values.gather(1, order)
-    tokens.scatter_(1, pos, qkeys)
-    tokens.scatter_(1, pos + 1, qvalues)
-    labels.scatter_(1, pos, qvalues)          # predict the value at the key's position
+    pos = 2 * n + 2 * torch.argsort(torch.rand(B, slots, generator=generator), dim=1)[:, :nq]
+    which = torch.cat([torch.argsort(torch.rand(B, n, generator=generator), dim=1),
+                       torch.randint(0, n, (B, nq - n), generator=generator)], dim=1)
+    tokens.scatter_(1, pos, keys.gather(1, which))
+    labels.scatter_(1, pos, values.gather(1, which))
     return tokens, labels
 
 
