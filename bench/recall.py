@@ -46,6 +46,7 @@ import math
 import os
 import sys
 import time
+import traceback
 from pathlib import Path
 
 DEFAULT_ARMS = ("learned", "merge", "bounded_erase", "flat")
@@ -138,6 +139,16 @@ def configure(args) -> dict:
             "dtype": "bfloat16 autocast, float32 parameters" if cuda else "float32"}
 
 
+def free_device_memory(cfg) -> None:
+    import gc
+
+    import torch
+
+    gc.collect()
+    if cfg["cuda"]:
+        torch.cuda.empty_cache()
+
+
 def resolve_arms(args) -> list[str]:
     from ngdn.scheme_check import load_scheme_file
     from reference.schemes import get_scheme
@@ -188,8 +199,11 @@ def optimizer_for(model, lr: float, steps: int):
 
 # --- one run ------------------------------------------------------------------------------
 
-def train_one(args, cfg, arm: str, T: int) -> list[dict]:
-    """Train one arm at one T; the evaluation rows (the last one with tokens/s and state norm)."""
+def train_one(args, cfg, arm: str, T: int, rows: list) -> None:
+    """Train one arm at one T, appending its evaluation rows to ``rows`` as they are made (the
+    last one with tokens/s and state norm). A non-finite training loss ends the run with a
+    ``non-finite loss`` row (the top state norm of the model that produced it, for nested arms);
+    a non-finite held-out loss marks its row ``non-finite held-out loss`` and training goes on."""
     import torch
 
     from bench.recall_model import Vocab, loss_and_accuracy, mqar_batch
@@ -219,7 +233,16 @@ def train_one(args, cfg, arm: str, T: int) -> list[dict]:
         model.train()
         return sum(losses) / len(losses), sum(accs) / len(accs)
 
-    rows, t_start, timed_s, timed_tokens = [], time.perf_counter(), 0.0, 0
+    def top_state_norm():
+        if not scheme:
+            return None
+        with torch.no_grad(), autocast:
+            norms = model.top_state_norms(eval_tokens[:B])
+        if not norms:
+            return None
+        return float("nan") if any(math.isnan(n) for n in norms) else max(norms)   # max() would skip a nan
+
+    t_start, timed_s, timed_tokens = time.perf_counter(), 0.0, 0
     with finite_checks(False):
         for step in range(1, args.steps + 1):
             tokens, labels = (t.to(dev, non_blocking=True)
@@ -229,6 +252,13 @@ def train_one(args, cfg, arm: str, T: int) -> list[dict]:
                 loss, _ = loss_and_accuracy(model(tokens), labels)
             opt.zero_grad(set_to_none=True)
             loss.backward()
+            if not math.isfinite(loss.item()):      # before the update: the model that made it is kept
+                norm = top_state_norm()
+                rows.append(row(arm, scheme, T, step, step * B * T, float("nan"), float("nan"), None, norm,
+                                state_size, n_params, time.perf_counter() - t_start, "non-finite loss"))
+                log(f"{arm:>14} T={T:<6} step {step:>5}/{args.steps}: non-finite training loss ({loss.item()}); "
+                    f"run stopped" + ("" if norm is None else f", top state norm {norm:.3g}"))
+                return
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
             sched.step()
@@ -237,22 +267,15 @@ def train_one(args, cfg, arm: str, T: int) -> list[dict]:
             if step > WARMUP_STEPS or args.steps <= WARMUP_STEPS:
                 timed_s += time.perf_counter() - t0
                 timed_tokens += B * T
-            if not math.isfinite(loss.item()):
-                rows.append(row(arm, scheme, T, step, step * B * T, float("nan"), float("nan"), None, None,
-                                state_size, n_params, time.perf_counter() - t_start, "non-finite loss"))
-                return rows
             if step % args.eval_every == 0 or step == args.steps:
                 ev_loss, ev_acc = evaluate()
                 rows.append(row(arm, scheme, T, step, step * B * T, ev_loss, ev_acc,
                                 timed_tokens / timed_s if timed_s > 0 else None, None, state_size, n_params,
-                                time.perf_counter() - t_start, "ok"))
+                                time.perf_counter() - t_start,
+                                "ok" if math.isfinite(ev_loss) else "non-finite held-out loss"))
                 log(f"{arm:>14} T={T:<6} step {step:>5}/{args.steps}: loss {ev_loss:.3f} acc {ev_acc:.3f} "
                     f"({time.perf_counter() - t_start:.1f} s)")
-        if scheme:
-            with torch.no_grad(), autocast:
-                norms = model.top_state_norms(eval_tokens[:B])
-            rows[-1]["top_state_norm"] = max(norms)
-    return rows
+        rows[-1]["top_state_norm"] = top_state_norm()
 
 
 def row(arm, scheme, T, step, train_tokens, loss, accuracy, tokens_per_s, top_state_norm, state_size, params,
@@ -413,7 +436,7 @@ def main(argv=None) -> int:
             "command": "python -m bench.recall " + " ".join(argv)}
     log(f"device {cfg['gpu']}; arms {arms}; T {args.T}; {args.steps} steps each")
     out = Path(args.out)
-    rows, run_s = [], []
+    rows, run_s, errors = [], [], 0
     for T in args.T:
         for arm in arms:
             spent = time.perf_counter() - t0
@@ -423,8 +446,17 @@ def main(argv=None) -> int:
                 rows.append(row(arm, "" if arm == "flat" else arm, T, 0, 0, None, None, None, None, None, None, 0.0,
                                 "skipped (time budget)"))
                 continue
-            start = time.perf_counter()
-            rows += train_one(args, cfg, arm, T)
+            start, run = time.perf_counter(), []
+            try:
+                train_one(args, cfg, arm, T, run)
+            except Exception as e:          # one run's failure (an error, out of memory) ends that run only
+                errors += 1
+                log(f"{arm} T={T}: failed, {type(e).__name__}: {e}\n" + traceback.format_exc())
+                run.append(row(arm, "" if arm == "flat" else arm, T, run[-1]["step"] if run else 0,
+                               run[-1]["train_tokens"] if run else 0, None, None, None, None, None, None,
+                               time.perf_counter() - start, f"error ({type(e).__name__})"))
+                free_device_memory(cfg)
+            rows += run
             run_s.append(time.perf_counter() - start)
             write_csv(out, rows)
     meta["total seconds"] = f"{time.perf_counter() - t0:.0f}"
@@ -433,7 +465,9 @@ def main(argv=None) -> int:
         written.append(write_plot(out, rows))
     log("wrote " + ", ".join(str(p) for p in written if p))
     print((out / "recall.md").read_text())
-    return 0
+    if errors:
+        log(f"{errors} run(s) failed with an error (status column; the tracebacks are above)")
+    return 1 if errors else 0
 
 
 if __name__ == "__main__":

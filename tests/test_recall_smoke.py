@@ -1,8 +1,10 @@
 """``bench.recall`` (``ngdn bench recall``) end to end at a size far below ``--quick``: one layer,
 one 64-token context, one training step, the ``learned`` nested arm and the flat arm; then the
 files and columns it writes, and ``--plot-only`` on that CSV (the plot, or matplotlib's absence
-noted). About 15–25 s on a 2-core CPU (Triton interpreter)."""
+noted); then, with stand-in models, that a run whose loss goes non-finite or that raises is recorded
+in the status column and the other runs still go. About 15–25 s on a 2-core CPU (Triton interpreter)."""
 import csv
+import math
 
 import pytest
 
@@ -55,3 +57,40 @@ def test_recall_refuses_bad_arguments(tmp_path):
         recall.main(TINY[:1] + ["--arms", "nope", "--out", str(tmp_path)])
     with pytest.raises(ValueError, match="too short"):
         recall.main(["--quick", "--T", "8", "--out", str(tmp_path)])
+
+
+def test_recall_records_a_failed_run_and_goes_on(tmp_path, monkeypatch):
+    """``learned``'s model emits NaN logits, ``merge``'s construction raises; ``flat`` must still
+    train, each failure is a row with its status, and the exit code says that a run failed."""
+    import torch
+
+    from bench.recall_model import RecallModel
+
+    class Mixer(torch.nn.Module):
+        def __init__(self, d):
+            super().__init__()
+            self.proj = torch.nn.Linear(d, d)
+
+        def forward(self, x):
+            return self.proj(x), None, None
+
+    class NaNModel(RecallModel):
+        def forward(self, tokens):
+            return super().forward(tokens) * float("nan")
+
+    def make_model(args, arm, device):
+        if arm == "merge":
+            raise RuntimeError("planted failure")
+        cls = NaNModel if arm == "learned" else RecallModel
+        return cls(args.vocab, args.d_model, 1, lambda i: Mixer(args.d_model)), 1
+
+    monkeypatch.setattr(recall, "make_model", make_model)
+    argv = ["--quick", "--arms", "learned", "merge", "flat", "--T", "64", "--steps", "2", "--eval-every", "1",
+            "--no-plot", "--out", str(tmp_path)]
+    assert recall.main(argv) == 1
+    rows = recall.read_csv(tmp_path / "recall.csv")
+    assert [(r["arm"], r["step"], r["status"]) for r in rows] == [
+        ("learned", 1, "non-finite loss"), ("merge", 0, "error (RuntimeError)"), ("flat", 1, "ok"), ("flat", 2, "ok")]
+    assert math.isnan(rows[0]["loss"]) and all(math.isfinite(r["loss"]) for r in rows[2:])
+    md = (tmp_path / "recall.md").read_text()
+    assert "(non-finite loss)" in md and "(error (RuntimeError))" in md
