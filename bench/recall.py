@@ -31,9 +31,9 @@ installed; ``--plot-only OUT/recall.csv`` draws it later from the CSV on any mac
 
 Default size and its time on one H200 (measured: ``results/2026-12-01-recall-h200-learning/``,
 299 s for the benchmark): d_model 128, 2 layers, H = 2 heads per level, K = V = 64, L = 4 (flat:
-8 heads), vocab 64 (31 keys and 31 values: chance accuracy 1/31 ≈ 0.032), 4 key-value pairs, one query per 8 tokens (63 answers per
-sequence at T = 512, 1023 at T = 8192), T in {512, 2048, 8192}, 32768 tokens per step, 500 steps,
-lr 3e-3. At that size a model learns the task at T = 512 within the 500 steps (flat and
+8 heads), vocab 64 (31 keys and 31 values: chance accuracy 1/31 ≈ 0.032), 4 key-value pairs,
+one query per 8 tokens (63 answers per sequence at T = 512, 1023 at T = 8192), T in {512, 2048,
+8192}, 32768 tokens per step, 500 steps, lr 3e-3. At that size a model learns the task at T = 512 within the 500 steps (flat and
 ``learned`` near 1.0 accuracy); the first default (vocab 8192, 64 pairs, one query per key, 250
 steps) left every arm at chance (``results/2026-12-01-recall-h200/``). ``--time-budget`` (default
 540 s) skips the remaining runs once the budget is spent or the next run is projected to exceed it.
