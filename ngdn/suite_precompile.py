@@ -34,9 +34,12 @@ DTYPES = ("float32", "bfloat16")
 # Longest first: fenwick_gdn2 compiles fla's GDN-2 pieces at two stacked value widths (up to
 # 150 s for one bucket on the H200, 2026-11-30); the nested op fla's level-0 kernels, the scan
 # and the state gradient.
-KINDS = ("fenwick_gdn2", "nested", "delta", "gdn2", "gla", "fenwick")
-FAMILY_OF = {"fenwick_gdn2": LEVEL0, "nested": LEVEL0, "gdn2": LEVEL0, "delta": TENSOR3D, "gla": TENSOR3D,
-             "fenwick": FENWICK}
+# ``packed``: the kernels' packed-sequence variants (cu_seqlens), which the packed properties
+# compile at bucket b's sizes in float32 only (the other units of the kind have nothing to do).
+KINDS = ("fenwick_gdn2", "nested", "packed", "delta", "gdn2", "gla", "fenwick")
+FAMILY_OF = {"fenwick_gdn2": LEVEL0, "nested": LEVEL0, "packed": LEVEL0, "gdn2": LEVEL0, "delta": TENSOR3D,
+             "gla": TENSOR3D, "fenwick": FENWICK}
+PACKED_UNIT = ("b", "float32")
 
 
 def units() -> list[str]:
@@ -89,6 +92,9 @@ def warm(unit: str, require_cuda: bool = True) -> None:
         checks.optimized_vs_reference(checks.OptCase(shape, seed=1, intervals=(1, 1), query_counts=(8, 16),
                                                      initial_states=False), dtype, log=False)
         checks.level0_states_vs_reference(GDN2Shape(B=1, T=130, H=H, K=K, V=V), 0, dtype, log=False)
+    elif kind == "packed":
+        if (bucket.name, dtype_name) == PACKED_UNIT:
+            warm_packed(bucket, dtype)
     elif kind == "fenwick_gdn2":
         from ngdn.checks import fenwick_gdn2 as fenwick_gdn2_checks
         from ngdn.fenwick_inputs import FenwickShape
@@ -113,6 +119,19 @@ def warm(unit: str, require_cuda: bool = True) -> None:
 
         shape = FenwickShape(B=1, T=bucket.seq_lens[0], H=H, K=K, V=V, extra_levels=bucket.extra_levels)
         fenwick_checks.optimized_vs_reference(shape, 0, dtype, log=False)
+
+
+def warm_packed(bucket, dtype) -> None:
+    """The packed properties' calls (``property_tests/test_ops.py``, ``test_nested_packed.py``):
+    every op that indexes packed sequences in its own kernels, at the bucket's sizes with H = 2."""
+    from ngdn import ops
+    from ngdn.checks import generic
+
+    for name, lengths, shape in (("nested", (1, 130, 65), {"L": 3}), ("fenwick_gdn2", (65, 1, 63, 64), {})):
+        info = ops.get(name)
+        d = ops.packed_draw(info, lengths, **shape)
+        d = d._replace(shape=d.shape._replace(H=2, K=bucket.K, V=bucket.V))
+        generic.packed_equals_separate(info, d, lengths, dtype, log=False)
 
 
 def unit_command(name: str) -> list[str]:

@@ -42,6 +42,12 @@ class Level0Saved:
     h: torch.Tensor
     scale: float
     has_initial_state: bool
+    packed: object = None           # packed sequences: ``optimized.nested.plan.PackedTables``, else None
+
+    def varlen(self) -> dict:
+        """fla's keyword arguments for packed sequences (none for one sequence per row)."""
+        p = self.packed
+        return {} if p is None else dict(cu_seqlens=p.cu_seqlens, chunk_indices=p.chunk_indices)
 
     def tensors(self):
         return [self.q, self.k, self.v, self.b, self.w, self.g_cumsum, self.Aqk, self.Akk, self.w_wy,
@@ -52,11 +58,14 @@ class Level0Saved:
         return cls(*tensors, scale=scale, has_initial_state=has_initial_state)
 
 
-def level0_fwd(q, k, v, g, b, w, scale: float, initial_state=None):
+def level0_fwd(q, k, v, g, b, w, scale: float, initial_state=None, packed=None):
     """GDN-2 over the whole sequence with fla's chunk kernels.
 
     Args: ``q, k, g, b [B, T, H, K]``, ``v, w [B, T, H, V]`` (one dtype, contiguous),
-    ``initial_state [B, H, K, V]`` float32 or None.
+    ``initial_state [B, H, K, V]`` float32 or None. ``packed``: n sequences packed in one row
+    (``B = 1``; ``optimized.nested.plan.PackedTables``: fla's ``cu_seqlens`` and
+    ``chunk_indices``), each with its own chunk grid; initial and final states ``[n, H, K, V]``,
+    ``h`` over the packed chunks.
 
     Returns ``(o [B, T, H, V] in v's dtype, final_state [B, H, K, V] float32, h, saved)``:
     ``h [B, N, H, K, V]`` the state at the start of each chunk (fla keeps it in the
@@ -64,11 +73,12 @@ def level0_fwd(q, k, v, g, b, w, scale: float, initial_state=None):
     """
     from fla.ops.gdn2.chunk_fwd import chunk_gdn2_fwd
 
+    varlen = {} if packed is None else dict(cu_seqlens=packed.cu_seqlens, chunk_indices=packed.chunk_indices)
     (o, final_state, g_cumsum, Aqk, Akk, w_wy, u_wy, qg, kg, v_new, h, _) = chunk_gdn2_fwd(
         q=q, k=k, v=v, g=g, b=b, w_gate=w, scale=scale, initial_state=initial_state,
-        output_final_state=True, chunk_size=CHUNK, disable_recompute=True)
+        output_final_state=True, chunk_size=CHUNK, disable_recompute=True, **varlen)
     saved = Level0Saved(q, k, v, b, w, g_cumsum, Aqk, Akk, w_wy, u_wy, qg, kg, v_new, h, scale,
-                        initial_state is not None)
+                        initial_state is not None, packed)
     return o, final_state, h, saved
 
 
@@ -133,17 +143,24 @@ def level0_bwd(saved: Level0Saved, do, dht=None, d_ends=None, end_chunks=None, s
     if d_ends is not None and d_ends.shape[1] > 0:
         slots = injection_slots(N, end_chunks, do.device) if slots is None else slots
     else:
-        d_ends, slots = None, None
+        d_ends = None
+        slots = slots if s.packed is not None else None     # packed: the slots carry the chunk count
+    varlen = s.varlen()
+    # packed sequences: our state-gradient kernel indexes them itself (the kwargs only then, so
+    # a state-gradient function without them, e.g. a test's twin, still serves one sequence per row)
+    packed_grad = {} if s.packed is None else dict(cu_seqlens=s.packed.cu_seqlens,
+                                                   chunk_offsets=s.packed.chunk_offsets)
 
-    dAqk, dv = chunk_kda_bwd_dAv(q=s.q, k=s.k, v=s.v_new, do=do, A=s.Aqk, scale=s.scale, chunk_size=CHUNK)
+    dAqk, dv = chunk_kda_bwd_dAv(q=s.q, k=s.k, v=s.v_new, do=do, A=s.Aqk, scale=s.scale, chunk_size=CHUNK,
+                                 **varlen)
     dh, dh0, dv = state_grad(s.qg, s.kg, s.w_wy, s.g_cumsum, do, dv, s.scale, dht=dht, ds=d_ends,
-                             slots=slots, want_dh0=s.has_initial_state)
+                             slots=slots, want_dh0=s.has_initial_state, **packed_grad)
     dq, dk, dv, db, dw, dg, dAkk = chunk_gdn2_bwd_wy_dqkg_fused(
         q=s.q, k=s.k, v=s.v, v_new=s.v_new, g=s.g_cumsum, b=s.b, w_gate=s.w, A=s.Akk, h=s.h, do=do,
-        dh=dh, dv=dv, scale=s.scale, chunk_size=CHUNK)
+        dh=dh, dv=dv, scale=s.scale, chunk_size=CHUNK, **varlen)
     dq, dk, db, dg = chunk_gdn2_bwd_intra(q=s.q, k=s.k, g=s.g_cumsum, b=s.b, dAqk=dAqk, dAkk=dAkk,
-                                          dq=dq, dk=dk, db=db, dg=dg, chunk_size=CHUNK)
-    dg = chunk_local_cumsum(dg, chunk_size=CHUNK, reverse=True)
+                                          dq=dq, dk=dk, db=db, dg=dg, chunk_size=CHUNK, **varlen)
+    dg = chunk_local_cumsum(dg, chunk_size=CHUNK, reverse=True, **varlen)
     return dq, dk, dv, dg, db, dw, dh0
 
 

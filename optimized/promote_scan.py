@@ -71,11 +71,11 @@ def pair_block(kappa, nu, beta, omega, i_f, i_n, N, o_k, m_k, o_v, m_v,
 # by 16): it lets Triton prove the state tiles aligned and move them 16 bytes at a time.
 @triton.jit(do_not_specialize=["F", "N"])
 def promote_scan_fwd_kernel(
-    m0, kappa, nu, beta, omega, gamma, states,
+    m0, kappa, nu, beta, omega, gamma, states, fire_offsets,
     F, N, stride_sb,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, BN: tl.constexpr, BV: tl.constexpr,
-    HAS_M0: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    HAS_M0: tl.constexpr, DOT_PRECISION: tl.constexpr, IS_VARLEN: tl.constexpr,
 ):
     """For one (batch, head, V block), with ``M`` ([K, BV], float32) from ``m0`` (or 0):
 
@@ -89,18 +89,30 @@ def promote_scan_fwd_kernel(
     state before the firing) and the writes are summed: all pairs act at once.
     Rows ≥ n of a pair block, rows ≥ K and columns ≥ V of the state are masked
     (loaded as 0, never stored): padded pairs have κ = 0 and change nothing.
+
+    ``IS_VARLEN`` (packed sequences, ``B = 1``): the program's batch index is a sequence i,
+    whose firings are ``fire_offsets[i] .. fire_offsets[i + 1] - 1`` of the firing axis and
+    whose states are rows ``fire_offsets[i] + i ..`` of ``states`` (one more than its firings).
     """
     i_v, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     o_k, m_k, o_v, m_v, o_kv, m_kv = state_block(i_v, K, V, BK, BV)
+    if IS_VARLEN:
+        f0 = tl.load(fire_offsets + i_b).to(tl.int64)        # the sequence's first firing
+        n_fire = tl.load(fire_offsets + i_b + 1).to(tl.int64) - f0
+        p_states = states + (f0 + i_b) * H * K * V           # and its first state row
+    else:
+        f0 = i_b.to(tl.int64) * F
+        n_fire = F
+        p_states = states + i_b.to(tl.int64) * stride_sb
 
     b_m = tl.zeros([BK, BV], dtype=tl.float32)
     if HAS_M0:
         b_m += tl.load(m0 + i_bh.to(tl.int64) * K * V + o_kv, mask=m_kv, other=0.0)
-    tl.store(states + i_b.to(tl.int64) * stride_sb + i_h * K * V + o_kv, b_m, mask=m_kv)
+    tl.store(p_states + i_h * K * V + o_kv, b_m, mask=m_kv)
 
-    for m in range(0, F):
-        i_f = (i_b.to(tl.int64) * F + m) * H + i_h          # firing m of this (batch, head)
+    for m in range(0, n_fire):
+        i_f = (f0 + m) * H + i_h                             # firing m of this (batch, head)
         b_gamma = tl.load(gamma + i_f * K + o_k, mask=m_k, other=0.0)
         b_md = b_m * tl.exp(b_gamma)[:, None]               # M'
         b_m = b_md
@@ -110,16 +122,17 @@ def promote_scan_fwd_kernel(
             # ω ⊙ ν - (β ⊙ κ) M'
             b_d = b_omega * b_nu - tl.dot(b_beta * b_kappa, b_md, input_precision=DOT_PRECISION)
             b_m += tl.dot(tl.trans(b_kappa), b_d, input_precision=DOT_PRECISION)
-        tl.store(states + i_b.to(tl.int64) * stride_sb + ((m + 1) * H + i_h) * K * V + o_kv, b_m, mask=m_kv)
+        tl.store(p_states + ((m + 1) * H + i_h) * K * V + o_kv, b_m, mask=m_kv)
 
 
 @triton.jit(do_not_specialize=["F", "B", "N"])
 def promote_scan_bwd_kernel(
-    states, kappa, nu, beta, omega, gamma, dstates,
+    states, kappa, nu, beta, omega, gamma, dstates, fire_offsets,
     dm0, dkappa_part, dnu, dbeta_part, domega, dgamma_part,
     F, B, N, stride_sb, stride_db,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, BN: tl.constexpr, BV: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
 ):
     """Reverse scan for one (batch, head, V block). ``dM`` ([K, BV]) starts at ``dstates[F]``;
     for m = F-1 .. 0, with ``M' = exp(γ) ⊙ states[m]`` and, per pair, ``P = β ⊙ κ``,
@@ -135,18 +148,30 @@ def promote_scan_bwd_kernel(
         dM        = exp(γ) ⊙ dM' + dstates[m]
 
     Partials go to ``d*_part[i_v]``; at the end ``dm0 = dM`` (the initial-state gradient).
+    ``IS_VARLEN``: sequences as in ``promote_scan_fwd_kernel`` (``B = 1``, ``F`` the packed
+    firings: the partial buffers' size).
     """
     i_v, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     o_k, m_k, o_v, m_v, o_kv, m_kv = state_block(i_v, K, V, BK, BV)
     part = i_v.to(tl.int64) * B * F * H        # this V block's partial buffer, counted in firings
+    if IS_VARLEN:
+        f0 = tl.load(fire_offsets + i_b).to(tl.int64)
+        n_fire = tl.load(fire_offsets + i_b + 1).to(tl.int64) - f0
+        p_states = states + (f0 + i_b) * H * K * V
+        p_dstates = dstates + (f0 + i_b) * H * K * V
+    else:
+        f0 = i_b.to(tl.int64) * F
+        n_fire = F
+        p_states = states + i_b.to(tl.int64) * stride_sb
+        p_dstates = dstates + i_b.to(tl.int64) * stride_db
 
-    b_dm = tl.load(dstates + i_b.to(tl.int64) * stride_db + (F * H + i_h) * K * V + o_kv, mask=m_kv, other=0.0)
-    for i in range(0, F):
-        m = F - 1 - i
-        i_f = (i_b.to(tl.int64) * F + m) * H + i_h
+    b_dm = tl.load(p_dstates + (n_fire * H + i_h) * K * V + o_kv, mask=m_kv, other=0.0)
+    for i in range(0, n_fire):
+        m = n_fire - 1 - i
+        i_f = (f0 + m) * H + i_h
         b_decay = tl.exp(tl.load(gamma + i_f * K + o_k, mask=m_k, other=0.0))
-        b_m = tl.load(states + i_b.to(tl.int64) * stride_sb + (m * H + i_h) * K * V + o_kv, mask=m_kv, other=0.0)
+        b_m = tl.load(p_states + (m * H + i_h) * K * V + o_kv, mask=m_kv, other=0.0)
         b_md = b_m * b_decay[:, None]                                   # M'
         b_dmd = b_dm                                                    # dM', accumulated over pairs
         for i_n in range(0, tl.cdiv(N, BN)):
@@ -166,8 +191,7 @@ def promote_scan_bwd_kernel(
         tl.store(dgamma_part + (part + i_f) * K + o_k, tl.sum(b_dmd * b_md, axis=1), mask=m_k)
 
         b_dm = b_dmd * b_decay[:, None]
-        b_dm += tl.load(dstates + i_b.to(tl.int64) * stride_db + (m * H + i_h) * K * V + o_kv,
-                        mask=m_kv, other=0.0)
+        b_dm += tl.load(p_dstates + (m * H + i_h) * K * V + o_kv, mask=m_kv, other=0.0)
     tl.store(dm0 + i_bh.to(tl.int64) * K * V + o_kv, b_dm, mask=m_kv)
 
 
@@ -190,12 +214,13 @@ def num_warps(BK: int, BV: int) -> int:
     return 4 if BK * BV <= 64 * 32 else 8
 
 
-def _check(M0, kappa, nu, beta, omega, gamma):
+def _check(M0, kappa, nu, beta, omega, gamma, fire_offsets=None):
     B, F, H, n, K = kappa.shape
     V = nu.shape[-1]
+    seqs = B if fire_offsets is None else _check_fire_offsets(fire_offsets, kappa)
     for name, x, shape in (("kappa", kappa, (B, F, H, n, K)), ("beta", beta, (B, F, H, n, K)),
                            ("nu", nu, (B, F, H, n, V)), ("omega", omega, (B, F, H, n, V)),
-                           ("gamma", gamma, (B, F, H, K)), ("M0", M0, (B, H, K, V))):
+                           ("gamma", gamma, (B, F, H, K)), ("M0", M0, (seqs, H, K, V))):
         if x is None:
             continue
         if tuple(x.shape) != shape:
@@ -203,6 +228,27 @@ def _check(M0, kappa, nu, beta, omega, gamma):
         if x.dtype != torch.float32:
             raise ValueError(f"{name} must be float32, got {x.dtype}")
     return B, F, H, n, K, V
+
+
+def _check_fire_offsets(fire_offsets, kappa) -> int:
+    """Packed sequences: ``fire_offsets`` int32 ``[n + 1]`` on kappa's device, the pairs one row
+    (``B = 1``). Returns n. The values (nondecreasing, from 0 to F) live on the device and are not
+    read back: ``optimized.nested.plan`` makes them."""
+    if not isinstance(fire_offsets, torch.Tensor):
+        raise TypeError(f"fire_offsets must be a torch.Tensor or None, got {type(fire_offsets).__name__}")
+    if fire_offsets.dim() != 1 or fire_offsets.numel() < 2 or fire_offsets.dtype != torch.int32:
+        raise ValueError(f"fire_offsets must be int32 [n + 1] with n >= 1 sequences, got "
+                         f"{fire_offsets.dtype} {tuple(fire_offsets.shape)}")
+    if fire_offsets.device != kappa.device:
+        raise ValueError(f"fire_offsets is on {fire_offsets.device}, expected {kappa.device} (the pairs' device)")
+    if kappa.shape[0] != 1:
+        raise ValueError(f"packed sequences (fire_offsets) need the pairs in one row (B = 1), got B = {kappa.shape[0]}")
+    return fire_offsets.numel() - 1
+
+
+def _state_rows(B: int, F: int, fire_offsets) -> tuple:
+    """The stored states' leading dims: ``(B, F + 1)``, or ``(1, F + n)`` for n packed sequences."""
+    return (B, F + 1) if fire_offsets is None else (1, F + fire_offsets.numel() - 1)
 
 
 PRECISIONS = ("ieee", "tf32")
@@ -215,7 +261,8 @@ def _check_precision(precision: str) -> str:
 
 
 def promote_scan_fwd(M0, kappa, nu, beta, omega, gamma, block_v: int | None = None,
-                     block_n: int | None = None, out: torch.Tensor | None = None, precision: str = "ieee"):
+                     block_n: int | None = None, out: torch.Tensor | None = None, precision: str = "ieee",
+                     fire_offsets: torch.Tensor | None = None):
     """All firings of one level: ``states [B, F+1, H, K, V]`` (``states[:, 0]`` = ``M0`` or 0).
 
     ``M0 [B, H, K, V]`` or None; pairs and decays from the probes (layouts in the module
@@ -223,20 +270,26 @@ def promote_scan_fwd(M0, kappa, nu, beta, omega, gamma, block_v: int | None = No
     ``out``: write into this tensor instead (e.g. a slice ``buf[:, a:b]`` of a buffer holding
     several levels' states: only the batch stride may differ from a contiguous tensor's).
     ``precision``: the dots' input precision, ``"ieee"`` or ``"tf32"`` (module docstring).
+    ``fire_offsets``: n sequences packed in one row (``B = 1``): int32 ``[n + 1]``, sequence i's
+    firings are ``fire_offsets[i] .. fire_offsets[i + 1] - 1``; each starts from its own ``M0[i]``
+    (``M0 [n, H, K, V]``) and ``states [1, F + n, H, K, V]`` holds its states at rows
+    ``fire_offsets[i] + i ..`` (its initial state, then one per firing).
     """
-    B, F, H, n, K, V = _check(M0, kappa, nu, beta, omega, gamma)
+    B, F, H, n, K, V = _check(M0, kappa, nu, beta, omega, gamma, fire_offsets)
     _check_precision(precision)
     BK, BN, BV = block_sizes(K, V, n, block_v, block_n)
-    states = kappa.new_empty(B, F + 1, H, K, V) if out is None else _check_states("out", out, (B, F + 1, H, K, V))
+    shape = (*_state_rows(B, F, fire_offsets), H, K, V)
+    states = kappa.new_empty(shape) if out is None else _check_states("out", out, shape)
     if not _batch_strided(states):
         raise ValueError(f"out must be contiguous but for its batch stride (a slice along dim 1 of a "
                          f"contiguous buffer), got strides {states.stride()}")
-    grid = (triton.cdiv(V, BV), B * H)
+    programs = B if fire_offsets is None else fire_offsets.numel() - 1
+    grid = (triton.cdiv(V, BV), programs * H)
     promote_scan_fwd_kernel[grid](
         M0.contiguous() if M0 is not None else None, kappa.contiguous(), nu.contiguous(), beta.contiguous(),
-        omega.contiguous(), gamma.contiguous(), states, F, n, states.stride(0),
+        omega.contiguous(), gamma.contiguous(), states, fire_offsets, F, n, states.stride(0),
         H=H, K=K, V=V, BK=BK, BN=BN, BV=BV, HAS_M0=M0 is not None, DOT_PRECISION=precision,
-        num_warps=num_warps(BK, BV))
+        IS_VARLEN=fire_offsets is not None, num_warps=num_warps(BK, BV))
     return states
 
 
@@ -256,12 +309,12 @@ def _batch_strided(x: torch.Tensor) -> bool:
     return x.stride()[1:] == (H * K * V, K * V, V, 1) and x.stride(0) >= F1 * H * K * V
 
 
-def check_bwd(states, kappa, nu, beta, omega, gamma, dstates, precision: str) -> tuple:
+def check_bwd(states, kappa, nu, beta, omega, gamma, dstates, precision: str, fire_offsets=None) -> tuple:
     """The reverse scan's inputs (both backward implementations): returns ``(B, F, H, n, K, V)``."""
-    B, F, H, n, K, V = _check(None, kappa, nu, beta, omega, gamma)
+    B, F, H, n, K, V = _check(None, kappa, nu, beta, omega, gamma, fire_offsets)
     _check_precision(precision)
     for name, x in (("states", states), ("dstates", dstates)):
-        _check_states(name, x, (B, F + 1, H, K, V))
+        _check_states(name, x, (*_state_rows(B, F, fire_offsets), H, K, V))
     return B, F, H, n, K, V
 
 
@@ -279,23 +332,28 @@ def sum_partials(partials: torch.Tensor, blocks: int | None = None) -> torch.Ten
 
 
 def promote_scan_bwd(states, kappa, nu, beta, omega, gamma, dstates, block_v: int | None = None,
-                     block_n: int | None = None, reduce_partials=sum_partials, precision: str = "ieee"):
+                     block_n: int | None = None, reduce_partials=sum_partials, precision: str = "ieee",
+                     fire_offsets: torch.Tensor | None = None):
     """Gradients of the scan given ``dstates [B, F+1, H, K, V]`` (float32), the gradient
     on every stored state (``dstates[:, F]`` includes the final state's).
 
     Returns ``(dM0 [B, H, K, V], dκ, dν, dβ, dω, dγ)`` shaped like the inputs.
+    ``fire_offsets``: packed sequences as in ``promote_scan_fwd`` (states and ``dstates``
+    ``[1, F + n, H, K, V]``, ``dM0 [n, H, K, V]``).
     """
-    B, F, H, n, K, V = check_bwd(states, kappa, nu, beta, omega, gamma, dstates, precision)
+    B, F, H, n, K, V = check_bwd(states, kappa, nu, beta, omega, gamma, dstates, precision, fire_offsets)
     states, dstates = (x if _batch_strided(x) else x.contiguous() for x in (states, dstates))
     BK, BN, BV = block_sizes(K, V, n, block_v, block_n)
     NV = triton.cdiv(V, BV)
-    dm0 = states.new_empty(B, H, K, V)
+    programs = B if fire_offsets is None else fire_offsets.numel() - 1
+    dm0 = states.new_empty(programs, H, K, V)
     dkappa_part, dnu, dbeta_part, domega, dgamma_part = pair_grad_buffers(kappa, nu, NV)
-    grid = (NV, B * H)
+    grid = (NV, programs * H)
     promote_scan_bwd_kernel[grid](
         states, kappa.contiguous(), nu.contiguous(), beta.contiguous(), omega.contiguous(),
-        gamma.contiguous(), dstates,
+        gamma.contiguous(), dstates, fire_offsets,
         dm0, dkappa_part, dnu, dbeta_part, domega, dgamma_part, F, B, n, states.stride(0), dstates.stride(0),
-        H=H, K=K, V=V, BK=BK, BN=BN, BV=BV, DOT_PRECISION=precision, num_warps=num_warps(BK, BV))
+        H=H, K=K, V=V, BK=BK, BN=BN, BV=BV, DOT_PRECISION=precision, IS_VARLEN=fire_offsets is not None,
+        num_warps=num_warps(BK, BV))
     return (dm0, reduce_partials(dkappa_part), dnu, reduce_partials(dbeta_part), domega,
             reduce_partials(dgamma_part))

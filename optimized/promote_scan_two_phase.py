@@ -107,11 +107,15 @@ def promote_scan_bwd_pairs_kernel(
 
 def promote_scan_bwd_two_phase(states, kappa, nu, beta, omega, gamma, dstates, block_v: int | None = None,
                                block_n: int | None = None, reduce_partials=sum_partials, precision: str = "ieee",
-                               consume_dstates: bool = False):
+                               consume_dstates: bool = False, fire_offsets=None):
     """``promote_scan_bwd``'s contract, computed in two phases (module docstring): returns
     ``(dM0 [B, H, K, V], dκ, dν, dβ, dω, dγ)``. ``consume_dstates``: phase 1 writes its carried
     gradients over ``dstates`` (the caller's buffer is spent; saves one ``[B, F+1, H, K, V]``
-    float32 copy); otherwise it works on a copy."""
+    float32 copy); otherwise it works on a copy. Packed sequences (``fire_offsets``) are
+    ``promote_scan_bwd``'s alone: refused here."""
+    if fire_offsets is not None:
+        raise ValueError("fire_offsets: the two-phase reverse scan does not take packed sequences; "
+                         "use promote_scan_bwd (the nested op's default)")
     B, F, H, n, K, V = check_bwd(states, kappa, nu, beta, omega, gamma, dstates, precision)
     if not _batch_strided(states):
         states = states.contiguous()

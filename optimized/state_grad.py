@@ -41,11 +41,11 @@ CHUNK = 64
 # length reuses the compiled kernel.
 @triton.jit(do_not_specialize=["T", "S"])
 def state_grad_bwd_kernel(
-    qg, kg, w, gk, do, dv, dht, ds, slots, dh, dh0, dv2,
+    qg, kg, w, gk, do, dv, dht, ds, slots, dh, dh0, dv2, cu_seqlens, chunk_offsets,
     scale, T, S,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    HAS_DHT: tl.constexpr, HAS_INJECT: tl.constexpr, STORE_DH0: tl.constexpr,
+    HAS_DHT: tl.constexpr, HAS_INJECT: tl.constexpr, STORE_DH0: tl.constexpr, IS_VARLEN: tl.constexpr,
 ):
     """Reverse scan over the chunks of one (batch, head, block of V columns).
 
@@ -59,19 +59,33 @@ def state_grad_bwd_kernel(
     (the chunk's ``BT`` rows visited in sub-blocks of ``BS``) and finally ``dh0 = dH``.
     Rows past ``T`` in a ragged last chunk and columns past ``K``/``V`` are masked: loaded
     as 0, never stored.
+
+    ``IS_VARLEN`` (packed sequences, ``B = 1``): the batch index is a sequence i, its tokens
+    ``cu_seqlens[i] .. cu_seqlens[i + 1] - 1`` and its chunks (``dh``, ``slots``) from the packed
+    chunk ``chunk_offsets[i]`` on; ``ds`` is the one row's, ``dht`` / ``dh0`` per sequence.
     """
     i_v, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
-    NT = tl.cdiv(T, BT)
+    if IS_VARLEN:
+        bos = tl.load(cu_seqlens + i_b).to(tl.int64)         # the sequence's first token
+        T_seq = (tl.load(cu_seqlens + i_b + 1).to(tl.int64) - bos).to(tl.int32)
+        boc = tl.load(chunk_offsets + i_b).to(tl.int64)      # and its first packed chunk
+        i_ds = 0
+    else:
+        bos = i_b.to(tl.int64) * T
+        T_seq = T
+        boc = i_b.to(tl.int64) * tl.cdiv(T, BT)
+        i_ds = i_b.to(tl.int64)
+    NT = tl.cdiv(T_seq, BT)
 
     # [B, T, H, D] tensors: this (batch, head) is a [T, D] matrix with row stride H*D.
-    qg += (i_b.to(tl.int64) * T * H + i_h) * K
-    kg += (i_b.to(tl.int64) * T * H + i_h) * K
-    w += (i_b.to(tl.int64) * T * H + i_h) * K
-    gk += (i_b.to(tl.int64) * T * H + i_h) * K
-    do += (i_b.to(tl.int64) * T * H + i_h) * V
-    dv += (i_b.to(tl.int64) * T * H + i_h) * V
-    dv2 += (i_b.to(tl.int64) * T * H + i_h) * V
+    qg += (bos * H + i_h) * K
+    kg += (bos * H + i_h) * K
+    w += (bos * H + i_h) * K
+    gk += (bos * H + i_h) * K
+    do += (bos * H + i_h) * V
+    dv += (bos * H + i_h) * V
+    dv2 += (bos * H + i_h) * V
 
     o_k = tl.arange(0, BK)
     o_v = i_v * BV + tl.arange(0, BV)
@@ -86,11 +100,14 @@ def state_grad_bwd_kernel(
 
     for i_t in range(NT - 1, -1, -1):
         if HAS_INJECT:
-            slot = tl.load(slots + i_t)
-            p_ds = ds + ((i_b.to(tl.int64) * S + tl.maximum(slot, 0)) * H + i_h) * K * V + o_kv
+            if IS_VARLEN:
+                slot = tl.load(slots + boc + i_t)
+            else:
+                slot = tl.load(slots + i_t)
+            p_ds = ds + ((i_ds * S + tl.maximum(slot, 0).to(tl.int64)) * H + i_h) * K * V + o_kv
             b_dh += tl.load(p_ds, mask=m_kv & (slot >= 0), other=0.0).to(tl.float32)
 
-        p_dh = dh + ((i_b.to(tl.int64) * NT + i_t) * H + i_h) * K * V + o_kv
+        p_dh = dh + ((boc + i_t) * H + i_h) * K * V + o_kv
         tl.store(p_dh, b_dh.to(p_dh.dtype.element_ty), mask=m_kv)
 
         # The chunk's rows in sub-blocks of BS tokens (BS = BT unless K is large: bounds the
@@ -99,7 +116,7 @@ def state_grad_bwd_kernel(
         b_up = tl.zeros([BK, BV], dtype=tl.float32)
         for i_s in range(0, BT // BS):
             o_t = i_t * BT + i_s * BS + tl.arange(0, BS)
-            m_t = o_t < T
+            m_t = o_t < T_seq
             m_tk = m_t[:, None] & m_k[None, :]
             m_tv = m_t[:, None] & m_v[None, :]
             # dv2 = kg @ dH + dv
@@ -117,7 +134,7 @@ def state_grad_bwd_kernel(
                      - tl.dot(b_w, b_dv.to(b_w.dtype), input_precision="ieee"))
 
         # dH <- 2^gk_last ⊙ dH + scale · qg^T do - w^T dv2
-        last = tl.minimum((i_t + 1) * BT, T) - 1
+        last = tl.minimum((i_t + 1) * BT, T_seq) - 1
         b_gl = tl.load(gk + last.to(tl.int64) * (H * K) + o_k, mask=m_k, other=0.0).to(tl.float32)
         b_dh *= tl.exp2(b_gl)[:, None]
         b_dh += b_up
@@ -139,7 +156,7 @@ def block_sizes(K: int, V: int, block_v: int | None = None) -> tuple[int, int, i
 
 
 def state_grad_bwd(qg, kg, w, gk, do, dv, scale, dht=None, ds=None, slots=None, want_dh0=False,
-                   block_v: int | None = None):
+                   block_v: int | None = None, cu_seqlens=None, chunk_offsets=None):
     """Launch ``state_grad_bwd_kernel``.
 
     Args:
@@ -149,15 +166,35 @@ def state_grad_bwd(qg, kg, w, gk, do, dv, scale, dht=None, ds=None, slots=None, 
         ds: ``[B, S, H, K, V]`` float32 injected end-of-chunk state gradients, or None;
         slots: int32 ``[NT]``: chunk ``c``'s gradient is ``ds[:, slots[c]]``, none where ``slots[c] < 0``.
         want_dh0: also return the initial-state gradient.
+        cu_seqlens, chunk_offsets: n sequences packed in one row (``B = 1``): their token
+            offsets (int32 or int64 ``[n + 1]``) and packed-chunk offsets (``[n + 1]``, each
+            sequence's chunks counted from its first token); then ``dht``, ``dh0`` are
+            ``[n, H, K, V]``, ``dh`` and ``slots`` run over the packed chunks. Both on the
+            device and not read back (``optimized.nested.plan`` makes them).
 
     Returns ``(dh [B, NT, H, K, V] in qg's dtype, dh0 [B, H, K, V] float32 or None, dv2 like dv)``.
     """
     B, T, H, K = kg.shape
     V = do.shape[-1]
-    NT = triton.cdiv(T, CHUNK)
+    packed = cu_seqlens is not None
+    if packed != (chunk_offsets is not None):
+        raise ValueError("cu_seqlens and chunk_offsets go together (packed sequences), got one of them")
+    if packed:
+        if B != 1:
+            raise ValueError(f"cu_seqlens: packed sequences need B = 1, got B = {B}")
+        if cu_seqlens.dim() != 1 or chunk_offsets.shape != cu_seqlens.shape:
+            raise ValueError(f"cu_seqlens and chunk_offsets must both be [n + 1], got "
+                             f"{tuple(cu_seqlens.shape)} and {tuple(chunk_offsets.shape)}")
+        programs = cu_seqlens.numel() - 1
+        NT = slots.numel() if slots is not None else None
+        if NT is None:
+            raise ValueError("packed sequences: slots is needed (it carries the packed chunk count)")
+    else:
+        programs = B
+        NT = triton.cdiv(T, CHUNK)
     BK, BV, BS = block_sizes(K, V, block_v)
     dh = qg.new_empty(B, NT, H, K, V)
-    dh0 = kg.new_empty(B, H, K, V, dtype=torch.float32) if want_dh0 else None
+    dh0 = kg.new_empty(programs, H, K, V, dtype=torch.float32) if want_dh0 else None
     dv2 = torch.empty_like(dv)
     has_inject = ds is not None
     if has_inject:
@@ -168,12 +205,12 @@ def state_grad_bwd(qg, kg, w, gk, do, dv, scale, dht=None, ds=None, slots=None, 
         S = ds.shape[1]
     else:
         S = 0
-    grid = (triton.cdiv(V, BV), B * H)
+    grid = (triton.cdiv(V, BV), programs * H)
     state_grad_bwd_kernel[grid](
-        qg, kg, w, gk, do, dv, dht, ds, slots, dh, dh0, dv2,
+        qg, kg, w, gk, do, dv, dht, ds, slots, dh, dh0, dv2, cu_seqlens, chunk_offsets,
         scale, T, S,
         H=H, K=K, V=V, BT=CHUNK, BS=BS, BK=BK, BV=BV,
-        HAS_DHT=dht is not None, HAS_INJECT=has_inject, STORE_DH0=want_dh0,
+        HAS_DHT=dht is not None, HAS_INJECT=has_inject, STORE_DH0=want_dh0, IS_VARLEN=packed,
         num_warps=4 if BK <= 64 else 8,
     )
     return dh, dh0, dv2

@@ -122,3 +122,54 @@ def chunk_nested_gdn2_nondeterministic(q, k, v, g, b, w, r, levels, scale=None, 
     o, finals = _nested(q, k, v, g, b, w, r, levels, scale, initial_states, output_final_state)
     eps = torch.rand((), generator=_noise).item() * 1e-6
     return o * (1 + eps), finals
+
+
+# --- packed sequences: the kernels' per-sequence indexing, each broken in one named way --------
+
+PACKED_TWINS = ("reads_on_packed_grid", "scan_on_previous_sequence", "snapshot_from_next_sequence",
+                "state_grad_from_chunk_zero")
+
+
+def packed_tables_twin(kind: str):
+    """A ``device_tables`` twin whose packed-sequence tables are wrong in one way ``kind``:
+
+    - ``reads_on_packed_grid``: the reads' chunks on the packed row's 64-token grid, not on
+      each sequence's own (``chunk_bounds``);
+    - ``scan_on_previous_sequence``: sequence i's scans run on sequence i-1's firings
+      (``fire_offsets`` shifted by one sequence; the first has none);
+    - ``snapshot_from_next_sequence``: a firing at a sequence's last (whole) chunk probes the
+      next packed chunk's start (the next sequence's initial state), not the sequence's final
+      state (a state carried across the sequence boundary);
+    - ``state_grad_from_chunk_zero``: level 0's state-gradient kernel reads every sequence's
+      chunks from the packed row's first (``chunk_offsets`` all 0).
+    One sequence per row is left alone."""
+    import dataclasses
+
+    from optimized.nested.plan import device_tables
+
+    if kind not in PACKED_TWINS:
+        raise ValueError(f"unknown packed twin {kind!r}; known: {PACKED_TWINS}")
+
+    def twin(plan, device):
+        tables = device_tables(plan, device)
+        p = tables.packed
+        if p is None:
+            return tables
+        if kind == "reads_on_packed_grid":
+            lo = torch.arange(plan.N, device=device, dtype=torch.int32) * 64
+            p = dataclasses.replace(p, chunk_bounds=torch.stack([lo, torch.clamp(lo + 64, max=plan.T)], 1).contiguous())
+        elif kind == "scan_on_previous_sequence":
+            p = dataclasses.replace(p, fire_offsets=tuple(None if fo is None else torch.cat([fo[:1], fo[:-1]])
+                                                          for fo in p.fire_offsets))
+        elif kind == "snapshot_from_next_sequence":
+            seq = p.final_seq.tolist()
+            moved = [k for k, i in enumerate(seq) if i + 1 < len(plan.lengths)]
+            kept = [k for k in range(len(seq)) if k not in moved]
+            next_first = torch.tensor([plan.chunk_offset[seq[k] + 1] for k in moved], dtype=torch.long, device=device)
+            p = dataclasses.replace(p, end_pos=torch.cat([p.end_pos, p.final_pos[moved]]),
+                                    end_chunk=torch.cat([p.end_chunk, next_first]),
+                                    final_pos=p.final_pos[kept], final_seq=p.final_seq[kept])
+        else:
+            p = dataclasses.replace(p, chunk_offsets=torch.zeros_like(p.chunk_offsets))
+        return dataclasses.replace(tables, packed=p)
+    return twin

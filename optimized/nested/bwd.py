@@ -5,7 +5,7 @@ import torch
 from torch.profiler import record_function
 
 from optimized.level0 import level0_bwd
-from optimized.nested.fwd import NestedSaved
+from optimized.nested.fwd import NestedSaved, scan_kwargs
 from optimized.nested.plan import add_in_rounds
 from optimized.nested.probe import _probe, _snapshots
 from optimized.nested.probe_fused import probe_bwd
@@ -37,7 +37,11 @@ def nested_bwd(saved: NestedSaved, do, dfinals, release: bool = False):
         with record_function("nested.reads_bwd_states"):
             d = dstates_of(ℓ)
             if dfinals[ℓ] is not None:
-                d[:, -1] += dfinals[ℓ].float()
+                if tables.packed is None:
+                    d[:, -1] += dfinals[ℓ].float()
+                else:           # each sequence's last row (distinct rows)
+                    rows = tables.packed.final_rows[ℓ]
+                    d[0, rows] = d[0, rows] + dfinals[ℓ].float()
         return d
 
     # made one level at a time, top first: level ℓ's while its scan runs, level ℓ-1's from the
@@ -60,7 +64,8 @@ def nested_bwd(saved: NestedSaved, do, dfinals, release: bool = False):
                 dM0, *d_pairs = s.pieces.scan_bwd(s.level_states(ℓ), *pairs, level_dstates[ℓ],
                                                  block_v=s.pieces.scan_block(), block_n=s.pieces.block_n,
                                                  reduce_partials=s.pieces.reduce_partials,
-                                                 precision=s.pieces.scan_precision(q.dtype, "bwd"))
+                                                 precision=s.pieces.scan_precision(q.dtype, "bwd"),
+                                                 **scan_kwargs(tables, ℓ))
             level_dstates[ℓ] = None                        # spent before the probe's backward
             # the snapshots only after the scan: not alive at its peak (level 1's are a float32
             # copy of fla's h, 0.5 GiB at L = 4, where the step peaked in level 1's scan)
@@ -121,14 +126,15 @@ def _generic_probe_bwd(s: NestedSaved, plan, tables, ℓ, level, dstates, H, K, 
     leaves = {n: t.detach().float().requires_grad_() for n, t in s.params[ℓ].items()}
     with torch.enable_grad():
         pairs = _probe(level, snaps, leaves, H, K, V)
-    if plan.firings(ℓ) == 0:
-        dM0 = dstates[:, 0]
+    if plan.firings(ℓ) == 0:        # no firing: the stored states are the initial ones
+        dM0 = dstates[:, 0] if tables.packed is None else dstates[0]
         d_pairs = None
     else:
         dM0, *d_pairs = s.pieces.scan_bwd(s.level_states(ℓ), *(x.detach() for x in pairs), dstates,
                                          block_v=s.pieces.scan_block(), block_n=s.pieces.block_n,
                                          reduce_partials=s.pieces.reduce_partials,
-                                         precision=s.pieces.scan_precision(s.q.dtype, "bwd"))
+                                         precision=s.pieces.scan_precision(s.q.dtype, "bwd"),
+                                         **scan_kwargs(tables, ℓ))
     names = list(leaves)
     grads = [None] * (1 + len(names))
     if d_pairs is not None:

@@ -38,7 +38,8 @@ class NestedGDN2Function(torch.autograd.Function):
     def forward(ctx, meta, q, k, v, g, b, w, r, *flat):
         levels, scale, pieces, L = meta["levels"], meta["scale"], meta["pieces"], meta["L"]
         initial_states = list(flat[:L])
-        o, finals, saved = nested_fwd(q, k, v, g, b, w, r, levels, scale, initial_states, pieces)
+        o, finals, saved = nested_fwd(q, k, v, g, b, w, r, levels, scale, initial_states, pieces,
+                                      lengths=meta["lengths"])
         ctx.saved = saved
         ctx.meta = meta
         ctx.set_materialize_grads(False)
@@ -94,26 +95,16 @@ def _nested(q, k, v, g, b, w, r, levels, scale=None, initial_states=None, output
     initial_states = [None if s is None else s.contiguous()
                       for s in ([None] * L if initial_states is None else initial_states)]
     k, v, g, b, w = (x.contiguous() for x in (k, v, g, b, w))
-    meta = {"levels": list(levels), "scale": scale, "pieces": pieces, "L": L,
+    # packed sequences: their lengths (host ints, read once by the validation) pick the packed
+    # schedule; the kernels index the sequences themselves (one launch set for the row)
+    lengths = None if cu_seqlens is None else tuple(e - s for _, s, e in sequences(cu_seqlens))
+    meta = {"levels": list(levels), "scale": scale, "pieces": pieces, "L": L, "lengths": lengths,
             "inputs": {"initial_states": initial_states}}
     flat = list(initial_states) + [p for lv in levels for p in lv.params.values()]
     q, k, v, g, b, w, r, *flat = first_order_only("chunk_nested_gdn2", q, k, v, g, b, w, r, *flat)
-    if cu_seqlens is None:
-        with _device_of(q):
-            o, *finals = NestedGDN2Function.apply(meta, q, k, v, g, b, w, r, *flat)
-        return o, (finals if output_final_state else None)
-    outputs, per_sequence = [], []
-    states, params = flat[:L], flat[L:]
-    for i, s, e in sequences(cu_seqlens):       # one separate run per packed sequence (B = 1)
-        states_i = [None if M0 is None else M0[i:i + 1].contiguous() for M0 in states]
-        meta_i = dict(meta, inputs={"initial_states": states_i})
-        with _device_of(q):
-            o_i, *finals_i = NestedGDN2Function.apply(meta_i, *(x[:, s:e] for x in (q, k, v, g, b, w, r)),
-                                                      *states_i, *params)
-        outputs.append(o_i)
-        per_sequence.append(finals_i)
-    finals = [torch.cat([f[ℓ] for f in per_sequence], dim=0) for ℓ in range(L)]
-    return torch.cat(outputs, dim=1), (finals if output_final_state else None)
+    with _device_of(q):
+        o, *finals = NestedGDN2Function.apply(meta, q, k, v, g, b, w, r, *flat)
+    return o, (finals if output_final_state else None)
 
 
 def chunk_nested_gdn2(q, k, v, g, b, w, r, levels, scale=None, initial_states=None, output_final_state=False,
@@ -132,9 +123,10 @@ def chunk_nested_gdn2(q, k, v, g, b, w, r, levels, scale=None, initial_states=No
         cu_seqlens: ``[0, T_1, T_1 + T_2, …, T]`` (int32 or int64, on the inputs' device) for N
             sequences packed in one row (``B = 1``), each computed as a separate call (its own
             chunk grid and firing schedule from its first token); initial and final states are
-            ``[N, H, K, V]``. The kernels run once per sequence (one launch set per sequence, after
-            one validation and finiteness check for the whole packed call); a per-sequence kernel
-            grid is future work.
+            ``[N, H, K, V]``. One launch set serves the packed row: fla's level 0 takes
+            ``cu_seqlens``, and the state-gradient, scan and reads kernels index the sequences
+            themselves (``optimized.nested.plan.make_packed_plan``: per-sequence chunks,
+            firings and stored states, concatenated).
 
     Returns ``(o [B, T, H, V] in q's dtype, [M_0, ..., M_{L-1}] float32 or None)``. Gradients
     flow to every input, router logit, scheme parameter and initial state.

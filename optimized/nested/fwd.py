@@ -8,14 +8,24 @@ from torch.profiler import record_function
 
 from optimized.level0 import Level0Saved, level0_fwd
 from optimized.nested.pieces import DEFAULT_PIECES, Pieces
-from optimized.nested.plan import DeviceTables, Plan, device_tables
+from optimized.nested.plan import DeviceTables, PackedPlan, Plan, device_tables, make_packed_plan
 from optimized.nested.probe import _probe, _snapshots
 from optimized.nested.probe_fused import FUSED_SCHEMES, probe_fwd
 
 
+def final_states(rows: torch.Tensor, tables: DeviceTables, ℓ: int) -> torch.Tensor:
+    """Level ℓ's final states out of a ``[B, S, H, K, V]`` buffer of every upper level's rows (the
+    stored states, or their gradients): ``[B, H, K, V]``, a view; packed sequences ``[n, H, K, V]``,
+    a gather (each sequence's last row)."""
+    level = rows[:, tables.level_rows(ℓ)]
+    if tables.packed is None:
+        return level[:, -1]
+    return level[0].index_select(0, tables.packed.final_rows[ℓ])
+
+
 @dataclass
 class NestedSaved:
-    plan: Plan
+    plan: Plan | PackedPlan
     tables: DeviceTables
     levels: list
     scale: float
@@ -58,16 +68,27 @@ class NestedSaved:
         self.probes = [None] * len(self.probes)
 
 
-def nested_fwd(q, k, v, g, b, w, r, levels, scale, initial_states, pieces: Pieces = DEFAULT_PIECES):
+def scan_kwargs(tables: DeviceTables, ℓ: int) -> dict:
+    """The scans' packed-sequence argument for level ℓ (none for one sequence per row, so a scan
+    function without it, e.g. a test's twin, still serves those)."""
+    return {} if tables.packed is None else {"fire_offsets": tables.packed.fire_offsets[ℓ]}
+
+
+def nested_fwd(q, k, v, g, b, w, r, levels, scale, initial_states, pieces: Pieces = DEFAULT_PIECES,
+               lengths: tuple | None = None):
     """All levels, probes, scans and reads. Returns ``(o [B, T, H, V] in q's dtype,
-    finals: L float32 [B, H, K, V], saved)``."""
+    finals: L float32 [B, H, K, V], saved)``. ``lengths``: sequences packed in one row
+    (``B = 1``), each on its own schedule (``plan.make_packed_plan``); initial and final
+    states are then per sequence, ``[n, H, K, V]``."""
     B, T, H, L, K = q.shape
     V = v.shape[-1]
-    plan = pieces.plan(T, tuple(lv.interval for lv in levels))
+    intervals = tuple(lv.interval for lv in levels)
+    plan = pieces.plan(T, intervals) if lengths is None else make_packed_plan(tuple(lengths), intervals, pieces.plan)
     tables = device_tables(plan, q.device)
     # record_function ranges: the profiler's table gives each stage's device time (bench.reads_ab --profile)
     with record_function("nested.level0_fwd"):
-        o0, ht0, h, saved0 = level0_fwd(q[:, :, :, 0].contiguous(), k, v, g, b, w, scale, initial_states[0])
+        o0, ht0, h, saved0 = level0_fwd(q[:, :, :, 0].contiguous(), k, v, g, b, w, scale, initial_states[0],
+                                        packed=tables.packed)
     states = q.new_empty(B, tables.S, H, K, V, dtype=torch.float32)
     params = [None] + [lv.params for lv in levels]
     probes = [None]
@@ -93,11 +114,11 @@ def nested_fwd(q, k, v, g, b, w, r, levels, scale, initial_states, pieces: Piece
         with record_function("nested.scan_fwd"):
             pieces.scan_fwd(None if M0 is None else M0.detach().float(), *pairs, block_v=pieces.scan_block(),
                             block_n=pieces.block_n, out=states[:, tables.level_rows(ℓ)],
-                            precision=pieces.scan_precision(q.dtype, "fwd"))
+                            precision=pieces.scan_precision(q.dtype, "fwd"), **scan_kwargs(tables, ℓ))
     with record_function("nested.reads_fwd"):
         o = pieces.reads_fwd(q, r, o0, states, plan, tables, scale, block_v=pieces.block_v)
     # fresh tensors: outputs must not alias what the backward keeps (no reference cycles)
-    finals = [ht0.clone()] + [states[:, tables.level_rows(ℓ).stop - 1].clone() for ℓ in range(1, L)]
+    finals = [ht0.clone()] + [final_states(states, tables, ℓ).clone() for ℓ in range(1, L)]
     saved = NestedSaved(plan, tables, list(levels), scale, saved0, ht0, states, o0, q, r, params,
                         [s is not None for s in initial_states], probes, pieces)
     return o, finals, saved

@@ -23,9 +23,14 @@ from optimized.promote_scan_two_phase import promote_scan_bwd_two_phase
 from optimized.state_grad import state_grad_bwd
 
 
+def _chunk_bounds(tables):
+    """Packed sequences: each packed chunk's tokens (the reads kernels index sequences), else None."""
+    return None if tables.packed is None else tables.packed.chunk_bounds
+
+
 def reads_router_fwd(q, r, o0, states, plan, tables, scale, block_v=None):
     """The reads and router kernel (``reads_fwd``) on the plan's device tables."""
-    return reads_fwd(q, r, o0, states, tables.read_row, scale, block_v=block_v)
+    return reads_fwd(q, r, o0, states, tables.read_row, scale, block_v=block_v, chunk_bounds=_chunk_bounds(tables))
 
 
 def reads_router_bwd(do, q, r, o0, states, plan, tables, scale, dq, block_v=None):
@@ -33,12 +38,14 @@ def reads_router_bwd(do, q, r, o0, states, plan, tables, scale, dq, block_v=None
     ``dstates_of(ℓ)`` level ℓ's state gradients ``[B, F_ℓ + 1, H, K, V]`` float32, made when asked
     for (``reads_bwd_states``: the nested backward holds at most two levels' at a time)."""
     do = do.to(q.dtype)
+    bounds = _chunk_bounds(tables)
     dr, do0, _ = reads_bwd(do, q, r, o0, states, tables.read_row, tables.row_level, tables.row_chunk_lo,
-                           tables.row_chunk_hi, scale, dq, block_v=block_v, with_states=False)
+                           tables.row_chunk_hi, scale, dq, block_v=block_v, with_states=False, chunk_bounds=bounds)
 
     def dstates_of(ℓ):
         return reads_bwd_states(do, q, r, o0, states, tables.read_row, tables.row_level, tables.row_chunk_lo,
-                                tables.row_chunk_hi, scale, tables.level_rows(ℓ), block_v=block_v)
+                                tables.row_chunk_hi, scale, tables.level_rows(ℓ), block_v=block_v,
+                                chunk_bounds=bounds)
     return dr, do0, dstates_of
 
 

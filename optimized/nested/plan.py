@@ -58,6 +58,87 @@ def make_plan(T: int, intervals: tuple, delay: int = 0) -> Plan:
 # --- the schedule on the device ---------------------------------------------------------
 
 @dataclass(frozen=True)
+class PackedPlan:
+    """The schedules of N sequences packed in one row (``cu_seqlens``): each sequence has its
+    own chunk grid and firing schedule from its first token (``plans[i] = make_plan(T_i, …)``);
+    the packed row concatenates them.
+
+    Chunks: sequence i's local chunk c is the packed row's chunk ``chunk_offset[i] + c``
+    (fla's varlen numbering), its tokens ``[start_i + 64c, min(start_i + 64(c + 1), end_i))``.
+    Firings: level ℓ's firing m of sequence i is packed firing ``fire_offset[ℓ][i] + m``.
+    Stored states: level ℓ keeps ``F_ℓ,i + 1`` states per sequence, in sequence order, so
+    sequence i's state after m firings is the level's row ``fire_offset[ℓ][i] + i + m``.
+    ``sources[ℓ]``: what each packed firing probes, in the same numbering (ℓ = 1: the packed
+    chunk whose end-of-chunk level-0 state it reads; ℓ ≥ 2: the row of level ℓ-1).
+    ``T``, ``N`` (packed chunks), ``L``, ``intervals``, ``firings(ℓ)`` (summed over sequences)
+    as in ``Plan``, so the op's stages take either plan.
+    """
+    lengths: tuple
+    T: int
+    N: int
+    L: int
+    intervals: tuple
+    plans: tuple
+    chunk_offset: tuple
+    fire_offset: tuple
+    sources: tuple
+
+    def firings(self, level: int) -> int:
+        return self.fire_offset[level][-1]
+
+
+@functools.lru_cache(maxsize=64)
+def make_packed_plan(lengths: tuple, intervals: tuple, plan=make_plan) -> PackedPlan:
+    """The packed schedule of sequences of ``lengths`` (each ≥ 1 token); ``plan(T, intervals)``
+    makes each sequence's own (``make_plan``, or a test's twin)."""
+    if not lengths or min(lengths) < 1:
+        raise ValueError(f"lengths must be positive sequence lengths, got {lengths}")
+    plans = tuple(plan(T_i, intervals) for T_i in lengths)
+    L = len(intervals) + 1
+    chunk_offset = [0]
+    for p in plans:
+        chunk_offset.append(chunk_offset[-1] + p.N)
+    fire_offset, sources = [()], [()]
+    for ℓ in range(1, L):
+        offsets = [0]
+        for p in plans:
+            offsets.append(offsets[-1] + p.firings(ℓ))
+        fire_offset.append(tuple(offsets))
+        if ℓ == 1:
+            sources.append(tuple(chunk_offset[i] + c for i, p in enumerate(plans) for c in p.sources[1]))
+        else:
+            below = fire_offset[ℓ - 1]
+            sources.append(tuple(below[i] + i + s for i, p in enumerate(plans) for s in p.sources[ℓ]))
+    return PackedPlan(tuple(lengths), sum(lengths), chunk_offset[-1], L, tuple(intervals), plans,
+                      tuple(chunk_offset), tuple(fire_offset), tuple(sources))
+
+
+@dataclass(frozen=True)
+class PackedTables:
+    """A packed plan's extra index tensors on one device (``device_tables``), for the kernels
+    that index sequences themselves.
+
+    ``cu_seqlens`` long ``[n + 1]`` and fla's ``chunk_indices`` (level 0); ``chunk_offsets``
+    int32 ``[n + 1]`` (the state-gradient kernel); ``chunk_bounds`` int32 ``[N, 2]``: each packed
+    chunk's first token and one past its last (the reads kernels); ``fire_offsets[ℓ]`` int32
+    ``[n + 1]`` (level ℓ's scans); ``final_rows[ℓ]`` long ``[n]``: each sequence's last stored
+    state among level ℓ's rows; the level-1 snapshots: ``end_pos`` / ``end_chunk`` (firings whose
+    end-of-chunk state is ``h[:, chunk + 1]``) and ``final_pos`` / ``final_seq`` (firings at a
+    sequence's last chunk, whose state is that sequence's final state).
+    """
+    cu_seqlens: object
+    chunk_indices: object
+    chunk_offsets: object
+    chunk_bounds: object
+    fire_offsets: tuple
+    final_rows: tuple
+    end_pos: object
+    end_chunk: object
+    final_pos: object
+    final_seq: object
+
+
+@dataclass(frozen=True)
 class DeviceTables:
     """The plan's index tensors on one device, built once per (plan, device) and cached, so a
     step makes no host-to-device copies (each would stall the host on the stream).
@@ -73,6 +154,7 @@ class DeviceTables:
     ``add_rounds[ℓ]``: the deterministic rounds of ``dstates[ℓ-1][sources[ℓ]] += d_snaps``
     (each round a (targets, rows) pair with distinct targets).
     ``slots`` int32 ``[N]``: the level-0 injection slots of level 1's snapshots.
+    ``packed``: a ``PackedPlan``'s extra tables (``PackedTables``), else None.
     """
     S: int
     row_offset: tuple
@@ -85,6 +167,7 @@ class DeviceTables:
     end_includes_final: bool
     add_rounds: tuple
     slots: object
+    packed: PackedTables | None = None
 
     def level_rows(self, ℓ: int) -> slice:
         """Level ℓ ≥ 1's rows of the ``[B, S, H, K, V]`` buffer: its ``F_ℓ + 1`` stored states
@@ -134,12 +217,14 @@ def _as_slice(index: list) -> slice | None:
 
 
 @functools.lru_cache(maxsize=64)
-def device_tables(plan: Plan, device) -> DeviceTables:
+def device_tables(plan: Plan | PackedPlan, device) -> DeviceTables:
     import torch
 
     from optimized.level0 import injection_slots
     from optimized.nested.reads_fwd import read_tables
 
+    if isinstance(plan, PackedPlan):
+        return _packed_device_tables(plan, device)
     N, L = plan.N, plan.L
     i32 = dict(dtype=torch.int32, device=device)
     if L >= 2:
@@ -160,3 +245,59 @@ def device_tables(plan: Plan, device) -> DeviceTables:
         end_index=_as_slice(inner) or torch.tensor(inner, dtype=torch.long, device=device),
         end_includes_final=bool(ends) and ends[-1] == N - 1,
         add_rounds=tuple(rounds), slots=injection_slots(N, ends, device))
+
+
+def _packed_device_tables(plan: PackedPlan, device) -> DeviceTables:
+    """``device_tables`` of a packed plan: the same row tables over the packed chunks and rows
+    (each level's rows in sequence order), and ``PackedTables``."""
+    import torch
+    from fla.ops.utils import prepare_chunk_indices
+
+    from optimized.level0 import injection_slots
+    from optimized.nested.reads_fwd import read_tables
+
+    N, L, n = plan.N, plan.L, len(plan.lengths)
+    i32 = dict(dtype=torch.int32, device=device)
+    i64 = dict(dtype=torch.long, device=device)
+    fo, co = plan.fire_offset, plan.chunk_offset
+    if L >= 2:
+        # level ℓ's packed read index: sequence i's rows start at fo[ℓ][i] + i (nondecreasing)
+        read_index = [()] + [tuple(fo[ℓ][i] + i + r for i, p in enumerate(plan.plans) for r in p.read_index[ℓ])
+                             for ℓ in range(1, L)]
+        reads = read_tables(read_index, [0] + [plan.firings(ℓ) + n for ℓ in range(1, L)], device)
+        S, row_offset = reads.row_offset[-1], reads.row_offset[:L]
+        read_row, row_level, lo, hi = reads.read_row, reads.row_level, reads.row_chunk_lo, reads.row_chunk_hi
+    else:
+        S, row_offset = 0, (0,)
+        read_row = torch.zeros(1, N, **i32)
+        row_level, lo, hi = (torch.zeros(0, **i32) for _ in range(3))
+    sources = [None] + [torch.tensor(plan.sources[ℓ], **i64) for ℓ in range(1, L)]
+    rounds = [None, None] + [add_rounds(plan.sources[ℓ], device) for ℓ in range(2, L)]
+    starts = [0]
+    for T_i in plan.lengths:
+        starts.append(starts[-1] + T_i)
+    bounds = [(starts[i] + c * CHUNK, min(starts[i] + (c + 1) * CHUNK, starts[i + 1]))
+              for i, p in enumerate(plan.plans) for c in range(p.N)]
+    end_pos, end_chunk, final_pos, final_seq = [], [], [], []
+    if L >= 2:
+        for i, p in enumerate(plan.plans):
+            for m, c in enumerate(p.sources[1]):
+                if c + 1 < p.N:
+                    end_pos.append(fo[1][i] + m)
+                    end_chunk.append(co[i] + c + 1)
+                else:
+                    final_pos.append(fo[1][i] + m)
+                    final_seq.append(i)
+    cu_seqlens = torch.tensor(starts, **i64)
+    packed = PackedTables(
+        cu_seqlens=cu_seqlens, chunk_indices=prepare_chunk_indices(cu_seqlens, CHUNK),
+        chunk_offsets=torch.tensor(co, **i32), chunk_bounds=torch.tensor(bounds, **i32).view(N, 2),
+        fire_offsets=(None,) + tuple(torch.tensor(fo[ℓ], **i32) for ℓ in range(1, L)),
+        final_rows=(None,) + tuple(torch.tensor([fo[ℓ][i + 1] + i for i in range(n)], **i64) for ℓ in range(1, L)),
+        end_pos=torch.tensor(end_pos, **i64), end_chunk=torch.tensor(end_chunk, **i64),
+        final_pos=torch.tensor(final_pos, **i64), final_seq=torch.tensor(final_seq, **i64))
+    return DeviceTables(
+        S=S, row_offset=tuple(row_offset), read_row=read_row, row_level=row_level, row_chunk_lo=lo,
+        row_chunk_hi=hi, sources=tuple(sources), end_index=None, end_includes_final=False,
+        add_rounds=tuple(rounds), slots=injection_slots(N, plan.sources[1] if L > 1 else (), device),
+        packed=packed)

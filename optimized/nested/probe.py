@@ -24,9 +24,25 @@ def _snapshots(plan: Plan, tables, ℓ: int, states: torch.Tensor | None, h=None
     """The states of level ℓ-1 that level ℓ's firings probe: ``[B, F_ℓ, H, K, V]`` float32
     (``states``: the ``[B, S, H, K, V]`` buffer of every upper level's stored states)."""
     if ℓ == 1:
+        if tables.packed is not None:
+            return _packed_chunk_end_states(tables.packed, h, ht0)
         return chunk_end_states(h, ht0, plan.sources[1], index=tables.end_index,
                                 includes_final=tables.end_includes_final)
     below = states[:, tables.level_rows(ℓ - 1)]
     if not plan.sources[ℓ]:
         return below[:, :0]
     return below.index_select(1, tables.sources[ℓ])
+
+
+def _packed_chunk_end_states(packed, h: torch.Tensor, ht0: torch.Tensor) -> torch.Tensor:
+    """Level 1's snapshots with packed sequences, ``[1, F_1, H, K, V]`` float32: a firing at a
+    sequence's inner chunk c reads the start of the next packed chunk (``h[:, c + 1]``), one at
+    its last chunk (a whole last chunk) that sequence's final state ``ht0[i]``."""
+    _, _, H, K, V = h.shape
+    F = packed.end_pos.numel() + packed.final_pos.numel()
+    ends = h.new_empty(1, F, H, K, V, dtype=torch.float32)
+    if packed.end_pos.numel():
+        ends[0, packed.end_pos] = h[0].index_select(0, packed.end_chunk).float()
+    if packed.final_pos.numel():
+        ends[0, packed.final_pos] = ht0.index_select(0, packed.final_seq).float()
+    return ends

@@ -28,18 +28,18 @@ import torch
 import triton
 import triton.language as tl
 
-from optimized.nested.reads_fwd import (_expect, block_sizes, check_reads, dot_exact_a, dot_exact_b,
-                                        level_column, num_warps, router_probs)
+from optimized.nested.reads_fwd import (_expect, block_sizes, check_reads, chunk_tokens, dot_exact_a,
+                                        dot_exact_b, level_column, num_warps, router_probs)
 
 
 # T, N, S, L are runtime sizes (see reads_fwd_kernel).
 @triton.jit(do_not_specialize=["T", "N", "S", "L"])
 def reads_bwd_tokens_kernel(
-    do, q, r, o0, states, read_row, dq, dr, do0,
+    do, q, r, o0, states, read_row, chunk_bounds, dq, dr, do0,
     scale, T, N, S, L,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BKA: tl.constexpr, BV: tl.constexpr, BL: tl.constexpr,
-    SPLIT: tl.constexpr,
+    SPLIT: tl.constexpr, IS_VARLEN: tl.constexpr,
 ):
     """One (chunk j, batch·head) program, all ``BT = 64`` tokens; K visited in blocks of ``BKA``
     and V in blocks of ``BV`` (``u`` is made one key block at a time):
@@ -54,13 +54,14 @@ def reads_bwd_tokens_kernel(
         dr     = p ⊙ (dp - rowsum(p ⊙ dp))
 
     ``dq[:, :, :, 0]`` is not touched. Tokens ≥ T, columns ≥ K, V, L are masked.
+    ``IS_VARLEN``: chunk j's tokens are ``chunk_bounds[j]`` (``chunk_tokens``).
     """
     i_c, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
 
-    o_t = i_c * BT + tl.arange(0, BT)
+    o_t, m_t = chunk_tokens(i_c, chunk_bounds, T, BT, IS_VARLEN)
     o_l = tl.arange(0, BL)
-    m_t, m_l = o_t < T, o_l < L
+    m_l = o_l < L
     tok = (i_b.to(tl.int64) * T + o_t.to(tl.int64)) * H + i_h            # [BT] (b, t, h) index
 
     b_p = router_probs(r, i_b, i_h, o_t, m_t, T, L, H, BL)
@@ -104,11 +105,11 @@ def reads_bwd_tokens_kernel(
 
 @triton.jit(do_not_specialize=["T", "S", "L"])
 def reads_bwd_states_kernel(
-    do, q, r, row_level, row_chunk_lo, row_chunk_hi, dstates,
+    do, q, r, row_level, row_chunk_lo, row_chunk_hi, chunk_bounds, dstates,
     scale, T, S, L,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BL: tl.constexpr,
-    SPLIT: tl.constexpr,
+    SPLIT: tl.constexpr, IS_VARLEN: tl.constexpr,
 ):
     """One (V block, stored row s, batch·head) program; ``[BK, BV]`` accumulator, ℓ = row_level[s]:
 
@@ -118,7 +119,8 @@ def reads_bwd_states_kernel(
             acc += (p[:, ℓ] ⊙ q[tokens, ℓ])^T @ do[tokens, block]   [BK, BT] @ [BT, BV]
         dstates[s][:, block] = scale · acc                         (0 for a row nobody reads)
 
-    Tokens ≥ T (a ragged last chunk) are loaded as 0 and contribute nothing.
+    Tokens ≥ T (a ragged last chunk) are loaded as 0 and contribute nothing. ``IS_VARLEN``:
+    chunk j's tokens are ``chunk_bounds[j]`` (``chunk_tokens``).
     """
     i_v, i_s, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
@@ -132,8 +134,7 @@ def reads_bwd_states_kernel(
 
     b_ds = tl.zeros([BK, BV], dtype=tl.float32)
     for j in range(j_lo, j_hi):
-        o_t = j * BT + tl.arange(0, BT)
-        m_t = o_t < T
+        o_t, m_t = chunk_tokens(j, chunk_bounds, T, BT, IS_VARLEN)
         tok = (i_b.to(tl.int64) * T + o_t.to(tl.int64)) * H + i_h
         b_pl = level_column(router_probs(r, i_b, i_h, o_t, m_t, T, L, H, BL), l, BL)
         b_q = tl.load(q + (tok * L + l)[:, None] * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :],
@@ -156,7 +157,7 @@ def token_blocks(BK: int, BV: int) -> tuple[int, int, int]:
 def reads_bwd(do: torch.Tensor, q: torch.Tensor, r: torch.Tensor, o0: torch.Tensor, states: torch.Tensor,
               read_row: torch.Tensor, row_level: torch.Tensor, row_chunk_lo: torch.Tensor,
               row_chunk_hi: torch.Tensor, scale: float, dq: torch.Tensor, *, block_v: int | None = None,
-              with_states: bool = True):
+              with_states: bool = True, chunk_bounds: torch.Tensor | None = None):
     """Gradients of ``reads_fwd`` (module docstring). Returns ``(dr [B, T, H, L], do0 [B, T, H, V],
     dstates [B, S, H, K, V])``, all float32, and writes ``dq[:, :, :, 1:]`` in place.
 
@@ -165,9 +166,10 @@ def reads_bwd(do: torch.Tensor, q: torch.Tensor, r: torch.Tensor, o0: torch.Tens
     ``dq`` a contiguous ``[B, T, H, L, K]`` buffer in float32 or q's dtype (the float32 values
     are rounded once, on store): levels 1..L-1 are overwritten, level 0 is left alone.
     ``with_states=False``: ``dstates`` is None (``reads_bwd_states`` gives any rows of it later).
-    ``block_v`` as in ``reads_fwd``.
+    ``block_v`` and ``chunk_bounds`` (packed sequences) as in ``reads_fwd``.
     """
-    B, T, H, L, K, V, S, N = _check_bwd(do, q, r, o0, states, read_row, row_level, row_chunk_lo, row_chunk_hi)
+    B, T, H, L, K, V, S, N = _check_bwd(do, q, r, o0, states, read_row, row_level, row_chunk_lo, row_chunk_hi,
+                                        chunk_bounds)
     _expect("dq", dq, (B, T, H, L, K), (torch.float32, q.dtype), q.device)
     if not dq.is_contiguous():
         raise ValueError("dq must be contiguous (levels 1..L-1 are written into it in place)")
@@ -183,19 +185,19 @@ def reads_bwd(do: torch.Tensor, q: torch.Tensor, r: torch.Tensor, o0: torch.Tens
     split = q.dtype == torch.bfloat16
     if T > 0:
         reads_bwd_tokens_kernel[(N, B * H)](
-            do, q, r, o0.contiguous(), states, read_row.contiguous(), dq, dr, do0,
+            do, q, r, o0.contiguous(), states, read_row.contiguous(), chunk_bounds, dq, dr, do0,
             float(scale), T, N, S, L,
-            H=H, K=K, V=V, BT=BT, BKA=BKA, BV=BVA, BL=BL, SPLIT=split,
+            H=H, K=K, V=V, BT=BT, BKA=BKA, BV=BVA, BL=BL, SPLIT=split, IS_VARLEN=chunk_bounds is not None,
             num_warps=warps_a)
     if with_states:
         dstates = reads_bwd_states(do, q, r, o0, states, read_row, row_level, row_chunk_lo, row_chunk_hi, scale,
-                                   slice(0, S), block_v=block_v)
+                                   slice(0, S), block_v=block_v, chunk_bounds=chunk_bounds)
     return dr, do0, dstates
 
 
-def _check_bwd(do, q, r, o0, states, read_row, row_level, row_chunk_lo, row_chunk_hi):
+def _check_bwd(do, q, r, o0, states, read_row, row_level, row_chunk_lo, row_chunk_hi, chunk_bounds=None):
     """``check_reads`` and the backward's own inputs; returns the same sizes."""
-    B, T, H, L, K, V, S, N = check_reads(q, r, o0, states, read_row)
+    B, T, H, L, K, V, S, N = check_reads(q, r, o0, states, read_row, chunk_bounds)
     _expect("do", do, (B, T, H, V), (q.dtype,), q.device)
     for name, x in (("row_level", row_level), ("row_chunk_lo", row_chunk_lo), ("row_chunk_hi", row_chunk_hi)):
         _expect(name, x, (S,), (torch.int32,), q.device)
@@ -205,12 +207,13 @@ def _check_bwd(do, q, r, o0, states, read_row, row_level, row_chunk_lo, row_chun
 def reads_bwd_states(do: torch.Tensor, q: torch.Tensor, r: torch.Tensor, o0: torch.Tensor, states: torch.Tensor,
                      read_row: torch.Tensor, row_level: torch.Tensor, row_chunk_lo: torch.Tensor,
                      row_chunk_hi: torch.Tensor, scale: float, rows: slice, *,
-                     block_v: int | None = None) -> torch.Tensor:
+                     block_v: int | None = None, chunk_bounds: torch.Tensor | None = None) -> torch.Tensor:
     """The stored rows ``rows`` (a step-1 slice of ``0 .. S``) of ``reads_bwd``'s ``dstates``, as a
     fresh float32 ``[B, len(rows), H, K, V]``: the nested backward asks for one level's rows at a
     time, so the levels' state gradients are never all alive at once. Same kernel, launched on
     the row tables' slices; inputs as in ``reads_bwd`` (checked the same way)."""
-    B, T, H, L, K, V, S, N = _check_bwd(do, q, r, o0, states, read_row, row_level, row_chunk_lo, row_chunk_hi)
+    B, T, H, L, K, V, S, N = _check_bwd(do, q, r, o0, states, read_row, row_level, row_chunk_lo, row_chunk_hi,
+                                        chunk_bounds)
     if not isinstance(rows, slice):
         raise TypeError(f"rows must be a slice, got {type(rows).__name__}")
     start, stop, step = rows.indices(S)
@@ -222,8 +225,8 @@ def reads_bwd_states(do: torch.Tensor, q: torch.Tensor, r: torch.Tensor, o0: tor
     if n > 0 and B * H > 0 and K * V > 0:
         reads_bwd_states_kernel[(triton.cdiv(V, BV), n, B * H)](
             do.contiguous(), q.contiguous(), r.contiguous(), row_level[start:stop].contiguous(),
-            row_chunk_lo[start:stop].contiguous(), row_chunk_hi[start:stop].contiguous(), dstates,
+            row_chunk_lo[start:stop].contiguous(), row_chunk_hi[start:stop].contiguous(), chunk_bounds, dstates,
             float(scale), T, n, L,
             H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, BL=BL, SPLIT=q.dtype == torch.bfloat16,
-            num_warps=num_warps(BK, BV))
+            IS_VARLEN=chunk_bounds is not None, num_warps=num_warps(BK, BV))
     return dstates

@@ -61,6 +61,22 @@ def router_probs(r, i_b, i_h, o_t, m_t, T, L, H: tl.constexpr, BL: tl.constexpr)
 
 
 @triton.jit
+def chunk_tokens(i_c, chunk_bounds, T, BT: tl.constexpr, IS_VARLEN: tl.constexpr):
+    """The tokens of chunk ``i_c`` and their mask, ``(o_t [BT], m_t [BT])``: ``i_c·BT ..`` below
+    ``T``, or (``IS_VARLEN``, packed sequences) ``chunk_bounds[i_c] = (first, end)`` of the
+    packed row (each sequence's chunks start at its first token)."""
+    if IS_VARLEN:
+        lo = tl.load(chunk_bounds + 2 * i_c)
+        hi = tl.load(chunk_bounds + 2 * i_c + 1)
+        o_t = lo + tl.arange(0, BT)
+        m_t = o_t < hi
+    else:
+        o_t = i_c * BT + tl.arange(0, BT)
+        m_t = o_t < T
+    return o_t, m_t
+
+
+@triton.jit
 def level_column(b_p, l, BL: tl.constexpr):
     """Column ``l`` (a runtime level) of a ``[BT, BL]`` block: ``[BT]``."""
     o_l = tl.arange(0, BL)
@@ -104,11 +120,11 @@ def dot_exact_b(a, b, SPLIT: tl.constexpr):
 # dtype pick a variant).
 @triton.jit(do_not_specialize=["T", "N", "S", "L"])
 def reads_fwd_kernel(
-    q, r, o0, states, read_row, o,
+    q, r, o0, states, read_row, chunk_bounds, o,
     scale, T, N, S, L,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BL: tl.constexpr,
-    SPLIT: tl.constexpr,
+    SPLIT: tl.constexpr, IS_VARLEN: tl.constexpr,
 ):
     """One (V block, chunk j, batch·head) program; ``BT = 64`` tokens, ``[BT, BV]`` outputs:
 
@@ -120,14 +136,15 @@ def reads_fwd_kernel(
         o[tokens, block] = acc  (in o's dtype)
 
     Tokens ≥ T, key columns ≥ K and value columns ≥ V are masked (loaded as 0, never stored).
+    ``IS_VARLEN``: chunk j's tokens are ``chunk_bounds[j]`` (``chunk_tokens``).
     """
     i_v, i_c, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
 
-    o_t = i_c * BT + tl.arange(0, BT)
+    o_t, m_t = chunk_tokens(i_c, chunk_bounds, T, BT, IS_VARLEN)
     o_k = tl.arange(0, BK)
     o_v = i_v * BV + tl.arange(0, BV)
-    m_t, m_k, m_v = o_t < T, o_k < K, o_v < V
+    m_k, m_v = o_k < K, o_v < V
     m_tk = m_t[:, None] & m_k[None, :]
     m_tv = m_t[:, None] & m_v[None, :]
     m_kv = m_k[:, None] & m_v[None, :]
@@ -222,9 +239,9 @@ def _expect(name, x, shape, dtypes, device):
         raise ValueError(f"{name} is on {x.device}, expected {device} (the device of q)")
 
 
-def check_reads(q, r, o0, states, read_row):
+def check_reads(q, r, o0, states, read_row, chunk_bounds=None):
     """Shapes, dtypes and devices shared by ``reads_fwd`` and ``reads_bwd``; returns the sizes
-    ``(B, T, H, L, K, V, S, N)``."""
+    ``(B, T, H, L, K, V, S, N)`` (``N``: the chunks, ``chunk_bounds``' rows when given)."""
     if not isinstance(q, torch.Tensor):
         raise TypeError(f"q must be a torch.Tensor, got {type(q).__name__}")
     if q.dim() != 5:
@@ -237,6 +254,14 @@ def check_reads(q, r, o0, states, read_row):
                          f"{tuple(states.shape) if isinstance(states, torch.Tensor) else type(states).__name__}")
     S, V = states.shape[1], states.shape[-1]
     N = triton.cdiv(T, CHUNK)
+    if chunk_bounds is not None:
+        if B != 1:
+            raise ValueError(f"chunk_bounds: packed sequences need B = 1, got B = {B}")
+        if not isinstance(chunk_bounds, torch.Tensor) or chunk_bounds.dim() != 2:
+            raise ValueError("chunk_bounds must be an int32 [N, 2] tensor (each packed chunk's first token "
+                             "and one past its last)")
+        N = chunk_bounds.shape[0]
+        _expect("chunk_bounds", chunk_bounds, (N, 2), (torch.int32,), q.device)
     _expect("r", r, (B, T, H, L), (q.dtype,), q.device)
     _expect("o0", o0, (B, T, H, V), (q.dtype,), q.device)
     _expect("states", states, (B, S, H, K, V), (torch.float32,), q.device)
@@ -250,24 +275,27 @@ def check_reads(q, r, o0, states, read_row):
 
 
 def reads_fwd(q: torch.Tensor, r: torch.Tensor, o0: torch.Tensor, states: torch.Tensor,
-              read_row: torch.Tensor, scale: float, *, block_v: int | None = None) -> torch.Tensor:
+              read_row: torch.Tensor, scale: float, *, block_v: int | None = None,
+              chunk_bounds: torch.Tensor | None = None) -> torch.Tensor:
     """``o [B, T, H, V]`` in q's dtype: ``o_t = p_t,0 o0_t + Σ_{ℓ≥1} p_t,ℓ · scale · M_ℓ,j^T q_t^(ℓ)``
     with ``p_t = softmax(r_t)`` and ``M_ℓ,j = states[read_row[ℓ, j]]`` (module docstring).
 
     ``q [B, T, H, L, K]``, ``r [B, T, H, L]``, ``o0 [B, T, H, V]`` (one dtype: float32 or
     bfloat16); ``states [B, S, H, K, V]`` float32; ``read_row int32 [L, N]`` (valid rows of
     ``states``; not checked: it lives on the device). ``block_v``: the V block (tests shrink
-    it to reach several V blocks).
+    it to reach several V blocks). ``chunk_bounds``: sequences packed in one row (``B = 1``):
+    int32 ``[N, 2]``, each chunk's first token and one past its last (every sequence's chunks
+    start at its first token); ``read_row`` then runs over these N chunks.
     """
-    B, T, H, L, K, V, S, N = check_reads(q, r, o0, states, read_row)
+    B, T, H, L, K, V, S, N = check_reads(q, r, o0, states, read_row, chunk_bounds)
     BT, BK, BV, BL = block_sizes(K, V, L, block_v)
     o = o0.new_empty(B, T, H, V)
     if o.numel() == 0:
         return o
     grid = (triton.cdiv(V, BV), N, B * H)
     reads_fwd_kernel[grid](
-        q.contiguous(), r.contiguous(), o0.contiguous(), states.contiguous(), read_row.contiguous(), o,
+        q.contiguous(), r.contiguous(), o0.contiguous(), states.contiguous(), read_row.contiguous(), chunk_bounds, o,
         float(scale), T, N, S, L,
         H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, BL=BL, SPLIT=q.dtype == torch.bfloat16,
-        num_warps=num_warps(BK, BV))
+        IS_VARLEN=chunk_bounds is not None, num_warps=num_warps(BK, BV))
     return o

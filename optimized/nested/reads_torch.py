@@ -71,9 +71,16 @@ def _add_rows(dst: torch.Tensor, index: Sequence[int], src: torch.Tensor) -> Non
 
 # --- the reads and router with the Triton kernels' signatures (``Pieces.reads``) ----------
 
+def _unpacked(tables) -> None:
+    if tables.packed is not None:
+        raise ValueError("the PyTorch reads take one sequence per row; packed sequences (cu_seqlens) "
+                         "need the Triton reads (the nested op's default pieces)")
+
+
 def reads_router_fwd_torch(q, r, o0, states, plan, tables, scale, block_v=None):
     """``o = p_0 · o0 + Σ_{ℓ≥1} p_ℓ · read_ℓ`` with ``p = softmax(r)``, in q's dtype; ``states``
     the ``[B, S, H, K, V]`` buffer of ``plan.device_tables``."""
+    _unpacked(tables)
     p = torch.softmax(r.float(), dim=-1)
     o = p[..., 0, None] * o0.float()
     for ℓ in range(1, plan.L):
@@ -85,6 +92,7 @@ def reads_router_fwd_torch(q, r, o0, states, plan, tables, scale, block_v=None):
 def reads_router_bwd_torch(do, q, r, o0, states, plan, tables, scale, dq, block_v=None):
     """Gradients of ``reads_router_fwd_torch``: writes ``dq[:, :, :, 1:]``; returns ``(dr, do0 =
     p_0 · do, dstates [B, S, H, K, V])``, float32."""
+    _unpacked(tables)
     do = do.float()
     p = torch.softmax(r.float(), dim=-1)
     dp = torch.empty_like(p)
