@@ -5,16 +5,19 @@ Each mutant is ``optimized.chunk_fenwick_gdn2`` with one named piece of its forw
 (the pieces are module-level names of ``optimized.fenwick_gdn2.fwd``, swapped only for the
 duration of the call; tests in one process run one at a time), or with one exact source
 substitution planted in a production kernel or function (``kernel_mutation.py``). The backward
-reuses what the forward saved, so a value mutant is checked on values only.
+reuses what the forward saved, so a value mutant is checked on values only. The packed-row
+mutants (end of file) break how a sequence of a packed row finds its chunks.
 """
 from __future__ import annotations
 
+import dataclasses
 from unittest import mock
 
 import torch
 
 import optimized.fenwick_gdn2.chunk as chunk
 import optimized.fenwick_gdn2.fwd as fwd
+import optimized.fenwick_gdn2.packing as packing
 import optimized.fenwick_gdn2.states as states
 from kernel_mutation import Plant, planted
 from optimized.fenwick_gdn2 import chunk_fenwick_gdn2
@@ -87,8 +90,8 @@ def chunk_fenwick_gdn2_intra_level_off_by_one(*args, **kwargs):
 def chunk_fenwick_gdn2_final_split_off_by_one(*args, **kwargs):
     """The last chunk's own tokens are filed into final-state level ``level(T − 1, s) + 1``
     (levels 0 … 6 rolled by one)."""
-    def rolled(T, device):
-        return torch.roll(_own_level_masks(T, device), 1, dims=1)
+    def rolled(T, device, p=None):
+        return torch.roll(_own_level_masks(T, device, p), 1, dims=1)
     return _call({"own_level_masks": rolled}, args, kwargs)
 
 
@@ -110,3 +113,46 @@ def chunk_fenwick_gdn2_dropped_level_scale_gradient(q, k, v, g, b, w, level_scal
 def chunk_fenwick_gdn2_initial_state_ignored(*args, initial_state=None, **kwargs):
     """The passed bucket states are dropped (the continuation starts from empty buckets)."""
     return chunk_fenwick_gdn2(*args, **kwargs)
+
+
+# --- packed rows (cu_seqlens) ---------------------------------------------------------------
+
+# The scan reads a sequence's carries at its chunk's index on the packed grid (its first chunk's
+# index there plus the local one) instead of its local chunk index: a sequence that does not
+# start the packed row merges its buckets on the packed row's counter.
+PACKED_GRID_CARRIES = Plant(states, "fenwick_states_fwd_kernel", "m = tl.load(mtab + c)",
+                            "m = tl.load(mtab + i_c0 + c)")
+
+
+def _long_carry_table(offset, N, device):
+    """The carry table long enough for any packed grid index of the test rows (the twin above
+    reads past a sequence's own chunk count)."""
+    return _carry_table(offset, N + 1024, device)
+
+
+def chunk_fenwick_gdn2_packed_grid_carries(*args, **kwargs):
+    """A packed row whose carry scan counts each sequence's chunks on the packed grid (the
+    Fenwick counter of the packed row, not the sequence's own from its first token)."""
+    with planted(PACKED_GRID_CARRIES), mock.patch.object(fwd, "carry_table", _long_carry_table):
+        return chunk_fenwick_gdn2(*args, **kwargs)
+
+
+def _last_chunks_on_the_packed_grid(p):
+    """Each sequence's "last chunk" taken on the packed row's chunk grid: from the packed row's
+    chunk boundary before its last token (or its first token, if later)."""
+    bounds = p.bounds
+    starts = [max(s, 64 * ((e - 1) // 64)) for s, e in zip(bounds[:-1], bounds[1:])]
+    tail_bounds = [0]
+    for t0, e in zip(starts, bounds[1:]):
+        tail_bounds.append(tail_bounds[-1] + e - t0)
+    rows = torch.cat([torch.arange(t0, e) for t0, e in zip(starts, bounds[1:])]).to(p.cu_seqlens.device)
+    tail = packing.packing(torch.tensor(tail_bounds, dtype=p.cu_seqlens.dtype, device=p.cu_seqlens.device),
+                           tail_bounds)
+    return dataclasses.replace(tail, rows=rows)
+
+
+def chunk_fenwick_gdn2_packed_grid_final_split(*args, **kwargs):
+    """A packed row whose final-state split pass reads, for each sequence, the packed row's
+    chunk holding its last token instead of the sequence's own last chunk."""
+    with mock.patch.object(fwd, "last_chunks", _last_chunks_on_the_packed_grid):
+        return chunk_fenwick_gdn2(*args, **kwargs)

@@ -2,11 +2,13 @@
 the optimized op equals ``reference.naive_fenwick_gdn2`` in value, final states and every
 gradient (λ included), on ragged sequences spanning several chunk-level carries; with
 ``λ ≡ 1`` it is ``optimized.chunk_gdn2``; splitting a sequence at a multiple of 64 and passing
-the bucket states on is one call. Each property has a mutation test showing it fails on a
-broken op (``fenwick_gdn2_mutants.py``).
+the bucket states on is one call; a packed row (cu_seqlens) of sequences with different bucket
+counts is separate calls. Each property has a mutation test showing it fails on a broken op
+(``fenwick_gdn2_mutants.py``).
 
 CPU cost (interpreter, 2 cores shared with other load): about 80 s of CPU in one process, plus
-~12 s of first-call warm-up per extra xdist worker. The ci profile's two Hypothesis draws have
+~12 s of first-call warm-up per extra xdist worker; the three packed-row cases add about 20 s
+(one unloaded core). The ci profile's two Hypothesis draws have
 B = H = 1; the named cases add two heads (extreme regime) and two sequences (state passing).
 """
 import pytest
@@ -14,7 +16,9 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from ngdn import ops
 from ngdn.checks import fenwick_gdn2 as checks
+from ngdn.checks import generic
 import fenwick_gdn2_mutants as mutants
 from ngdn.compile_buckets import bucket_params, on_bucket
 from ngdn.fenwick_inputs import FenwickShape
@@ -184,6 +188,40 @@ def test_mutant_harness_without_bugs_passes():
 
     assert not failures(checks.optimized_vs_reference(FenwickShape(B=1, T=20, H=1, K=16, V=16), 0, optimized=clean,
                                                       log=False, grads=False))
+
+
+# Packed rows: a 3-chunk sequence (carries m = 0, 1; J = 2), a 1-token one, a 5-chunk one
+# starting at chunk 4 of the packed grid (carries m = 0, 1, 0, 2 on its own counter; 0, 1, 0, 3
+# on the packed grid's; J = 3, the row's), and a full one-chunk one; the last chunks are 2, 1,
+# 44 and 64 tokens, none on the packed row's chunk grid but the first two.
+RAGGED_LENGTHS = (130, 1, 300, 64)
+
+
+def ragged_draw():
+    info = ops.get("fenwick-gdn2")
+    d = ops.packed_draw(info, RAGGED_LENGTHS, H=1, K=16, V=16, seed=11)
+    return info, d._replace(shape=on_bucket(d.shape)._replace(H=1))
+
+
+def test_packed_sequences_reach_different_bucket_counts():
+    """SPEC "Variable-length batches": one packed call (one launch set) equals separate calls in
+    output, per-sequence final states and every gradient, with sequences of 1, 1, 3 and 5 chunks
+    (the longest sets the row's bucket blocks; the shorter ones' stay empty)."""
+    info, d = ragged_draw()
+    assert_passes(generic.packed_equals_separate(info, d, RAGGED_LENGTHS, torch.float32, cu_dtype=torch.int64))
+
+
+@pytest.mark.mutation
+@pytest.mark.parametrize("mutant, broken", [
+    (mutants.chunk_fenwick_gdn2_packed_grid_carries, "output"),
+    (mutants.chunk_fenwick_gdn2_packed_grid_final_split, "final_state"),
+], ids=["packed_grid_carries", "packed_grid_final_split"])
+def test_packed_sequences_catch_the_packed_grid(mutant, broken):
+    """The property fails when a sequence's carries or its final split follow the packed row's
+    chunk grid instead of its own."""
+    info, d = ragged_draw()
+    bad = failures(generic.packed_equals_separate(info, d, RAGGED_LENGTHS, torch.float32, op=mutant, log=False))
+    assert broken in bad, bad
 
 
 def test_backward_without_final_state():

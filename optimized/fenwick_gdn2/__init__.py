@@ -91,7 +91,27 @@ Triton (fla-core 0.6.0, called, not copied): ``chunk_local_cumsum``, ``chunk_gdn
 (backward). PyTorch: stacking and unstacking the values (own-level masks), the λ-weighted
 sum of the stacked bucket reads and its ``dλ`` (``einsum``), the initial-state carry and its
 transpose. The backward is hand-written (a ``torch.autograd.Function``; no autograd inside),
-deterministic (no atomics: one program per chunk, or per head and block of V columns).
+deterministic (no atomics: one program per chunk, or per sequence, head and block of V columns).
+
+Packed rows
+-----------
+
+With ``cu_seqlens`` (``B = 1``, N sequences back to back; ``packing.py``) one launch set runs the
+whole row, forward and backward. Each sequence keeps its own chunk grid from its first token
+(its last chunk may be partial; a 1-token sequence is one partial chunk), and all sequences'
+chunks in order form the packed grid (``chunk_indices``: sequence and local chunk index of each;
+``chunk_offsets``: where each sequence's chunks start in it). fla's pieces take
+``cu_seqlens``/``chunk_indices`` and index ``h``, ``dh`` by the packed grid. Ours: ``wy.py``
+and ``intra.py`` run one program per packed-grid chunk and head, reading the chunk's sequence
+and local index; ``states.py`` runs one program per (sequence, head, block of V columns),
+walking that sequence's chunks with the carries of its LOCAL chunk index (its own Fenwick
+counter) and writing its final states ``[N, H, L, K, V]`` from its own last chunk. One ``NB``
+for the row, the longest sequence's: a shorter sequence's higher bucket blocks stay zero. The
+split pass runs on a second packed row, every sequence's last chunk (``packing.last_chunks``;
+a one-chunk sequence's whole chunk, so its tokens run in both passes); its gradients go back
+to those rows. A row whose sequences are all one chunk long runs the split pass alone. A
+constexpr ``IS_VARLEN`` selects the packed indexing: without ``cu_seqlens`` the kernels and
+their grids are those of a ``[B, T]`` batch.
 
 State passing (this op's contract; the reference has none)
 -----------------------------------------------------------

@@ -38,11 +38,13 @@ def fenwick_gdn2_bwd(s: Saved, do: torch.Tensor, dfinal: torch.Tensor | None):
     n_own = s.own_masks.shape[1]
     NB = J + n_own
     N = s.h.shape[1]
+    p = s.packing
+    fla = {} if p is None else p.fla()
     do = do.float().contiguous()
 
     dlam = torch.zeros(B, T, H, L, device=do.device, dtype=torch.float32)
     precision = dot_precision(s.q.dtype)
-    dwv, dlam_own, dAqk_own, dL_own = intra_bwd(s.v, s.w, s.lam, s.Aqk, s.Akk, do, precision=precision)
+    dwv, dlam_own, dAqk_own, dL_own = intra_bwd(s.v, s.w, s.lam, s.Aqk, s.Akk, do, precision=precision, p=p)
     n_intra = min(INTRA_LEVELS, L)
     dlam[..., :n_intra] = dlam_own[..., :n_intra]
     do_st = torch.zeros(B, T, H, NB, V, device=do.device, dtype=s.q.dtype)   # what fla's pieces read
@@ -52,18 +54,19 @@ def fenwick_gdn2_bwd(s: Saved, do: torch.Tensor, dfinal: torch.Tensor | None):
         do_st[:, :, :, :J] = s.lam[..., OWN_LEVELS: OWN_LEVELS + J, None].float() * do[:, :, :, None, :]
     do_st = do_st.reshape(B, T, H, NB * V)
 
-    dAqk, dv_intra = chunk_kda_bwd_dAv(q=s.q, k=s.k, v=s.vn, do=do_st, A=s.Aqk, scale=s.scale, chunk_size=CHUNK)
+    dAqk, dv_intra = chunk_kda_bwd_dAv(q=s.q, k=s.k, v=s.vn, do=do_st, A=s.Aqk, scale=s.scale, chunk_size=CHUNK,
+                                       **fla)
     dfinal = None if dfinal is None else dfinal.float().contiguous()
     dh, dvn, dpre0 = states_bwd(s.qg, s.kg, s.w_wy, s.gk, do_st, dv_intra, dfinal, s.mtab, s.scale, N, J, L, V,
-                                n_own, precision=precision, dtype=s.q.dtype)
+                                n_own, precision=precision, dtype=s.q.dtype, p=p)
     dq, dk, dv_st, db, dw_st, dg, dL = chunk_gdn2_bwd_wy_dqkg_fused(
         q=s.q, k=s.k, v=s.v_st, v_new=s.vn, g=s.gk, b=s.b, w_gate=s.w_st, A=s.Akk,
-        h=s.h, do=do_st, dh=dh, dv=dvn, scale=s.scale, chunk_size=CHUNK)
+        h=s.h, do=do_st, dh=dh, dv=dvn, scale=s.scale, chunk_size=CHUNK, **fla)
     dAqk = dAqk + s.scale * dAqk_own
     dL = dL + dL_own
     dq, dk, db, dg = chunk_gdn2_bwd_intra(q=s.q, k=s.k, g=s.gk, b=s.b, dAqk=dAqk, dAkk=dL, dq=dq, dk=dk, db=db,
-                                          dg=dg, chunk_size=CHUNK)
-    dg = chunk_local_cumsum(dg, chunk_size=CHUNK, reverse=True)
+                                          dg=dg, chunk_size=CHUNK, **fla)
+    dg = chunk_local_cumsum(dg, chunk_size=CHUNK, reverse=True, **fla)
 
     own = s.own_masks[None, :, None, :, None]                                 # [1, T, 1, 7, 1]
     dv = (dv_st.view(B, T, H, NB, V)[:, :, :, J:].float() * own).sum(3) + dwv * s.w.float()   # own blocks only
@@ -77,7 +80,8 @@ def fenwick_gdn2_bwd(s: Saved, do: torch.Tensor, dfinal: torch.Tensor | None):
 
 def fenwick_gdn2_bwd_with_tail(s: Saved, tail: Saved | None, do: torch.Tensor, dfinal: torch.Tensor | None):
     """The backward of ``fenwick_gdn2_fwd``: the main pass's, and with the last chunk's split pass
-    (``tail``) and a final-state gradient, that pass's for levels 0 … 6 added on the last chunk.
+    (``tail``) and a final-state gradient, that pass's for levels 0 … 6 added on the last chunk
+    (in a packed row on every sequence's last chunk, the tail row's ``rows``).
     The main pass then sees no gradient on levels 0 … 6 (its own block's end is not a final state)."""
     if tail is None or dfinal is None:
         return fenwick_gdn2_bwd(s, do, dfinal)
@@ -86,8 +90,14 @@ def fenwick_gdn2_bwd_with_tail(s: Saved, tail: Saved | None, do: torch.Tensor, d
     dfinal_main = dfinal.clone()
     dfinal_main[:, :, :n] = 0
     grads = list(fenwick_gdn2_bwd(s, do, dfinal_main))
-    t0 = last_chunk_start(s.q.shape[1])
-    tail_grads = fenwick_gdn2_bwd(tail, do.new_zeros(do[:, t0:].shape), dfinal)
-    for i in range(7):                                                         # dq … dλ
-        grads[i][:, t0:] += tail_grads[i]
+    T_tail = tail.q.shape[1]
+    tail_grads = fenwick_gdn2_bwd(tail, do.new_zeros(do.shape[0], T_tail, *do.shape[2:]), dfinal)
+    if tail.packing is None:
+        t0 = last_chunk_start(s.q.shape[1])
+        for i in range(7):                                                     # dq … dλ
+            grads[i][:, t0:] += tail_grads[i]
+    else:
+        rows = tail.packing.rows                                               # distinct positions
+        for i in range(7):
+            grads[i][:, rows] += tail_grads[i]
     return tuple(grads)

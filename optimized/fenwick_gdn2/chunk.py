@@ -7,7 +7,8 @@ from optimized.autograd import empty_result, first_order_only
 from optimized.checks import KERNEL_DTYPES, check_finite_activations, check_kernel_device, check_kernel_dtype
 from optimized.fenwick_gdn2.bwd import fenwick_gdn2_bwd_with_tail
 from optimized.fenwick_gdn2.fwd import Saved, fenwick_gdn2_fwd, stacked_blocks
-from optimized.fenwick_gdn2.states import CHUNK
+from optimized.fenwick_gdn2.packing import packing
+from optimized.fenwick_gdn2.states import CHUNK, OWN_LEVELS
 from reference.fenwick import check_level_scales, min_levels
 from reference.validation import (check_gdn2_inputs, check_same_device, check_same_dtype, check_shape,
                                   check_sizes, check_tensor, sequences)
@@ -16,7 +17,8 @@ MAX_HEAD_DIM = 256  # fla's GDN-2 kernels support K <= 256
 
 
 def _meta(saved):
-    return dict(scale=saved.scale, J=saved.J, offset=saved.offset, has_initial_state=saved.has_initial_state)
+    return dict(scale=saved.scale, J=saved.J, offset=saved.offset, has_initial_state=saved.has_initial_state,
+                packing=saved.packing)
 
 
 def _unpack(tensors: list, has_reads: bool, meta: dict) -> Saved:
@@ -27,9 +29,11 @@ def _unpack(tensors: list, has_reads: bool, meta: dict) -> Saved:
 
 class ChunkFenwickGDN2Function(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, g, b, w, level_scales, initial_state, scale, offset, output_final_state):
+    def forward(ctx, q, k, v, g, b, w, level_scales, initial_state, scale, offset, output_final_state,
+                cu_seqlens=None, bounds=None):
+        p = None if cu_seqlens is None else packing(cu_seqlens, bounds)
         o, final, saved, tail = fenwick_gdn2_fwd(q, k, v, g, b, w, level_scales, scale, initial_state, offset,
-                                                 split_final=output_final_state)
+                                                 split_final=output_final_state, p=p)
         parts = [saved] + ([tail] if tail is not None else [])
         lists = [[t for t in p.tensors() if t is not None] for p in parts]
         ctx.save_for_backward(*[t for tensors in lists for t in tensors])
@@ -46,14 +50,16 @@ class ChunkFenwickGDN2Function(torch.autograd.Function):
         dq, dk, dv, dg, db, dw, dlam, dh0 = fenwick_gdn2_bwd_with_tail(saved, tail, do, dfinal)
         q = saved.q
         return (dq.to(q.dtype), dk.to(q.dtype), dv.to(q.dtype), dg.to(q.dtype), db.to(q.dtype), dw.to(q.dtype),
-                dlam.to(q.dtype), dh0, None, None, None)
+                dlam.to(q.dtype), dh0, None, None, None, None, None)
 
 
 def check_fenwick_gdn2_kernel_inputs(q, k, v, g, b, w, level_scales, scale, initial_state, offset,
                                      cu_seqlens=None):
-    """Every check of the entry point, before any work. Returns ``(B, T, H, K, V, L)``."""
+    """Every check of the entry point, before any work. Returns ``(B, T, H, K, V, L, bounds)``,
+    ``bounds`` the host copy of ``cu_seqlens`` (None without it)."""
     B, T, H, K, V = check_gdn2_inputs(q, k, v, g, b, w, scale, dtypes=KERNEL_DTYPES, cu_seqlens=cu_seqlens)
-    lengths = [T] if cu_seqlens is None else [e - s for _, s, e in sequences(cu_seqlens)]
+    bounds = None if cu_seqlens is None else [0] + [e for _, _, e in sequences(cu_seqlens)]
+    lengths = [T] if cu_seqlens is None else [e - s for s, e in zip(bounds[:-1], bounds[1:])]
     if initial_state is not None and not isinstance(initial_state, torch.Tensor):
         raise TypeError(f"initial_state must be a torch.Tensor or None, got {type(initial_state).__name__}")
     if not isinstance(offset, int) or isinstance(offset, bool):
@@ -88,18 +94,20 @@ def check_fenwick_gdn2_kernel_inputs(q, k, v, g, b, w, level_scales, scale, init
     if K > MAX_HEAD_DIM:
         raise ValueError(f"q: key dim K must be <= {MAX_HEAD_DIM} for fla's GDN-2 kernels, got {K}")
     check_sizes((("level_scales [B, T, H, L]", (B, T, H, L)),))
-    for T_run in sorted(set(lengths)):      # one run per packed sequence (one run without cu_seqlens)
-        N = -(-T_run // CHUNK)
-        NB = stacked_blocks(offset, T_run, L, initial_state is not None)
-        check_sizes((("the stacked values [B, T, H, (J + 1) * V]", (B, T_run, H, NB * V)),
-                     ("the stacked per-chunk states [B, ceil(T/64), H, K, (J + 1) * V]", (B, N, H, K, NB * V)),
-                     ("the final states [B, H, L, K, V]", (B, H, L, K, V))))
+    NB = stacked_blocks(offset, max(lengths), L, initial_state is not None)   # the longest sets J
+    N = sum(-(-T_i // CHUNK) for T_i in lengths)                               # chunks of all rows
+    check_sizes((("the stacked values [B, T, H, (J + 1) * V]", (B, T, H, NB * V)),
+                 ("the stacked per-chunk states [B, ceil(T/64), H, K, (J + 1) * V]", (B, N, H, K, NB * V)),
+                 ("the final states [B, H, L, K, V]", (len(lengths) if cu_seqlens is not None else B, H, L, K, V))))
+    if cu_seqlens is not None and max(lengths) > CHUNK:      # the split pass over every sequence's last chunk
+        T_tail = sum(T_i - CHUNK * ((T_i - 1) // CHUNK) for T_i in lengths)
+        check_sizes((("the last chunks' stacked values [1, T_last, H, 7 * V]", (1, T_tail, H, OWN_LEVELS * V)),))
     check_kernel_device("q", q)
     check_kernel_dtype("q", q)
     check_finite_activations((("q", q), ("k", k), ("v", v), ("g", g), ("b", b), ("w", w),
                               ("level_scales", level_scales)),
                              params=(() if initial_state is None else (("initial_state", initial_state),)))
-    return B, T, H, K, V, L
+    return B, T, H, K, V, L, bounds
 
 
 def chunk_fenwick_gdn2(q, k, v, g, b, w, level_scales, scale=None, initial_state=None, output_final_state=False,
@@ -123,16 +131,16 @@ def chunk_fenwick_gdn2(q, k, v, g, b, w, level_scales, scale=None, initial_state
             chunk grid and Fenwick counter from its first token; final states ``[N, H, L, K, V]``;
             ``L ≥ 1 + ceil(log2 T_i)`` for the longest. With it ``offset`` must be 0 and
             ``initial_state`` None (a packed sequence cannot continue an earlier call; continue it
-            in a call of its own). The kernels run once per sequence (one launch set per sequence,
-            after one validation for the whole packed call); a per-sequence kernel grid is future
-            work.
+            in a call of its own). One launch set runs the whole packed row, forward and backward:
+            every kernel indexes each sequence's own chunks (``optimized.fenwick_gdn2``, "Packed
+            rows"); the bucket blocks follow the longest sequence.
 
     Returns:
         ``(o [B, T, H, V] in v's dtype, states [B, H, L, K, V] float32 or None)``.
         Differentiable in q, k, v, g, b, w, level_scales and initial_state.
     """
-    B, T, H, K, V, L = check_fenwick_gdn2_kernel_inputs(q, k, v, g, b, w, level_scales, scale, initial_state,
-                                                        offset, cu_seqlens)
+    B, T, H, K, V, L, bounds = check_fenwick_gdn2_kernel_inputs(q, k, v, g, b, w, level_scales, scale,
+                                                                initial_state, offset, cu_seqlens)
     scale = K ** -0.5 if scale is None else float(scale)
     if B == 0 or H == 0:           # fla's KDA backward piece divides by H at compile time
         inputs = (q, k, v, g, b, w, level_scales, initial_state)
@@ -145,13 +153,5 @@ def chunk_fenwick_gdn2(q, k, v, g, b, w, level_scales, scale=None, initial_state
         initial_state = initial_state.contiguous()
     q, k, v, g, b, w, level_scales, initial_state = first_order_only("chunk_fenwick_gdn2", q, k, v, g, b, w,
                                                                      level_scales, initial_state)
-    if cu_seqlens is None:
-        return ChunkFenwickGDN2Function.apply(q, k, v, g, b, w, level_scales, initial_state, scale, offset,
-                                              output_final_state)
-    outputs, finals = [], []
-    for _, s, e in sequences(cu_seqlens):          # B = 1: each slice along T is contiguous
-        o_i, final_i = ChunkFenwickGDN2Function.apply(*(x[:, s:e] for x in (q, k, v, g, b, w, level_scales)),
-                                                      None, scale, 0, output_final_state)
-        outputs.append(o_i)
-        finals.append(final_i)
-    return torch.cat(outputs, dim=1), (torch.cat(finals, dim=0) if output_final_state else None)
+    return ChunkFenwickGDN2Function.apply(q, k, v, g, b, w, level_scales, initial_state, scale, offset,
+                                          output_final_state, cu_seqlens, bounds)

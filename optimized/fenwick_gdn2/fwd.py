@@ -22,6 +22,7 @@ import triton
 
 from optimized import triton_mode  # device mode before fla
 from optimized.fenwick_gdn2.intra import intra_fwd
+from optimized.fenwick_gdn2.packing import Packing, last_chunks
 from optimized.fenwick_gdn2.precision import dot_precision
 from optimized.fenwick_gdn2.states import CHUNK, OWN_LEVELS, states_fwd
 from optimized.fenwick_gdn2.wy import fenwick_wy_fwd
@@ -45,12 +46,19 @@ def stacked_blocks(offset: int, T: int, L: int, has_initial_state: bool) -> int:
     return bucket_blocks(offset, T, L, has_initial_state) + (OWN_LEVELS if T <= CHUNK else 1)
 
 
-def own_level_masks(T: int, device) -> torch.Tensor:
+def own_level_masks(T: int, device, p: Packing | None = None) -> torch.Tensor:
     """``[T, 7]`` float32 one-hot of ``level(last_c, s)`` for token s of chunk c, ``last_c`` the
-    chunk's last token (``min(64c + 63, T − 1)``): which of the chunk's own final levels s is in."""
+    chunk's last token (``min(64c + 63, T − 1)``): which of the chunk's own final levels s is in.
+    In a packed row (``p``) positions, chunks and ``T`` are each sequence's own."""
     s = torch.arange(T, device=device)
-    last = torch.clamp((s // CHUNK) * CHUNK + CHUNK - 1, max=T - 1)
-    x = (s ^ last) & (CHUNK - 1)
+    if p is None:
+        pos, length = s, T
+    else:
+        cu = p.cu_seqlens.to(device=device, dtype=torch.int64)
+        seq = torch.searchsorted(cu, s, right=True) - 1
+        pos, length = s - cu[seq], cu[seq + 1] - cu[seq]
+    last = torch.minimum((pos // CHUNK) * CHUNK + CHUNK - 1, torch.as_tensor(length - 1, device=device))
+    x = (pos ^ last) & (CHUNK - 1)
     lev = torch.zeros_like(s)
     for bit in range(6):
         lev += ((x >> bit) > 0).long()
@@ -117,6 +125,7 @@ class Saved:
     J: int
     offset: int
     has_initial_state: bool
+    packing: Packing | None = None
 
     TENSORS = ("q", "k", "v", "b", "w", "lam", "gk", "v_st", "w_st", "own_masks", "Aqk", "Akk", "w_wy",
                "qg", "kg", "h", "vn", "reads", "mtab")
@@ -129,11 +138,13 @@ class Saved:
         return cls(**dict(zip(cls.TENSORS, tensors)), **meta)
 
 
-def stacked_pass(q, k, v, g, b, w, lam, scale: float, initial_state, offset: int, J: int, own: torch.Tensor):
+def stacked_pass(q, k, v, g, b, w, lam, scale: float, initial_state, offset: int, J: int, own: torch.Tensor,
+                 p: Packing | None = None):
     """One pass of the stacked GDN-2 chunk computation over ``q … lam`` (steps 1-5 above) with
     ``J`` bucket blocks and the own blocks ``v ⊙ own[:, i]`` (``own [T, n_own]``: the seven
-    level masks, or one column of ones for the unsplit own state). Returns ``(o, final, saved)``;
-    with one own column, final level 0 is the last chunk's unsplit own state."""
+    level masks, or one column of ones for the unsplit own state); ``p``: the ``Packing`` of a
+    packed row (every piece indexes per sequence), or None. Returns ``(o, final, saved)``; with
+    one own column, final level 0 is the last chunk's unsplit own state."""
     from fla.ops.gla.chunk import chunk_gla_fwd_o_gk
     from fla.ops.utils import chunk_local_cumsum
     from fla.ops.utils.constant import RCP_LN2
@@ -141,11 +152,13 @@ def stacked_pass(q, k, v, g, b, w, lam, scale: float, initial_state, offset: int
     B, T, H, K = q.shape
     V = v.shape[-1]
     L = lam.shape[-1]
-    N = triton.cdiv(T, CHUNK)
+    fla = {} if p is None else p.fla()
+    N = triton.cdiv(T, CHUNK) if p is None else p.n_chunks          # chunks of the (packed) grid
+    S = B if p is None else p.n_seqs                                  # sequences
     n_own = own.shape[1]
     NB = J + n_own
 
-    gk = chunk_local_cumsum(g, chunk_size=CHUNK, scale=RCP_LN2)
+    gk = chunk_local_cumsum(g, chunk_size=CHUNK, scale=RCP_LN2, **fla)
     v_st, w_st = v.new_empty(B, T, H, NB, V), w.new_empty(B, T, H, NB, V)    # each block written once
     v_st[:, :, :, :J] = 0
     w_st[:, :, :, :J] = 0
@@ -156,26 +169,27 @@ def stacked_pass(q, k, v, g, b, w, lam, scale: float, initial_state, offset: int
         from fla.ops.gdn2.chunk_intra import chunk_gdn2_fwd_intra
 
         w_wy, u_st, qg, kg, Aqk, Akk = chunk_gdn2_fwd_intra(q=q, k=k, v=v_st, gk=gk, b=b, w_gate=w_st, scale=scale,
-                                                            chunk_size=CHUNK, disable_recompute=True)
+                                                            chunk_size=CHUNK, disable_recompute=True, **fla)
     else:
-        w_wy, u_st, qg, kg, Aqk, Akk = fenwick_wy_fwd(q, k, v_st, b, w_st, gk, scale)
+        w_wy, u_st, qg, kg, Aqk, Akk = fenwick_wy_fwd(q, k, v_st, b, w_st, gk, scale, p)
 
-    h0 = torch.zeros(B, H, K, NB * V, device=q.device, dtype=torch.float32)
+    h0 = torch.zeros(S, H, K, NB * V, device=q.device, dtype=torch.float32)
     if initial_state is not None and J > 0:
         h0[:, :, :, : J * V] = initial_pre_state(initial_state.float(), offset, J)
-    mtab = carry_table(offset, N, q.device)
+    mtab = carry_table(offset, triton.cdiv(T if p is None else p.max_len, CHUNK), q.device)
     precision = dot_precision(q.dtype)
-    h, vn, final = states_fwd(kg, w_wy, u_st, gk, mtab, h0, N, J, L, V, n_own, precision=precision, dtype=q.dtype)
+    h, vn, final = states_fwd(kg, w_wy, u_st, gk, mtab, h0, N, J, L, V, n_own, precision=precision, dtype=q.dtype,
+                              p=p)
 
-    o = intra_fwd(v, w, lam, Aqk, Akk, precision=precision)
+    o = intra_fwd(v, w, lam, Aqk, Akk, precision=precision, p=p)
     reads = None
     if J > 0:
         reads = chunk_gla_fwd_o_gk(q=q, v=vn[..., : J * V].contiguous(), g=gk, A=Aqk,
-                                   h=h[..., : J * V].contiguous(), scale=scale, chunk_size=CHUNK)
+                                   h=h[..., : J * V].contiguous(), scale=scale, chunk_size=CHUNK, **fla)
         o = o + torch.einsum("bthjv,bthj->bthv", reads.float().view(B, T, H, J, V),
                              lam[..., OWN_LEVELS: OWN_LEVELS + J].float())
     saved = Saved(q, k, v, b, w, lam, gk, v_st, w_st, own, Aqk, Akk, w_wy, qg, kg, h, vn, reads, mtab,
-                  scale=scale, J=J, offset=offset, has_initial_state=initial_state is not None)
+                  scale=scale, J=J, offset=offset, has_initial_state=initial_state is not None, packing=p)
     return o, final, saved
 
 
@@ -184,29 +198,45 @@ def last_chunk_start(T: int) -> int:
 
 
 def fenwick_gdn2_fwd(q, k, v, g, b, w, lam, scale: float, initial_state=None, offset: int = 0,
-                     split_final: bool = True):
-    """Returns ``(o [B, T, H, V] in v's dtype, final [B, H, L, K, V] float32, saved, tail)``.
+                     split_final: bool = True, p: Packing | None = None):
+    """Returns ``(o [B, T, H, V] in v's dtype, final [S, H, L, K, V] float32, saved, tail)``
+    (S: the batch rows, or the sequences of a packed row).
 
     Every carry merges all seven own levels of a chunk, so the main pass carries the chunk's
     own state as one block (``J + 1`` blocks, not ``J + 7``). Only the final states of levels
     0 … 6 need the split by level: with ``split_final``, a second pass over the last chunk alone
     (no buckets, seven own blocks; ``tail``, its saved tensors) gives them. One chunk: one pass,
     split. Without ``split_final`` final levels 0 … 6 are not meaningful (the op returns no
-    final states then)."""
+    final states then).
+
+    A packed row (``p``, its ``Packing``; ``offset = 0``, no initial state): one set of launches for all sequences, ``J`` from the longest (a shorter
+    sequence's higher bucket blocks stay zero); the split pass runs on the packed row of every
+    sequence's last chunk (``packing.last_chunks``), a sequence of one chunk included. A row
+    whose sequences are all one chunk long runs one split pass."""
     T = q.shape[1]
     L = lam.shape[-1]
-    J = bucket_blocks(offset, T, L, initial_state is not None)
-    if T <= CHUNK:
+    if p is not None and (offset != 0 or initial_state is not None):
+        raise ValueError(f"a packed row (p) takes offset = 0 and no initial_state, got offset = {offset}, "
+                         f"initial_state {'given' if initial_state is not None else 'None'}")
+    longest = T if p is None else p.max_len
+    J = bucket_blocks(offset, longest, L, initial_state is not None)
+    if longest <= CHUNK:
         o, final, saved = stacked_pass(q, k, v, g, b, w, lam, scale, initial_state, offset, J,
-                                       own_level_masks(T, q.device))
+                                       own_level_masks(T, q.device, p), p)
         return o.to(v.dtype), final, saved, None
     o, final, saved = stacked_pass(q, k, v, g, b, w, lam, scale, initial_state, offset, J,
-                                   torch.ones(T, 1, device=q.device))
+                                   torch.ones(T, 1, device=q.device), p)
     tail = None
     if split_final:
-        t0 = last_chunk_start(T)
-        piece = [x[:, t0:].contiguous() for x in (q, k, v, g, b, w, lam)]
-        _, tail_final, tail = stacked_pass(*piece, scale, None, offset + t0, 0, own_level_masks(T - t0, q.device))
+        if p is None:
+            t0 = last_chunk_start(T)
+            piece = [x[:, t0:].contiguous() for x in (q, k, v, g, b, w, lam)]
+            tail_p, tail_offset = None, offset + t0
+        else:
+            tail_p, tail_offset = last_chunks(p), 0
+            piece = [x.index_select(1, tail_p.rows) for x in (q, k, v, g, b, w, lam)]
+        _, tail_final, tail = stacked_pass(*piece, scale, None, tail_offset, 0,
+                                           own_level_masks(piece[0].shape[1], q.device, tail_p), tail_p)
         n = min(OWN_LEVELS, L)
         final[:, :, :n] = tail_final[:, :, :n]
     return o.to(v.dtype), final, saved, tail

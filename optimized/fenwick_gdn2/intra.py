@@ -17,7 +17,9 @@ Backward, with ``dP = do (w ⊙ v)^T`` on ``r ≤ t``:
     dL        = −Akk^T stril(Aqk^T dM) Akk^T    (through the inverse; strictly lower)
 
 ``dL`` is what fla's ``chunk_gdn2_bwd_intra`` takes as ``dAkk`` (fla's fused WY kernel
-returns its own part in the same form). Rows past ``T`` in a ragged last chunk are masked.
+returns its own part in the same form). Rows past ``T`` in a ragged last chunk are masked. In a
+packed row (``IS_VARLEN``) a program's chunk is one of the packed grid (``chunk_indices``: its
+sequence and local index), its rows from its sequence's first token.
 Dots: TF32 in bf16 runs, IEEE float32 in float32 runs (``precision.py``); no atomics (one
 program per chunk and head).
 """
@@ -50,12 +52,20 @@ def _level_weights(p_lam, m_t, L, BT: tl.constexpr, NL: tl.constexpr):
 
 
 @triton.jit
-def _chunk_prologue(Aqk, Akk, lam, T, L, H: tl.constexpr, BT: tl.constexpr, NL: tl.constexpr, DOT: tl.constexpr):
-    """This program's chunk (``program_id`` = chunk, batch·head): its rows, the causal ``Aqk``,
-    ``Akk``, ``M = Aqk Akk``, the level weights ``Λ``, the level matrix and ``P = Λ ⊙ M``."""
+def _chunk_prologue(Aqk, Akk, lam, cu_seqlens, chunk_indices, T, L, H: tl.constexpr, BT: tl.constexpr,
+                    NL: tl.constexpr, DOT: tl.constexpr, IS_VARLEN: tl.constexpr):
+    """This program's chunk (``program_id`` = chunk, batch·head; in a packed row the chunk of the
+    packed grid, ``chunk_indices`` naming its sequence and local index): its rows, the causal
+    ``Aqk``, ``Akk``, ``M = Aqk Akk``, the level weights ``Λ``, the level matrix and ``P = Λ ⊙ M``."""
     i_t, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
-    bos = i_b.to(tl.int64) * T
+    if IS_VARLEN:
+        i_n = tl.load(chunk_indices + i_t * 2).to(tl.int64)
+        i_t = tl.load(chunk_indices + i_t * 2 + 1).to(tl.int32)
+        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
+        T = (tl.load(cu_seqlens + i_n + 1).to(tl.int64) - bos).to(tl.int32)
+    else:
+        bos = i_b.to(tl.int64) * T
     o_t = i_t * BT + tl.arange(0, BT)
     o_i = tl.arange(0, BT)
     m_t = o_t < T
@@ -75,11 +85,12 @@ def _chunk_prologue(Aqk, Akk, lam, T, L, H: tl.constexpr, BT: tl.constexpr, NL: 
 
 @triton.jit(do_not_specialize=["T", "L"])
 def fenwick_intra_fwd_kernel(
-    v, w, lam, Aqk, Akk, o, T, L,
+    v, w, lam, Aqk, Akk, o, cu_seqlens, chunk_indices, T, L,
     H: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr, NL: tl.constexpr, DOT: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
 ):
     o_i, m_t, m_tt, p_row, p_lam_row, b_aqk, b_akk, causal, b_m, W, lev, b_p = _chunk_prologue(
-        Aqk, Akk, lam, T, L, H, BT, NL, DOT)
+        Aqk, Akk, lam, cu_seqlens, chunk_indices, T, L, H, BT, NL, DOT, IS_VARLEN)
     for i_v in range(tl.cdiv(V, BV)):
         o_v = i_v * BV + tl.arange(0, BV)
         m_tv = m_t[:, None] & (o_v[None, :] < V)
@@ -92,11 +103,12 @@ def fenwick_intra_fwd_kernel(
 
 @triton.jit(do_not_specialize=["T", "L"])
 def fenwick_intra_bwd_kernel(
-    v, w, lam, Aqk, Akk, do, dwv, dlam, dAqk, dL, T, L,
+    v, w, lam, Aqk, Akk, do, dwv, dlam, dAqk, dL, cu_seqlens, chunk_indices, T, L,
     H: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr, NL: tl.constexpr, DOT: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
 ):
     o_i, m_t, m_tt, p_row, p_lam_row, b_aqk, b_akk, causal, b_m, W, lev, b_p = _chunk_prologue(
-        Aqk, Akk, lam, T, L, H, BT, NL, DOT)
+        Aqk, Akk, lam, cu_seqlens, chunk_indices, T, L, H, BT, NL, DOT, IS_VARLEN)
 
     b_dp = tl.zeros([BT, BT], dtype=tl.float32)
     for i_v in range(tl.cdiv(V, BV)):
@@ -133,28 +145,42 @@ def _block_v(V: int) -> int:
     return max(16, min(64, triton.next_power_of_2(V)))
 
 
-def intra_fwd(v, w, level_scales, Aqk, Akk, precision: str = "ieee"):
-    """``o_intra [B, T, H, V]`` float32 (the chunk's own tokens, level-weighted)."""
+def _grid(v, p):
+    """``(grid, cu_seqlens, chunk_indices)``: one program per chunk and batch·head; a packed row
+    (``p``, a ``Packing``) runs its packed grid of per-sequence chunks."""
+    B, T, H, _ = v.shape
+    if p is None:
+        return (triton.cdiv(T, CHUNK), B * H), None, None
+    if B != 1:
+        raise ValueError(f"v: a packed row (p) needs B = 1, got B = {B}")
+    return (p.n_chunks, H), p.cu_seqlens, p.chunk_indices
+
+
+def intra_fwd(v, w, level_scales, Aqk, Akk, precision: str = "ieee", p=None):
+    """``o_intra [B, T, H, V]`` float32 (the chunk's own tokens, level-weighted); ``p``: the
+    ``Packing`` of a packed row (each sequence on its own chunk grid), or None."""
     B, T, H, V = v.shape
     L = level_scales.shape[-1]
     o = torch.empty(B, T, H, V, device=v.device, dtype=torch.float32)
-    grid = (triton.cdiv(T, CHUNK), B * H)
-    fenwick_intra_fwd_kernel[grid](v, w, level_scales, Aqk, Akk, o, T, L, H=H, V=V, BT=CHUNK, BV=_block_v(V),
-                                   NL=INTRA_LEVELS, DOT=precision, num_warps=num_warps(CHUNK, CHUNK))
+    grid, cu_seqlens, chunk_indices = _grid(v, p)
+    fenwick_intra_fwd_kernel[grid](v, w, level_scales, Aqk, Akk, o, cu_seqlens, chunk_indices, T, L, H=H, V=V,
+                                   BT=CHUNK, BV=_block_v(V), NL=INTRA_LEVELS, DOT=precision,
+                                   IS_VARLEN=p is not None, num_warps=num_warps(CHUNK, CHUNK))
     return o
 
 
-def intra_bwd(v, w, level_scales, Aqk, Akk, do, precision: str = "ieee"):
+def intra_bwd(v, w, level_scales, Aqk, Akk, do, precision: str = "ieee", p=None):
     """Returns ``d(w ⊙ v) [B, T, H, V]``, ``dλ [B, T, H, 7]`` (levels 0..6), ``dAqk`` (gradient of
-    the stored Aqk) and ``dL`` (through the WY inverse), both ``[B, T, H, 64]``; all float32."""
+    the stored Aqk) and ``dL`` (through the WY inverse), both ``[B, T, H, 64]``; all float32.
+    ``p`` as in ``intra_fwd``."""
     B, T, H, V = v.shape
     L = level_scales.shape[-1]
     dwv = torch.empty(B, T, H, V, device=v.device, dtype=torch.float32)
     dlam = torch.empty(B, T, H, INTRA_LEVELS, device=v.device, dtype=torch.float32)
     dAqk = torch.empty(B, T, H, CHUNK, device=v.device, dtype=torch.float32)
     dL = torch.empty(B, T, H, CHUNK, device=v.device, dtype=torch.float32)
-    grid = (triton.cdiv(T, CHUNK), B * H)
-    fenwick_intra_bwd_kernel[grid](v, w, level_scales, Aqk, Akk, do, dwv, dlam, dAqk, dL, T, L, H=H, V=V,
-                                   BT=CHUNK, BV=_block_v(V), NL=INTRA_LEVELS, DOT=precision,
-                                   num_warps=num_warps(CHUNK, CHUNK))
+    grid, cu_seqlens, chunk_indices = _grid(v, p)
+    fenwick_intra_bwd_kernel[grid](v, w, level_scales, Aqk, Akk, do, dwv, dlam, dAqk, dL, cu_seqlens, chunk_indices,
+                                   T, L, H=H, V=V, BT=CHUNK, BV=_block_v(V), NL=INTRA_LEVELS, DOT=precision,
+                                   IS_VARLEN=p is not None, num_warps=num_warps(CHUNK, CHUNK))
     return dwv, dlam, dAqk, dL

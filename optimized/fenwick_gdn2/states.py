@@ -10,7 +10,7 @@ pass of its own). Per chunk c (fla's WY vectors ``w``, ``u``; ``kg = k ⊙ 2^(G_
 
     vn    = u − w Z                                  # every block; u = 0 on the bucket blocks
     end   = diag(2^G_last) Z + kg^T vn               # the chunk's transition (and own writes)
-    carry (c → c+1, m = trailing ones of the absolute chunk index c0 + c):
+    carry (c → c+1, m = trailing ones of the absolute chunk index c0 + c; c counted in the sequence):
           Z'[m]   = Σ_{own blocks i} end[J+i] + Σ_{j<m} end[j]   # levels 0..m merge into m+1
           Z'[j]   = end[j]  for j > m;   Z'[j] = 0 for j < m   (end[m] is an empty bucket)
           Z'[own] = 0                                              # a chunk's own state starts empty
@@ -24,12 +24,16 @@ pre-state gradient through the carry (or from the final-state gradient), and
     dZ    = diag(2^G_last) dH + scale · qg^T do' − w^T dvn
 
 (fla's ``chunk_gated_delta_rule_bwd_dhu`` per block, with the carry between chunks).
-One program per (batch·head, block of V columns) walks the chunks in order. The float32
-states live in two global-memory slots between chunks (chunk c reads slot c mod 2 and writes
-the next pre-state into the other; ``tl.debug_barrier`` orders the writes of one chunk before
-the reads of the next); each chunk's pre-state, ``vn`` and, in the reverse scan, ``dh`` and
-``dvn`` are written once in the activations' dtype, which is what fla's pieces read. Dots:
-TF32 in bf16 runs, IEEE float32 in float32 runs (``precision.py``); no atomics.
+One program per (sequence·head, block of V columns) walks the sequence's chunks in order: a
+sequence is a batch row, or, in a packed row (``IS_VARLEN``, ``packing.py``), the tokens
+``cu_seqlens[i] … cu_seqlens[i+1] − 1`` on their own chunk grid; ``c`` (and the carry table's
+index) is always the chunk's index in its sequence, the per-chunk tensors ``h``, ``dh`` take
+the packed grid's index ``chunk_offsets[i] + c``. The float32 states live in two global-memory
+slots per sequence between chunks (chunk c reads slot c mod 2 and writes the next pre-state
+into the other; ``tl.debug_barrier`` orders the writes of one chunk before the reads of the
+next); each chunk's pre-state, ``vn`` and, in the reverse scan, ``dh`` and ``dvn`` are written
+once in the activations' dtype, which is what fla's pieces read. Dots: TF32 in bf16 runs, IEEE
+float32 in float32 runs (``precision.py``); no atomics.
 """
 from __future__ import annotations
 
@@ -43,17 +47,33 @@ CHUNK = 64
 OWN_LEVELS = 7
 
 
+@triton.jit
+def _sequence(i_b, cu_seqlens, chunk_offsets, T, N, BT: tl.constexpr, IS_VARLEN: tl.constexpr):
+    """This program's sequence ``i_b`` (a batch row, or a sequence of the packed row): its first
+    token's row ``bos``, its length ``T``, its chunks ``N`` and the per-chunk tensors' index of
+    its first chunk ``i_c0`` (``i_b · N`` in a batch; ``chunk_offsets[i_b]`` in a packed row)."""
+    if IS_VARLEN:
+        bos = tl.load(cu_seqlens + i_b).to(tl.int64)
+        T = (tl.load(cu_seqlens + i_b + 1).to(tl.int64) - bos).to(tl.int32)
+        N = tl.cdiv(T, BT)
+        i_c0 = tl.load(chunk_offsets + i_b).to(tl.int64)
+    else:
+        bos = i_b.to(tl.int64) * T
+        i_c0 = i_b.to(tl.int64) * N
+    return bos, T, N, i_c0
+
+
 @triton.jit(do_not_specialize=["T", "N", "J", "L", "NOWN"])
 def fenwick_states_fwd_kernel(
-    kg, wy, u, gk, mtab, carry, h, vn, final, T, N, J, L, NOWN,
+    kg, wy, u, gk, mtab, carry, h, vn, final, cu_seqlens, chunk_offsets, T, N, J, L, NOWN,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DOT: tl.constexpr,
+    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DOT: tl.constexpr, IS_VARLEN: tl.constexpr,
 ):
     i_v, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     NB = J + NOWN
     NBV = NB * V
-    bos = i_b.to(tl.int64) * T
+    bos, T, N, i_c0 = _sequence(i_b, cu_seqlens, chunk_offsets, T, N, BT, IS_VARLEN)
     o_k = tl.arange(0, BK)
     o_v = i_v * BV + tl.arange(0, BV)
     m_k = o_k < K
@@ -74,7 +94,7 @@ def fenwick_states_fwd_kernel(
         p_kv = o_k[:, None] * NBV + o_v[None, :]
         p_c0 = carry + ((i_b.to(tl.int64) * 2 + c % 2) * H + i_h) * K * NBV + p_kv        # this chunk's slot
         p_c1 = carry + ((i_b.to(tl.int64) * 2 + (c + 1) % 2) * H + i_h) * K * NBV + p_kv  # the next chunk's
-        p_h = h + ((i_b.to(tl.int64) * N + c) * H + i_h) * K * NBV + p_kv
+        p_h = h + ((i_c0 + c) * H + i_h) * K * NBV + p_kv
         p_tv = ((bos + o_t[:, None]) * H + i_h) * NBV + o_v[None, :]
         p_f = final + ((i_b.to(tl.int64) * H + i_h) * L) * K * V + o_k[:, None] * V + o_v[None, :]
         acc = tl.zeros([BK, BV], dtype=tl.float32)
@@ -100,16 +120,17 @@ def fenwick_states_fwd_kernel(
 
 @triton.jit(do_not_specialize=["T", "N", "J", "L", "NOWN"])
 def fenwick_states_bwd_kernel(
-    qg, kg, wy, gk, do, dv, dfinal, mtab, dh, dv2, dpre, scale, T, N, J, L, NOWN,
+    qg, kg, wy, gk, do, dv, dfinal, mtab, dh, dv2, dpre, cu_seqlens, chunk_offsets, scale, T, N, J, L, NOWN,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_DFINAL: tl.constexpr, DOT: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
 ):
     i_v, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     NB = J + NOWN
     NBV = NB * V
     JV = tl.maximum(J, 1) * V
-    bos = i_b.to(tl.int64) * T
+    bos, T, N, i_c0 = _sequence(i_b, cu_seqlens, chunk_offsets, T, N, BT, IS_VARLEN)
     o_k = tl.arange(0, BK)
     o_v = i_v * BV + tl.arange(0, BV)
     m_k = o_k < K
@@ -128,7 +149,7 @@ def fenwick_states_bwd_kernel(
         b_gl = tl.exp2(tl.load(gk + ((bos + last) * H + i_h) * K + o_k, mask=m_k, other=0.0).to(tl.float32))
         m = tl.load(mtab + c)
         is_last = c == N - 1
-        p_dh = dh + ((i_b.to(tl.int64) * N + c) * H + i_h) * K * NBV + o_k[:, None] * NBV + o_v[None, :]
+        p_dh = dh + ((i_c0 + c) * H + i_h) * K * NBV + o_k[:, None] * NBV + o_v[None, :]
         p_jv = o_k[:, None] * JV + o_v[None, :]
         p_pre0 = dpre + ((i_b.to(tl.int64) * 2 + c % 2) * H + i_h) * K * JV + p_jv          # chunk c's slot
         p_pre1 = dpre + ((i_b.to(tl.int64) * 2 + (c + 1) % 2) * H + i_h) * K * JV + p_jv    # chunk c + 1's
@@ -160,41 +181,64 @@ def block_sizes(K: int, V: int) -> tuple[int, int]:
     return BK, BV
 
 
+def _rows(kg, p):
+    """``(sequences, cu_seqlens, chunk_offsets)`` of the launch: the batch rows, or the packed
+    row's sequences (``p``, a ``Packing``)."""
+    if p is None:
+        return kg.shape[0], None, None
+    if kg.shape[0] != 1:
+        raise ValueError(f"kg: a packed row (p) needs B = 1, got B = {kg.shape[0]}")
+    return p.n_seqs, p.cu_seqlens, p.chunk_offsets
+
+
 def states_fwd(kg, wy, u, gk, mtab, h0, N: int, J: int, L: int, V: int, n_own: int = OWN_LEVELS,
-               precision: str = "ieee", dtype: torch.dtype = torch.float32):
-    """From the first chunk's stacked pre-state ``h0 [B, H, K, NB·V]`` float32 (``NB = J + n_own``),
-    returns ``(h [B, N, H, K, NB·V], vn [B, T, H, NB·V], final [B, H, L, K, V] float32)``: every
-    chunk's pre-state and ``vn`` in ``dtype`` (what fla's pieces read; the scan itself carries
-    float32 states between chunks, in two slots), the final states in float32. With ``n_own = 1``
-    final level 0 holds the last chunk's whole own end state and levels 1 … 6 stay zero."""
+               precision: str = "ieee", dtype: torch.dtype = torch.float32, p=None):
+    """From the first chunk's stacked pre-state ``h0 [S, H, K, NB·V]`` float32 (``NB = J + n_own``;
+    S sequences: the batch rows, or the sequences of the packed row ``p``), returns
+    ``(h [B, N, H, K, NB·V], vn [B, T, H, NB·V], final [S, H, L, K, V] float32)``: every chunk's
+    pre-state and ``vn`` in ``dtype`` (what fla's pieces read; the scan itself carries float32
+    states between chunks, in two slots), the final states in float32. ``N``: chunks per row (a
+    packed row: its packed grid's ``p.n_chunks``; ``h``'s chunk index is fla's). ``mtab[c]``:
+    the carry after a sequence's local chunk c. With ``n_own = 1`` final level 0 holds the last
+    chunk's whole own end state and levels 1 … 6 stay zero."""
     B, T, H, K = kg.shape
+    S, cu_seqlens, chunk_offsets = _rows(kg, p)
+    if tuple(h0.shape) != (S, H, K, (J + n_own) * V):
+        raise ValueError(f"h0 must be [S, H, K, (J + n_own) * V] = {(S, H, K, (J + n_own) * V)}, "
+                         f"got {tuple(h0.shape)}")
     BK, BV = block_sizes(K, V)
     NBV = (J + n_own) * V
-    carry = torch.empty(B, 2, H, K, NBV, device=kg.device, dtype=torch.float32)
+    carry = torch.empty(S, 2, H, K, NBV, device=kg.device, dtype=torch.float32)
     carry[:, 0] = h0
     h = torch.empty(B, N, H, K, NBV, device=kg.device, dtype=dtype)
     vn = torch.empty(B, T, H, NBV, device=kg.device, dtype=dtype)
-    final = torch.zeros(B, H, L, K, V, device=kg.device, dtype=torch.float32)
-    grid = (triton.cdiv(V, BV), B * H)
-    fenwick_states_fwd_kernel[grid](kg, wy, u, gk, mtab, carry, h, vn, final, T, N, J, L, n_own,
-                                    H=H, K=K, V=V, BT=CHUNK, BK=BK, BV=BV, DOT=precision, num_warps=num_warps(BK, BV))
+    final = torch.zeros(S, H, L, K, V, device=kg.device, dtype=torch.float32)
+    grid = (triton.cdiv(V, BV), S * H)
+    fenwick_states_fwd_kernel[grid](kg, wy, u, gk, mtab, carry, h, vn, final, cu_seqlens, chunk_offsets,
+                                    T, N, J, L, n_own, H=H, K=K, V=V, BT=CHUNK, BK=BK, BV=BV, DOT=precision,
+                                    IS_VARLEN=p is not None, num_warps=num_warps(BK, BV))
     return h, vn, final
 
 
 def states_bwd(qg, kg, wy, gk, do, dv, dfinal, mtab, scale: float, N: int, J: int, L: int, V: int,
-               n_own: int = OWN_LEVELS, precision: str = "ieee", dtype: torch.dtype = torch.float32):
+               n_own: int = OWN_LEVELS, precision: str = "ieee", dtype: torch.dtype = torch.float32, p=None):
     """Returns ``dh [B, N, H, K, NB·V]`` (gradient of every chunk's end states) and ``dv2`` (the
-    gradient of ``vn``), both in ``dtype`` (what fla's pieces read), and ``dpre0 [B, H, K,
-    max(J,1)·V]`` float32, the gradient of the first chunk's bucket pre-state (the scan carries
-    the pre-state gradients in two float32 slots)."""
+    gradient of ``vn``), both in ``dtype`` (what fla's pieces read), and ``dpre0 [S, H, K,
+    max(J,1)·V]`` float32, the gradient of each sequence's first bucket pre-state (the scan
+    carries the pre-state gradients in two float32 slots). ``N``, ``p`` as in ``states_fwd``;
+    ``dfinal [S, H, L, K, V]`` or None."""
     B, T, H, K = kg.shape
+    S, cu_seqlens, chunk_offsets = _rows(kg, p)
+    if dfinal is not None and tuple(dfinal.shape) != (S, H, L, K, V):
+        raise ValueError(f"dfinal must be [S, H, L, K, V] = {(S, H, L, K, V)}, got {tuple(dfinal.shape)}")
     BK, BV = block_sizes(K, V)
     NBV = (J + n_own) * V
     dh = torch.empty(B, N, H, K, NBV, device=kg.device, dtype=dtype)
     dv2 = torch.empty(B, T, H, NBV, device=kg.device, dtype=dtype)
-    dpre = torch.zeros(B, 2, H, K, max(J, 1) * V, device=kg.device, dtype=torch.float32)
-    grid = (triton.cdiv(V, BV), B * H)
-    fenwick_states_bwd_kernel[grid](qg, kg, wy, gk, do, dv, dfinal, mtab, dh, dv2, dpre, scale, T, N, J, L, n_own,
-                                    H=H, K=K, V=V, BT=CHUNK, BK=BK, BV=BV, HAS_DFINAL=dfinal is not None,
-                                    DOT=precision, num_warps=num_warps(BK, BV))
+    dpre = torch.zeros(S, 2, H, K, max(J, 1) * V, device=kg.device, dtype=torch.float32)
+    grid = (triton.cdiv(V, BV), S * H)
+    fenwick_states_bwd_kernel[grid](qg, kg, wy, gk, do, dv, dfinal, mtab, dh, dv2, dpre, cu_seqlens, chunk_offsets,
+                                    scale, T, N, J, L, n_own, H=H, K=K, V=V, BT=CHUNK, BK=BK, BV=BV,
+                                    HAS_DFINAL=dfinal is not None, DOT=precision, IS_VARLEN=p is not None,
+                                    num_warps=num_warps(BK, BV))
     return dh, dv2, dpre[:, 0]

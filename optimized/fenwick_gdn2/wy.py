@@ -12,7 +12,8 @@ exponent masked to the causal pairs before ``exp2``, so nothing overflows) but i
 program per chunk: under the CPU interpreter fla's token-parallel kernel costs about 0.1 s
 per token and head (measured: 23 s of a 24 s forward at T = 130, B·H = 2), this one about
 a hundredth of that. fla's ``recompute_w_u_fwd_gdn2`` then forms ``w_wy, u, qg, kg`` from
-``Akk``, and fla's ``chunk_gdn2_bwd_intra`` is the backward of both matrices.
+``Akk``, and fla's ``chunk_gdn2_bwd_intra`` is the backward of both matrices. A packed row
+(``IS_VARLEN``) runs one program per chunk of its packed grid (``packing.py``).
 
 Used in cpu-interpret mode only: on a GPU the [64, 64, 16] broadcasts and the 64-step
 substitution would be slow (never compiled or run there), so in cuda mode the op calls fla's
@@ -30,12 +31,18 @@ CHUNK = 64
 
 @triton.jit(do_not_specialize=["T"])
 def fenwick_wy_intra_kernel(
-    q, k, b, gk, Aqk, Akk, scale, T,
-    H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+    q, k, b, gk, Aqk, Akk, cu_seqlens, chunk_indices, scale, T,
+    H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, IS_VARLEN: tl.constexpr,
 ):
     i_t, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
-    bos = i_b.to(tl.int64) * T
+    if IS_VARLEN:           # a chunk of the packed grid: its sequence and local index
+        i_n = tl.load(chunk_indices + i_t * 2).to(tl.int64)
+        i_t = tl.load(chunk_indices + i_t * 2 + 1).to(tl.int32)
+        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
+        T = (tl.load(cu_seqlens + i_n + 1).to(tl.int64) - bos).to(tl.int32)
+    else:
+        bos = i_b.to(tl.int64) * T
     o_t = i_t * BT + tl.arange(0, BT)
     o_i = tl.arange(0, BT)
     m_t = o_t < T
@@ -71,20 +78,29 @@ def fenwick_wy_intra_kernel(
     tl.store(Akk + p_tt, b_inv.to(Akk.dtype.element_ty), mask=m_tt)
 
 
-def wy_intra(q, k, b, gk, scale: float):
-    """``(Aqk, Akk)``, each ``[B, T, H, 64]`` in k's dtype (fla's layout)."""
+def wy_intra(q, k, b, gk, scale: float, p=None):
+    """``(Aqk, Akk)``, each ``[B, T, H, 64]`` in k's dtype (fla's layout); ``p``: the ``Packing``
+    of a packed row (one program per chunk of its packed grid), or None."""
     B, T, H, K = k.shape
     Aqk = torch.empty(B, T, H, CHUNK, device=k.device, dtype=k.dtype)
     Akk = torch.empty(B, T, H, CHUNK, device=k.device, dtype=k.dtype)
-    grid = (triton.cdiv(T, CHUNK), B * H)
-    fenwick_wy_intra_kernel[grid](q, k, b, gk, Aqk, Akk, scale, T, H=H, K=K, BT=CHUNK, BK=16)
+    if p is None:
+        grid, cu_seqlens, chunk_indices = (triton.cdiv(T, CHUNK), B * H), None, None
+    elif B != 1:
+        raise ValueError(f"k: a packed row (p) needs B = 1, got B = {B}")
+    else:
+        grid, cu_seqlens, chunk_indices = (p.n_chunks, H), p.cu_seqlens, p.chunk_indices
+    fenwick_wy_intra_kernel[grid](q, k, b, gk, Aqk, Akk, cu_seqlens, chunk_indices, scale, T, H=H, K=K, BT=CHUNK,
+                                  BK=16, IS_VARLEN=p is not None)
     return Aqk, Akk
 
 
-def fenwick_wy_fwd(q, k, v, b, w, gk, scale: float):
-    """``(w_wy, u, qg, kg, Aqk, Akk)`` as fla's ``chunk_gdn2_fwd_intra(..., disable_recompute=True)``."""
+def fenwick_wy_fwd(q, k, v, b, w, gk, scale: float, p=None):
+    """``(w_wy, u, qg, kg, Aqk, Akk)`` as fla's ``chunk_gdn2_fwd_intra(..., disable_recompute=True)``;
+    ``p`` as in ``wy_intra``."""
     from fla.ops.gdn2.wy_fast import recompute_w_u_fwd_gdn2
 
-    Aqk, Akk = wy_intra(q, k, b, gk, scale)
-    w_wy, u, qg, kg = recompute_w_u_fwd_gdn2(k=k, v=v, b=b, w_gate=w, A=Akk, q=q, gk=gk)
+    Aqk, Akk = wy_intra(q, k, b, gk, scale, p)
+    fla = {} if p is None else p.fla()
+    w_wy, u, qg, kg = recompute_w_u_fwd_gdn2(k=k, v=v, b=b, w_gate=w, A=Akk, q=q, gk=gk, **fla)
     return w_wy, u, qg, kg, Aqk, Akk
