@@ -19,6 +19,7 @@ with the date, the device and the versions.
     python -m bench.varlen                      # the default, on one GPU
     python -m bench.varlen --lengths 1000,31768 --ops nested
     python -m bench.varlen --quick --out /tmp/varlen
+    python -m bench.varlen --ops nested --layouts padded --warmup-only --out /tmp/w &   # compile ahead
 
 Entry point: :func:`main`; tests drive :func:`run` with stand-in ops, timer and device
 (``bench.harness.Hooks``: ``nested_op``, ``flat_op``, ``timer``, ``device``).
@@ -69,6 +70,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("-V", type=int, default=128, help="value head dim (default 128)")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="bfloat16")
     p.add_argument("--ops", default="nested,flat", help="which of nested, flat (default both)")
+    p.add_argument("--layouts", default="packed,padded", help="which of packed, padded (default both)")
+    p.add_argument("--warmup-only", action="store_true",
+                   help="one forward+backward per row (compile and autotune), nothing timed: run in the "
+                        "background per row to fill the Triton cache before a timed run")
     p.add_argument("--scheme", default="learned", help="the nested levels' scheme (default learned)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--warmup-ms", type=float, default=25.0, help="do_bench warm-up (default 25)")
@@ -161,6 +166,9 @@ def measure(op: str, layout: str, lengths, args, hooks: Hooks) -> dict:
         if not args.quick:
             step()                                       # warm-up: compile and autotune
         hooks.device.sync()
+        if getattr(args, "warmup_only", False):
+            hooks.device.cleanup()
+            return row
         with torch.no_grad():
             row["fwd_ms"] = hooks.timer(forward)
         row["fwd_bwd_ms"] = hooks.timer(step)
@@ -231,6 +239,10 @@ def run(args, hooks: Hooks | None = None, argv: Sequence[str] = ()) -> list[dict
     unknown = sorted(set(ops) - set(OPS))
     if unknown:
         raise ValueError(f"--ops: unknown {unknown}; choose from {list(OPS)}")
+    layouts = [x.strip() for x in getattr(args, "layouts", ",".join(LAYOUTS)).split(",") if x.strip()]
+    unknown = sorted(set(layouts) - set(LAYOUTS))
+    if unknown or not layouts:
+        raise ValueError(f"--layouts: unknown {unknown or layouts}; choose from {list(LAYOUTS)}")
     if hooks.device is None:
         hooks.device = CudaDevice() if torch.cuda.is_available() else CpuDevice()
     if hooks.timer is None:
@@ -245,9 +257,11 @@ def run(args, hooks: Hooks | None = None, argv: Sequence[str] = ()) -> list[dict
     lines = header(args, hooks.device, argv)
     rows = []
     for op in ops:
-        for layout in LAYOUTS:
-            hooks.log(f"varlen: {op} {layout}")
+        for layout in [x for x in LAYOUTS if x in layouts]:
+            start = time.perf_counter()
             rows.append(measure(op, layout, args.lengths, args, hooks))
+            hooks.log(f"varlen: {op} {layout} done in {time.perf_counter() - start:.0f} s"
+                      + (" (warm-up only)" if getattr(args, "warmup_only", False) else ""))
             write_outputs(args.out, rows, lines)
     return rows
 

@@ -35,11 +35,15 @@ DTYPES = ("float32", "bfloat16")
 # 150 s for one bucket on the H200, 2026-11-30); the nested op fla's level-0 kernels, the scan
 # and the state gradient.
 # ``packed``: the kernels' packed-sequence variants (cu_seqlens), which the packed properties
-# compile at bucket b's sizes in float32 only (the other units of the kind have nothing to do).
+# compile in float32 only (``PACKED_CALLS``; the bfloat16 units of the kind have nothing to do).
 KINDS = ("fenwick_gdn2", "nested", "packed", "delta", "gdn2", "gla", "fenwick")
 FAMILY_OF = {"fenwick_gdn2": LEVEL0, "nested": LEVEL0, "packed": LEVEL0, "gdn2": LEVEL0, "delta": TENSOR3D,
              "gla": TENSOR3D, "fenwick": FENWICK}
-PACKED_UNIT = ("b", "float32")
+# (bucket, dtype) -> the packed calls of the properties there: (op, lengths, shape fields)
+PACKED_CALLS = {
+    ("b", "float32"): (("nested", (1, 130, 65), {"L": 3, "H": 2}), ("fenwick-gdn2", (65, 1, 63, 64), {"H": 2})),
+    ("a", "float32"): (("fenwick-gdn2", (130, 1, 300, 64), {"H": 1}),),   # test_fenwick_gdn2's ragged row
+}
 
 
 def units() -> list[str]:
@@ -93,8 +97,7 @@ def warm(unit: str, require_cuda: bool = True) -> None:
                                                      initial_states=False), dtype, log=False)
         checks.level0_states_vs_reference(GDN2Shape(B=1, T=130, H=H, K=K, V=V), 0, dtype, log=False)
     elif kind == "packed":
-        if (bucket.name, dtype_name) == PACKED_UNIT:
-            warm_packed(bucket, dtype)
+        warm_packed(bucket, dtype, PACKED_CALLS.get((bucket.name, dtype_name), ()))
     elif kind == "fenwick_gdn2":
         from ngdn.checks import fenwick_gdn2 as fenwick_gdn2_checks
         from ngdn.fenwick_inputs import FenwickShape
@@ -121,16 +124,17 @@ def warm(unit: str, require_cuda: bool = True) -> None:
         fenwick_checks.optimized_vs_reference(shape, 0, dtype, log=False)
 
 
-def warm_packed(bucket, dtype) -> None:
-    """The packed properties' calls (``property_tests/test_ops.py``, ``test_nested_packed.py``):
-    every op that indexes packed sequences in its own kernels, at the bucket's sizes with H = 2."""
+def warm_packed(bucket, dtype, calls) -> None:
+    """The packed properties' calls (``property_tests/test_ops.py``, ``test_nested_packed.py``,
+    ``test_fenwick_gdn2.py``): the ops that index packed sequences in their own kernels, at the
+    bucket's head dims."""
     from ngdn import ops
     from ngdn.checks import generic
 
-    for name, lengths, shape in (("nested", (1, 130, 65), {"L": 3}), ("fenwick_gdn2", (65, 1, 63, 64), {})):
+    for name, lengths, shape in calls:
         info = ops.get(name)
         d = ops.packed_draw(info, lengths, **shape)
-        d = d._replace(shape=d.shape._replace(H=2, K=bucket.K, V=bucket.V))
+        d = d._replace(shape=d.shape._replace(K=bucket.K, V=bucket.V))
         generic.packed_equals_separate(info, d, lengths, dtype, log=False)
 
 

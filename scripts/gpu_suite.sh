@@ -14,6 +14,8 @@ read -r -a limits <<< "${SUITE_TIMEOUTS:-}"
 i=0
 for run in ${SUITE_RUNS:-cold warm}; do
   limit=${limits[$i]:-420}; i=$((i + 1))
+  # a machine kept warm from an earlier call keeps its cache: "cold" empties it
+  [ "$run" = cold ] && rm -rf "$TRITON_CACHE_DIR"
   entries=$(find "$TRITON_CACHE_DIR" -type f 2>/dev/null | wc -l)
   echo "== run $run: Triton cache $TRITON_CACHE_DIR holds $entries files" | tee -a "$OUT/env.txt"
   rm -f "$OUT/tests-$run.jsonl"

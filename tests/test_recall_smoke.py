@@ -82,7 +82,7 @@ def test_recall_records_a_failed_run_and_goes_on(tmp_path, monkeypatch):
         if arm == "merge":
             raise RuntimeError("planted failure")
         cls = NaNModel if arm == "learned" else RecallModel
-        return cls(args.vocab, args.d_model, 1, lambda i: Mixer(args.d_model)), 1
+        return cls(args.vocab, args.d_model, 1, lambda i: Mixer(args.d_model)).to(device), 1
 
     monkeypatch.setattr(recall, "make_model", make_model)
     argv = ["--quick", "--arms", "learned", "merge", "flat", "--T", "64", "--steps", "2", "--eval-every", "1",

@@ -99,6 +99,7 @@ def test_every_parameter_gets_a_gradient(arm):
     """One backward of a tiny model on the float64 reference backend. T = 192 holds three chunks,
     so level 1 fires twice before a read and its erase and decay weights count."""
     from layers import GDN2, NestedGDN2
+    from optimized import triton_mode
 
     torch.manual_seed(0)
     if arm == "flat":
@@ -106,9 +107,10 @@ def test_every_parameter_gets_a_gradient(arm):
     else:
         make = lambda i: NestedGDN2(16, num_heads=1, head_dim=8, num_levels=2, scheme=arm,  # noqa: E731
                                     backend="reference")
-    model = RecallModel(32, 16, 2, make)
+    device = triton_mode.device()      # the layers' Triton pieces run on the mode's device only
+    model = RecallModel(32, 16, 2, make).to(device)
     tokens, labels = mqar_batch(2, 192, 4, Vocab(32), torch.Generator().manual_seed(0))
-    loss, _ = loss_and_accuracy(model(tokens), labels)
+    loss, _ = loss_and_accuracy(model(tokens.to(device)), labels.to(device))
     loss.backward()
     missing = [name for name, p in model.named_parameters()
                if p.grad is None or not torch.isfinite(p.grad).all() or not p.grad.abs().max() > 0]

@@ -65,11 +65,30 @@ def test_bench_records_an_op_error_and_goes_on(tmp_path):
     assert rows[0]["error"] == "ValueError: cu_seqlens refused"
 
 
+def test_bench_warms_one_layout_without_timing(tmp_path):
+    """``--layouts padded --warmup-only``: the padded rows only, one step each, nothing timed."""
+    SEEN.clear()
+    args = varlen.parser().parse_args(["--lengths", "5,9,3", "-L", "2", "-H", "2", "-K", "16", "-V", "16",
+                                       "--dtype", "float32", "--layouts", "padded", "--warmup-only",
+                                       "--out", str(tmp_path)])
+
+    def timer(fn):
+        raise AssertionError("--warmup-only must time nothing")
+    rows = varlen.run(args, Hooks(nested_op=nested_stub, flat_op=flat_stub, device=CpuDevice(), timer=timer,
+                                  log=lambda message: None))
+    assert [(r["op"], r["layout"], r["error"]) for r in rows] == [("nested", "padded", ""), ("flat", "padded", "")]
+    assert all(r["fwd_bwd_ms"] != r["fwd_bwd_ms"] for r in rows)          # NaN: not timed
+    assert ("nested", (3, 9), None) in SEEN and ("flat", (3, 9), None) in SEEN
+
+
 def test_bench_refuses_bad_lengths_and_ops():
     with pytest.raises(SystemExit):
         varlen.parser().parse_args(["--lengths", "4,0"])
     args = varlen.quick_defaults(varlen.parser().parse_args(["--quick", "--ops", "nested,gla"]))
     with pytest.raises(ValueError, match=r"--ops: unknown \['gla'\]"):
+        varlen.run(args, Hooks(device=CpuDevice(), timer=varlen.wall_timer))
+    args = varlen.quick_defaults(varlen.parser().parse_args(["--quick", "--layouts", "packed,ragged"]))
+    with pytest.raises(ValueError, match=r"--layouts: unknown \['ragged'\]"):
         varlen.run(args, Hooks(device=CpuDevice(), timer=varlen.wall_timer))
 
 
