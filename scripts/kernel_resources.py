@@ -43,17 +43,23 @@ def _kernels():
     scan_sizes = dict(H=16, K=128, V=128, BK=128)
     rows = []
     # the default blocks (BN = 32 at K = 128; a level with n = 16 runs BN = 16), and reads_ab's variants
-    for name, BN, BV, prec in (("", 32, 32, "tf32"), (" bn16", 16, 32, "tf32"), (" bv16", 32, 16, "tf32"),
-                               (" bn64", 64, 32, "tf32")):
+    # ... and packed sequences (IS_VARLEN: per-sequence firing offsets), at the default blocks
+    for name, BN, BV, prec, varlen in (("", 32, 32, "tf32", False), (" bn16", 16, 32, "tf32", False),
+                                       (" bv16", 32, 16, "tf32", False), (" bn64", 64, 32, "tf32", False),
+                                       (" packed", 32, 32, "tf32", True)):
         warps = num_warps(128, BV)      # as the scans' launchers pick them
-        c = dict(scan_sizes, BN=BN, BV=BV)
+        c = dict(scan_sizes, BN=BN, BV=BV, IS_VARLEN=varlen)
+        offsets = {"fire_offsets": "*i32"}
         rows.append((f"promote_scan_fwd{name}", promote_scan_fwd_kernel, dict.fromkeys(
-            ("m0", "kappa", "nu", "beta", "omega", "gamma", "states"), f32) | {"F": "i32", "N": "i32", "stride_sb": "i32"},
+            ("m0", "kappa", "nu", "beta", "omega", "gamma", "states"), f32) | offsets
+            | {"F": "i32", "N": "i32", "stride_sb": "i32"},
             c | dict(HAS_M0=True, DOT_PRECISION="ieee"), warps))
         rows.append((f"promote_scan_bwd{name}", promote_scan_bwd_kernel, dict.fromkeys(
             ("states", "kappa", "nu", "beta", "omega", "gamma", "dstates", "dm0", "dkappa_part", "dnu",
-             "dbeta_part", "domega", "dgamma_part"), f32) | dict.fromkeys(("F", "B", "N", "stride_sb", "stride_db"), "i32"),
+             "dbeta_part", "domega", "dgamma_part"), f32) | offsets
+            | dict.fromkeys(("F", "B", "N", "stride_sb", "stride_db"), "i32"),
             c | dict(DOT_PRECISION=prec), warps))
+    rows += _reads_and_state_grad_kernels()
     for BN in (32, 16):
         c = dict(scan_sizes, BN=BN, BV=32)
         rows.append((f"promote_scan_bwd_carry (two-phase 1, BN = {BN})", promote_scan_bwd_carry_kernel,
@@ -72,6 +78,45 @@ def _kernels():
                      dict.fromkeys(("z", "dkappa", "dbeta", "domega", "dgamma", "dz"), f32) | {"c_reduce": "fp32"}
                      | dict.fromkeys(("Bt", "n", "H", "K", "V", "C", "OFF_B"), "i32"),
                      g | dict(HAS_KAPPA=True, HAS_DK=True, HAS_DB=True, HAS_DW=True, HAS_DG=True), 4))
+    return rows
+
+
+def _reads_and_state_grad_kernels():
+    """The reads kernels and level 0's state-gradient kernel (bf16 activations, as the benchmark
+    runs them), one sequence per row and packed."""
+    from optimized.nested.reads_bwd import reads_bwd_states_kernel, reads_bwd_tokens_kernel, token_blocks
+    from optimized.nested.reads_fwd import block_sizes as reads_blocks
+    from optimized.nested.reads_fwd import reads_fwd_kernel
+    from optimized.state_grad import block_sizes as state_grad_blocks
+    from optimized.state_grad import state_grad_bwd_kernel
+    from optimized.warps import num_warps as reads_warps
+
+    bf16, f32, i32 = "*bf16", "*fp32", "i32"
+    BT, BK, BV, BL = reads_blocks(128, 128, 4)
+    BKA, BVA, warps_a = token_blocks(BK, BV)
+    sizes = dict(H=16, K=128, V=128, BT=BT, BL=BL, SPLIT=True)
+    SK, SV, SS = state_grad_blocks(128, 128)
+    rows = []
+    for name, varlen in (("", False), (" packed", True)):
+        ints = dict.fromkeys(("T", "N", "S", "L"), i32) | {"scale": "fp32"}
+        rows.append((f"reads_fwd{name}", reads_fwd_kernel,
+                     dict.fromkeys(("q", "r", "o0", "o"), bf16) | {"states": f32, "read_row": "*i32",
+                                                                  "chunk_bounds": "*i32"} | ints,
+                     sizes | dict(BK=BK, BV=BV, IS_VARLEN=varlen), reads_warps(BK, BV)))
+        rows.append((f"reads_bwd_tokens{name}", reads_bwd_tokens_kernel,
+                     dict.fromkeys(("do", "q", "r", "o0", "dq"), bf16) | {"states": f32, "read_row": "*i32",
+                     "chunk_bounds": "*i32", "dr": f32, "do0": f32} | ints,
+                     sizes | dict(BKA=BKA, BV=BVA, IS_VARLEN=varlen), warps_a))
+        rows.append((f"reads_bwd_states{name}", reads_bwd_states_kernel,
+                     dict.fromkeys(("do", "q", "r"), bf16) | dict.fromkeys(("row_level", "row_chunk_lo", "row_chunk_hi",
+                     "chunk_bounds"), "*i32") | {"dstates": f32} | dict.fromkeys(("T", "S", "L"), i32) | {"scale": "fp32"},
+                     sizes | dict(BK=BK, BV=BV, IS_VARLEN=varlen), reads_warps(BK, BV)))
+        rows.append((f"state_grad_bwd{name}", state_grad_bwd_kernel,
+                     dict.fromkeys(("qg", "kg", "w", "gk", "do", "dv", "dh", "dv2"), bf16)
+                     | dict.fromkeys(("dht", "ds", "dh0"), f32) | {"slots": "*i32", "cu_seqlens": "*i64",
+                     "chunk_offsets": "*i32", "scale": "fp32", "T": i32, "S": i32},
+                     dict(H=16, K=128, V=128, BT=64, BS=SS, BK=SK, BV=SV, HAS_DHT=True, HAS_INJECT=True,
+                          STORE_DH0=True, IS_VARLEN=varlen), 8))
     return rows
 
 
