@@ -152,6 +152,73 @@ def test_state_grad_rejects_bad_slots():
                        slots=torch.zeros(2, dtype=torch.int32, device=DEV))
 
 
+def test_scan_rejects_bad_fire_offsets():
+    """Packed sequences' firing offsets: int32 ``[n + 1]`` on the pairs' device, pairs in one row."""
+    args = scan_args()
+    i32 = dict(dtype=torch.int32, device=DEV)
+    with pytest.raises(ValueError, match=r"fire_offsets must be int32 \[n \+ 1\]"):
+        promote_scan_fwd(*args, fire_offsets=torch.tensor([0, 2], dtype=torch.int64, device=DEV))
+    with pytest.raises(ValueError, match=r"fire_offsets must be int32 \[n \+ 1\] with n >= 1"):
+        promote_scan_fwd(*args, fire_offsets=torch.tensor([0], **i32))
+    with pytest.raises(TypeError, match="fire_offsets must be a torch.Tensor"):
+        promote_scan_fwd(*args, fire_offsets=[0, 2])
+    two_rows = [torch.cat([x, x]) for x in args[1:]]
+    with pytest.raises(ValueError, match=r"packed sequences \(fire_offsets\) need the pairs in one row"):
+        promote_scan_fwd(None, *two_rows, fire_offsets=torch.tensor([0, 1, 2], **i32))
+    with pytest.raises(ValueError, match=r"M0 must have shape \(2, 1, 16, 16\)"):     # one per sequence
+        promote_scan_fwd(*args, fire_offsets=torch.tensor([0, 1, 2], **i32))
+    states = promote_scan_fwd(None, *args[1:], fire_offsets=torch.tensor([0, 1, 2], **i32))
+    assert states.shape == (1, 4, 1, 16, 16)          # F + n rows: each sequence's initial state and firings
+    with pytest.raises(ValueError, match="the two-phase reverse scan does not take packed sequences"):
+        promote_scan_bwd_two_phase(states, *args[1:], states, fire_offsets=torch.tensor([0, 1, 2], **i32))
+
+
+def test_state_grad_packed_arguments_go_together():
+    z = lambda *s: torch.zeros(*s, device=DEV)  # noqa: E731
+    qkwg = [z(1, 130, 1, 16) for _ in range(4)]
+    cu = torch.tensor([0, 65, 130], device=DEV)
+    with pytest.raises(ValueError, match="cu_seqlens and chunk_offsets go together"):
+        state_grad_bwd(*qkwg, z(1, 130, 1, 16), z(1, 130, 1, 16), 0.25, cu_seqlens=cu)
+    with pytest.raises(ValueError, match="packed sequences: slots is needed"):
+        state_grad_bwd(*qkwg, z(1, 130, 1, 16), z(1, 130, 1, 16), 0.25, cu_seqlens=cu,
+                       chunk_offsets=torch.tensor([0, 2, 4], dtype=torch.int32, device=DEV))
+    two = [torch.cat([x, x]) for x in qkwg]
+    with pytest.raises(ValueError, match="packed sequences need B = 1, got B = 2"):
+        state_grad_bwd(*two, z(2, 130, 1, 16), z(2, 130, 1, 16), 0.25, cu_seqlens=cu,
+                       chunk_offsets=torch.tensor([0, 2, 4], dtype=torch.int32, device=DEV))
+
+
+def test_reads_refuse_chunk_bounds_with_several_rows():
+    from optimized.nested.reads_fwd import reads_fwd
+
+    q = torch.zeros(2, 64, 1, 2, 16, device=DEV)
+    r = torch.zeros(2, 64, 1, 2, device=DEV)
+    o0 = torch.zeros(2, 64, 1, 16, device=DEV)
+    states = torch.zeros(2, 1, 1, 16, 16, device=DEV)
+    bounds = torch.tensor([[0, 64]], dtype=torch.int32, device=DEV)
+    with pytest.raises(ValueError, match="chunk_bounds: packed sequences need B = 1, got B = 2"):
+        reads_fwd(q, r, o0, states, torch.zeros(2, 1, dtype=torch.int32, device=DEV), 0.25, chunk_bounds=bounds)
+    with pytest.raises(ValueError, match=r"chunk_bounds must have dtype in \['torch.int32'\], got torch.int64"):
+        reads_fwd(q[:1], r[:1], o0[:1], states[:1], torch.zeros(2, 1, dtype=torch.int32, device=DEV), 0.25,
+                  chunk_bounds=bounds.to(torch.int64))
+
+
+def test_packed_call_with_the_pytorch_reads_is_refused():
+    """The PyTorch reads (a benchmark's alternative piece) take one sequence per row: a packed
+    call with them says so instead of reading the wrong tokens."""
+    from optimized.nested import Pieces, _nested
+    from optimized.nested.pieces import reads_router_bwd_torch_levels
+    from optimized.nested.reads_torch import reads_router_fwd_torch
+
+    args = inputs()
+    args = {n: (x[:1] if n in NAMES else x) for n, x in args.items()}
+    args["initial_states"] = None
+    pieces = Pieces(reads_fwd=reads_router_fwd_torch, reads_bwd=reads_router_bwd_torch_levels)
+    cu = torch.tensor([0, 3, 8], dtype=torch.int32, device=DEV)
+    with pytest.raises(ValueError, match="the PyTorch reads take one sequence per row"):
+        _nested(*(args[n] for n in NAMES), args["levels"], pieces=pieces, cu_seqlens=cu)
+
+
 def test_injection_chunks_distinct():
     with pytest.raises(ValueError, match="chunk 1 is injected twice"):
         injection_slots(3, [1, 1], DEV)
