@@ -29,6 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
+from optimized.fenwick_gdn2.wy import chunk_of_program
 from optimized.warps import num_warps
 
 CHUNK = 64
@@ -59,13 +60,7 @@ def _chunk_prologue(Aqk, Akk, lam, cu_seqlens, chunk_indices, T, L, H: tl.conste
     ``Aqk``, ``Akk``, ``M = Aqk Akk``, the level weights ``Λ``, the level matrix and ``P = Λ ⊙ M``."""
     i_t, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
-    if IS_VARLEN:
-        i_n = tl.load(chunk_indices + i_t * 2).to(tl.int64)
-        i_t = tl.load(chunk_indices + i_t * 2 + 1).to(tl.int32)
-        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
-        T = (tl.load(cu_seqlens + i_n + 1).to(tl.int64) - bos).to(tl.int32)
-    else:
-        bos = i_b.to(tl.int64) * T
+    i_t, bos, T = chunk_of_program(i_t, i_b, cu_seqlens, chunk_indices, T, IS_VARLEN)
     o_t = i_t * BT + tl.arange(0, BT)
     o_i = tl.arange(0, BT)
     m_t = o_t < T

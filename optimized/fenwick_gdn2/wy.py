@@ -29,6 +29,24 @@ import triton.language as tl
 CHUNK = 64
 
 
+@triton.jit
+def chunk_of_program(i_t, i_b, cu_seqlens, chunk_indices, T, IS_VARLEN: tl.constexpr):
+    """A chunk program's chunk: ``(local chunk index, first token of its sequence, its length)``.
+    One sequence per row: chunk ``i_t`` of row ``i_b``, ``T`` tokens from ``i_b · T``. A packed row
+    (``IS_VARLEN``): chunk ``i_t`` of the packed grid, ``chunk_indices[i_t] = (sequence, local
+    index)``, the sequence's tokens from ``cu_seqlens``."""
+    if IS_VARLEN:
+        i_n = tl.load(chunk_indices + i_t * 2).to(tl.int64)
+        i_c = tl.load(chunk_indices + i_t * 2 + 1).to(tl.int32)
+        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
+        T_seq = (tl.load(cu_seqlens + i_n + 1).to(tl.int64) - bos).to(tl.int32)
+    else:
+        i_c = i_t
+        bos = i_b.to(tl.int64) * T
+        T_seq = T
+    return i_c, bos, T_seq
+
+
 @triton.jit(do_not_specialize=["T"])
 def fenwick_wy_intra_kernel(
     q, k, b, gk, Aqk, Akk, cu_seqlens, chunk_indices, scale, T,
@@ -36,13 +54,7 @@ def fenwick_wy_intra_kernel(
 ):
     i_t, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
-    if IS_VARLEN:           # a chunk of the packed grid: its sequence and local index
-        i_n = tl.load(chunk_indices + i_t * 2).to(tl.int64)
-        i_t = tl.load(chunk_indices + i_t * 2 + 1).to(tl.int32)
-        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
-        T = (tl.load(cu_seqlens + i_n + 1).to(tl.int64) - bos).to(tl.int32)
-    else:
-        bos = i_b.to(tl.int64) * T
+    i_t, bos, T = chunk_of_program(i_t, i_b, cu_seqlens, chunk_indices, T, IS_VARLEN)
     o_t = i_t * BT + tl.arange(0, BT)
     o_i = tl.arange(0, BT)
     m_t = o_t < T

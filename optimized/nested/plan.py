@@ -216,25 +216,32 @@ def _as_slice(index: list) -> slice | None:
     return slice(index[0], index[-1] + 1, step)
 
 
+def _row_tables(read_index, rows, N: int, L: int, device) -> tuple:
+    """``(S, row_offset, read_row, row_level, row_chunk_lo, row_chunk_hi)`` of the reads kernels
+    (``read_tables``), or their empty forms without upper levels (L = 1)."""
+    import torch
+
+    from optimized.nested.reads_fwd import read_tables
+
+    if L < 2:
+        i32 = dict(dtype=torch.int32, device=device)
+        return (0, (0,), torch.zeros(1, N, **i32), *(torch.zeros(0, **i32) for _ in range(3)))
+    reads = read_tables(read_index, rows, device)
+    return (reads.row_offset[-1], reads.row_offset[:L], reads.read_row, reads.row_level, reads.row_chunk_lo,
+            reads.row_chunk_hi)
+
+
 @functools.lru_cache(maxsize=64)
 def device_tables(plan: Plan | PackedPlan, device) -> DeviceTables:
     import torch
 
     from optimized.level0 import injection_slots
-    from optimized.nested.reads_fwd import read_tables
 
     if isinstance(plan, PackedPlan):
         return _packed_device_tables(plan, device)
     N, L = plan.N, plan.L
-    i32 = dict(dtype=torch.int32, device=device)
-    if L >= 2:
-        reads = read_tables(plan.read_index, [0] + [plan.firings(ℓ) + 1 for ℓ in range(1, L)], device)
-        S, row_offset = reads.row_offset[-1], reads.row_offset[:L]
-        read_row, row_level, lo, hi = reads.read_row, reads.row_level, reads.row_chunk_lo, reads.row_chunk_hi
-    else:
-        S, row_offset = 0, (0,)
-        read_row = torch.zeros(1, N, **i32)
-        row_level, lo, hi = (torch.zeros(0, **i32) for _ in range(3))
+    S, row_offset, read_row, row_level, lo, hi = _row_tables(
+        plan.read_index, [0] + [plan.firings(ℓ) + 1 for ℓ in range(1, L)], N, L, device)
     sources = [None] + [torch.tensor(plan.sources[ℓ], dtype=torch.long, device=device) for ℓ in range(1, L)]
     ends = list(plan.sources[1]) if L > 1 else []
     inner = [c + 1 for c in ends if c + 1 < N]
@@ -254,23 +261,16 @@ def _packed_device_tables(plan: PackedPlan, device) -> DeviceTables:
     from fla.ops.utils import prepare_chunk_indices
 
     from optimized.level0 import injection_slots
-    from optimized.nested.reads_fwd import read_tables
 
     N, L, n = plan.N, plan.L, len(plan.lengths)
     i32 = dict(dtype=torch.int32, device=device)
     i64 = dict(dtype=torch.long, device=device)
     fo, co = plan.fire_offset, plan.chunk_offset
-    if L >= 2:
-        # level ℓ's packed read index: sequence i's rows start at fo[ℓ][i] + i (nondecreasing)
-        read_index = [()] + [tuple(fo[ℓ][i] + i + r for i, p in enumerate(plan.plans) for r in p.read_index[ℓ])
-                             for ℓ in range(1, L)]
-        reads = read_tables(read_index, [0] + [plan.firings(ℓ) + n for ℓ in range(1, L)], device)
-        S, row_offset = reads.row_offset[-1], reads.row_offset[:L]
-        read_row, row_level, lo, hi = reads.read_row, reads.row_level, reads.row_chunk_lo, reads.row_chunk_hi
-    else:
-        S, row_offset = 0, (0,)
-        read_row = torch.zeros(1, N, **i32)
-        row_level, lo, hi = (torch.zeros(0, **i32) for _ in range(3))
+    # level ℓ's packed read index: sequence i's rows start at fo[ℓ][i] + i (nondecreasing)
+    read_index = [()] + [tuple(fo[ℓ][i] + i + r for i, p in enumerate(plan.plans) for r in p.read_index[ℓ])
+                         for ℓ in range(1, L)]
+    S, row_offset, read_row, row_level, lo, hi = _row_tables(
+        read_index, [0] + [plan.firings(ℓ) + n for ℓ in range(1, L)], N, L, device)
     sources = [None] + [torch.tensor(plan.sources[ℓ], **i64) for ℓ in range(1, L)]
     rounds = [None, None] + [add_rounds(plan.sources[ℓ], device) for ℓ in range(2, L)]
     starts = [0]
