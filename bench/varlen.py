@@ -10,7 +10,8 @@ forward+backward above what the inputs hold.
 
 Defaults: 8 documents of ragged lengths summing to 32768 tokens (``DEFAULT_LENGTHS``), L = 4,
 K = V = 128, H = 16, bfloat16 on CUDA; timings are ``triton.testing.do_bench`` medians after one
-warm-up call (where Triton and fla autotune). ``--quick``: a CPU smoke size (float32 under the
+warm-up call (where Triton and fla autotune), with the ops' finiteness check off (``--check-finite``
+keeps it). ``--quick``: a CPU smoke size (float32 under the
 Triton interpreter, one wall-clock run per timing, no warm-up, no memory counters).
 
 Outputs (``--out``, default ``results/<date>-varlen``): ``varlen.csv`` and ``varlen.md``, each
@@ -71,6 +72,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", choices=sorted(DTYPES), default="bfloat16")
     p.add_argument("--ops", default="nested,flat", help="which of nested, flat (default both)")
     p.add_argument("--layouts", default="packed,padded", help="which of packed, padded (default both)")
+    p.add_argument("--check-finite", action="store_true",
+                   help="keep the ops' finiteness check on (a host sync and one read of every input per forward, "
+                        "both ops); off by default, as in the other benchmarks: the inputs are finite")
     p.add_argument("--warmup-only", action="store_true",
                    help="one forward+backward per row (compile and autotune), nothing timed: run in the "
                         "background per row to fill the Triton cache before a timed run")
@@ -254,8 +258,18 @@ def run(args, hooks: Hooks | None = None, argv: Sequence[str] = ()) -> list[dict
     if "flat" in ops and hooks.flat_op is None:
         from optimized.gdn2 import chunk_gdn2
         hooks.flat_op = chunk_gdn2
-    lines = header(args, hooks.device, argv)
+    from optimized.checks import finite_checks      # here: `optimized` is configured (prepare_environment)
+
+    check = getattr(args, "check_finite", False)
+    lines = header(args, hooks.device, argv) + [
+        f"finiteness check of the ops: {'ON (--check-finite)' if check else 'off (--check-finite turns it on)'}"]
     rows = []
+    with finite_checks(check):
+        _measure_rows(ops, layouts, args, hooks, lines, rows)
+    return rows
+
+
+def _measure_rows(ops, layouts, args, hooks, lines, rows) -> None:
     for op in ops:
         for layout in [x for x in LAYOUTS if x in layouts]:
             start = time.perf_counter()
@@ -263,7 +277,6 @@ def run(args, hooks: Hooks | None = None, argv: Sequence[str] = ()) -> list[dict
             hooks.log(f"varlen: {op} {layout} done in {time.perf_counter() - start:.0f} s"
                       + (" (warm-up only)" if getattr(args, "warmup_only", False) else ""))
             write_outputs(args.out, rows, lines)
-    return rows
 
 
 def main(argv: Sequence[str] | None = None) -> int:

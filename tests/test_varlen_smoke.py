@@ -81,6 +81,23 @@ def test_bench_warms_one_layout_without_timing(tmp_path):
     assert ("nested", (3, 9), None) in SEEN and ("flat", (3, 9), None) in SEEN
 
 
+@pytest.mark.parametrize("flag, expected", [((), False), (("--check-finite",), True)])
+def test_bench_times_with_the_finiteness_check_off_unless_asked(tmp_path, flag, expected):
+    from optimized.checks import finite_checks_enabled
+
+    seen = []
+
+    def nested(*args, **kwargs):
+        seen.append(finite_checks_enabled())
+        return nested_stub(*args, **kwargs)
+    args = varlen.quick_defaults(varlen.parser().parse_args(["--quick", "--lengths", "4,2", "--ops", "nested",
+                                                             "--out", str(tmp_path), *flag]))
+    varlen.run(args, Hooks(nested_op=nested, device=CpuDevice(), timer=varlen.wall_timer, log=lambda message: None))
+    assert seen and set(seen) == {expected}
+    assert ("ON (--check-finite)" if expected else "off (--check-finite turns it on)") in \
+        (tmp_path / "varlen.md").read_text()
+
+
 def test_bench_refuses_bad_lengths_and_ops():
     with pytest.raises(SystemExit):
         varlen.parser().parse_args(["--lengths", "4,0"])
