@@ -44,6 +44,14 @@ snapshots, which are added to the stored states of level ℓ-1 (for level 0: inj
 into the state-gradient recurrence of ``optimized.state_grad``). No atomics and no
 scatter with repeated indices anywhere: two runs give bitwise-identical results.
 
+Packed sequences (``cu_seqlens``, ``B = 1``): one launch set for the row. ``plan.make_packed_plan``
+concatenates every sequence's own schedule (its chunks from its first token, its firings, its
+stored states, each level's rows in sequence order); fla's level 0 takes ``cu_seqlens``; the
+state-gradient kernel, the scans (one program per sequence, head and V block) and the reads (one
+program per chunk of a sequence) read their sequence's offsets from ``plan.PackedTables``; the
+probe runs once over every sequence's firings. The one-sequence-per-row kernels are the same
+code with the packed indexing compiled out (an ``IS_VARLEN`` constexpr).
+
 States are float32; inputs float32 or bfloat16 (level 0 computes in the inputs'
 dtype as fla does; probes and scan in float32; the reads' dots take bf16 operands, the float32
 state split into two bf16 parts, so good to 2^-16; the output is written in q's dtype).
