@@ -90,7 +90,9 @@ class PackedPlan:
 @functools.lru_cache(maxsize=64)
 def make_packed_plan(lengths: tuple, intervals: tuple, plan=make_plan) -> PackedPlan:
     """The packed schedule of sequences of ``lengths`` (each ≥ 1 token); ``plan(T, intervals)``
-    makes each sequence's own (``make_plan``, or a test's twin)."""
+    makes each sequence's own (``make_plan``, or a test's twin). Cached per ``lengths``, as its
+    device tables are: a run whose packing changes every step builds both once a step (host work
+    linear in the packed chunks, and a few small host-to-device copies)."""
     if not lengths or min(lengths) < 1:
         raise ValueError(f"lengths must be positive sequence lengths, got {lengths}")
     plans = tuple(plan(T_i, intervals) for T_i in lengths)
