@@ -140,6 +140,14 @@ def stage_table(averages, prefix: str = "nested.") -> list[str]:
     return lines
 
 
+def add_check_finite(parser, what: str = "both sides") -> None:
+    """``--check-finite``: keep the optimized ops' finiteness check on while timing (one read of
+    every input and a host sync per forward). Benchmarks time with it off: their inputs are finite."""
+    parser.add_argument("--check-finite", action="store_true",
+                        help=f"keep the optimized ops' finiteness check on ({what}: a host sync and one read of "
+                             "every input per forward); off by default: the benchmark's inputs are finite")
+
+
 def stderr_log(message: str):
     print(message, file=sys.stderr, flush=True)
 

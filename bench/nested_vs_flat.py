@@ -48,7 +48,7 @@ from typing import Sequence
 
 import torch
 
-from bench.harness import (CudaDevice, Hooks, _slug, collect_meta, header_lines, measure_rates,
+from bench.harness import (CudaDevice, Hooks, _slug, add_check_finite, collect_meta, header_lines, measure_rates,
                            prepare_environment, stderr_log)
 from bench.measure import MEASURED, _empty_measurement, measure_workload
 from bench.plan import DTYPES, SWEEPS, Config, make_plan
@@ -215,11 +215,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="parallel processes that compile the kernels before the timed process autotunes "
                         "(default: one per core, at most 12; 0: compile inside the benchmark process)")
     p.add_argument("--no-plots", action="store_true")
-    p.add_argument("--check-finite", action="store_true",
-                   help="keep the optimized ops' finiteness check on (a host sync and one read of every input per "
-                        "forward, on both sides; off by default: the benchmark's inputs are finite, and the "
-                        "2026-11-30 full run, made with it on, spent about 6 ms of flat's 13.8 ms forward in it "
-                        "at L = 4, K = 128)")
+    add_check_finite(p, "both sides")
     p.add_argument("--replot", action="store_true",
                    help="no measuring: rewrite results.md and the PNGs of --out from its results.csv")
     args = p.parse_args(argv)

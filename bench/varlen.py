@@ -39,7 +39,8 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
-from bench.harness import CpuDevice, CudaDevice, Hooks, do_bench_timer, prepare_environment, stderr_log
+from bench.harness import (CpuDevice, CudaDevice, Hooks, add_check_finite, do_bench_timer, prepare_environment,
+                           stderr_log)
 
 # Eight documents, none a multiple of the 64-token chunk but one, summing to 32768.
 DEFAULT_LENGTHS = (1024, 7168, 2048, 5120, 3000, 6000, 4096, 4312)
@@ -72,9 +73,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", choices=sorted(DTYPES), default="bfloat16")
     p.add_argument("--ops", default="nested,flat", help="which of nested, flat (default both)")
     p.add_argument("--layouts", default="packed,padded", help="which of packed, padded (default both)")
-    p.add_argument("--check-finite", action="store_true",
-                   help="keep the ops' finiteness check on (a host sync and one read of every input per forward, "
-                        "both ops); off by default, as in the other benchmarks: the inputs are finite")
+    add_check_finite(p, "both ops")
     p.add_argument("--warmup-only", action="store_true",
                    help="one forward+backward per row (compile and autotune), nothing timed: run in the "
                         "background per row to fill the Triton cache before a timed run")
