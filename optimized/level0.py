@@ -23,6 +23,12 @@ from optimized import triton_mode  # noqa: F401  (device mode before fla)
 from optimized.state_grad import CHUNK, state_grad_bwd
 
 
+def fla_varlen(packed) -> dict:
+    """fla's keyword arguments for packed sequences (``optimized.nested.plan.PackedTables``: its
+    ``cu_seqlens`` and ``chunk_indices``); none for one sequence per row (``packed`` None)."""
+    return {} if packed is None else dict(cu_seqlens=packed.cu_seqlens, chunk_indices=packed.chunk_indices)
+
+
 @dataclass
 class Level0Saved:
     """What the backward needs from the forward (fla's intermediates, kept: no recompute)."""
@@ -46,8 +52,7 @@ class Level0Saved:
 
     def varlen(self) -> dict:
         """fla's keyword arguments for packed sequences (none for one sequence per row)."""
-        p = self.packed
-        return {} if p is None else dict(cu_seqlens=p.cu_seqlens, chunk_indices=p.chunk_indices)
+        return fla_varlen(self.packed)
 
     def tensors(self):
         return [self.q, self.k, self.v, self.b, self.w, self.g_cumsum, self.Aqk, self.Akk, self.w_wy,
@@ -73,10 +78,9 @@ def level0_fwd(q, k, v, g, b, w, scale: float, initial_state=None, packed=None):
     """
     from fla.ops.gdn2.chunk_fwd import chunk_gdn2_fwd
 
-    varlen = {} if packed is None else dict(cu_seqlens=packed.cu_seqlens, chunk_indices=packed.chunk_indices)
     (o, final_state, g_cumsum, Aqk, Akk, w_wy, u_wy, qg, kg, v_new, h, _) = chunk_gdn2_fwd(
         q=q, k=k, v=v, g=g, b=b, w_gate=w, scale=scale, initial_state=initial_state,
-        output_final_state=True, chunk_size=CHUNK, disable_recompute=True, **varlen)
+        output_final_state=True, chunk_size=CHUNK, disable_recompute=True, **fla_varlen(packed))
     saved = Level0Saved(q, k, v, b, w, g_cumsum, Aqk, Akk, w_wy, u_wy, qg, kg, v_new, h, scale,
                         initial_state is not None, packed)
     return o, final_state, h, saved
