@@ -214,6 +214,19 @@ def num_warps(BK: int, BV: int) -> int:
     return 4 if BK * BV <= 64 * 32 else 8
 
 
+def launch_options(BK: int, BV: int, warps: int | None, stages: int | None) -> dict:
+    """The launch's ``num_warps`` (default ``num_warps(BK, BV)``) and ``num_stages`` (default:
+    Triton's), checked: a benchmark (``bench.scan_ab``) times other choices side by side."""
+    opts = {"num_warps": num_warps(BK, BV) if warps is None else warps}
+    if opts["num_warps"] not in (1, 2, 4, 8, 16):
+        raise ValueError(f"num_warps must be a power of two from 1 to 16, got {warps!r}")
+    if stages is not None:
+        if not isinstance(stages, int) or not 1 <= stages <= 6:
+            raise ValueError(f"num_stages must be an int from 1 to 6, got {stages!r}")
+        opts["num_stages"] = stages
+    return opts
+
+
 def _check(M0, kappa, nu, beta, omega, gamma, fire_offsets=None):
     B, F, H, n, K = kappa.shape
     V = nu.shape[-1]
@@ -262,7 +275,8 @@ def _check_precision(precision: str) -> str:
 
 def promote_scan_fwd(M0, kappa, nu, beta, omega, gamma, block_v: int | None = None,
                      block_n: int | None = None, out: torch.Tensor | None = None, precision: str = "ieee",
-                     fire_offsets: torch.Tensor | None = None):
+                     fire_offsets: torch.Tensor | None = None, num_warps: int | None = None,
+                     num_stages: int | None = None):
     """All firings of one level: ``states [B, F+1, H, K, V]`` (``states[:, 0]`` = ``M0`` or 0).
 
     ``M0 [B, H, K, V]`` or None; pairs and decays from the probes (layouts in the module
@@ -289,7 +303,7 @@ def promote_scan_fwd(M0, kappa, nu, beta, omega, gamma, block_v: int | None = No
         M0.contiguous() if M0 is not None else None, kappa.contiguous(), nu.contiguous(), beta.contiguous(),
         omega.contiguous(), gamma.contiguous(), states, fire_offsets, F, n, states.stride(0),
         H=H, K=K, V=V, BK=BK, BN=BN, BV=BV, HAS_M0=M0 is not None, DOT_PRECISION=precision,
-        IS_VARLEN=fire_offsets is not None, num_warps=num_warps(BK, BV))
+        IS_VARLEN=fire_offsets is not None, **launch_options(BK, BV, num_warps, num_stages))
     return states
 
 
@@ -333,13 +347,15 @@ def sum_partials(partials: torch.Tensor, blocks: int | None = None) -> torch.Ten
 
 def promote_scan_bwd(states, kappa, nu, beta, omega, gamma, dstates, block_v: int | None = None,
                      block_n: int | None = None, reduce_partials=sum_partials, precision: str = "ieee",
-                     fire_offsets: torch.Tensor | None = None):
+                     fire_offsets: torch.Tensor | None = None, num_warps: int | None = None,
+                     num_stages: int | None = None):
     """Gradients of the scan given ``dstates [B, F+1, H, K, V]`` (float32), the gradient
     on every stored state (``dstates[:, F]`` includes the final state's).
 
     Returns ``(dM0 [B, H, K, V], dκ, dν, dβ, dω, dγ)`` shaped like the inputs.
     ``fire_offsets``: packed sequences as in ``promote_scan_fwd`` (states and ``dstates``
-    ``[1, F + n, H, K, V]``, ``dM0 [n, H, K, V]``).
+    ``[1, F + n, H, K, V]``, ``dM0 [n, H, K, V]``). ``num_warps``, ``num_stages``: as in
+    ``promote_scan_fwd``.
     """
     B, F, H, n, K, V = check_bwd(states, kappa, nu, beta, omega, gamma, dstates, precision, fire_offsets)
     states, dstates = (x if _batch_strided(x) else x.contiguous() for x in (states, dstates))
@@ -354,6 +370,6 @@ def promote_scan_bwd(states, kappa, nu, beta, omega, gamma, dstates, block_v: in
         gamma.contiguous(), dstates, fire_offsets,
         dm0, dkappa_part, dnu, dbeta_part, domega, dgamma_part, F, B, n, states.stride(0), dstates.stride(0),
         H=H, K=K, V=V, BK=BK, BN=BN, BV=BV, DOT_PRECISION=precision, IS_VARLEN=fire_offsets is not None,
-        num_warps=num_warps(BK, BV))
+        **launch_options(BK, BV, num_warps, num_stages))
     return (dm0, reduce_partials(dkappa_part), dnu, reduce_partials(dbeta_part), domega,
             reduce_partials(dgamma_part))

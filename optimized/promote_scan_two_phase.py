@@ -25,8 +25,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from optimized.promote_scan import (_batch_strided, block_sizes, check_bwd, num_warps, pair_block, pair_grad_buffers,
-                                    state_block, sum_partials)
+from optimized.promote_scan import (_batch_strided, block_sizes, check_bwd, launch_options, pair_block,
+                                    pair_grad_buffers, state_block, sum_partials)
 
 
 @triton.jit(do_not_specialize=["F", "N"])
@@ -107,11 +107,13 @@ def promote_scan_bwd_pairs_kernel(
 
 def promote_scan_bwd_two_phase(states, kappa, nu, beta, omega, gamma, dstates, block_v: int | None = None,
                                block_n: int | None = None, reduce_partials=sum_partials, precision: str = "ieee",
-                               consume_dstates: bool = False, fire_offsets=None):
+                               consume_dstates: bool = False, fire_offsets=None, num_warps: int | None = None,
+                               num_stages: int | None = None):
     """``promote_scan_bwd``'s contract, computed in two phases (module docstring): returns
     ``(dM0 [B, H, K, V], dκ, dν, dβ, dω, dγ)``. ``consume_dstates``: phase 1 writes its carried
     gradients over ``dstates`` (the caller's buffer is spent; saves one ``[B, F+1, H, K, V]``
-    float32 copy); otherwise it works on a copy. Packed sequences (``fire_offsets``) are
+    float32 copy); otherwise it works on a copy. ``num_warps``, ``num_stages``: both kernels' launch
+    (``promote_scan.launch_options``). Packed sequences (``fire_offsets``) are
     ``promote_scan_bwd``'s alone: refused here."""
     if fire_offsets is not None:
         raise ValueError("fire_offsets: the two-phase reverse scan does not take packed sequences; "
@@ -123,15 +125,15 @@ def promote_scan_bwd_two_phase(states, kappa, nu, beta, omega, gamma, dstates, b
     kappa, nu, beta, omega, gamma = (x.contiguous() for x in (kappa, nu, beta, omega, gamma))
     BK, BN, BV = block_sizes(K, V, n, block_v, block_n)
     NV = triton.cdiv(V, BV)
-    warps = num_warps(BK, BV)
+    opts = launch_options(BK, BV, num_warps, num_stages)
     promote_scan_bwd_carry_kernel[(NV, B * H)](
         kappa, beta, gamma, g, F, n, g.stride(0),
-        H=H, K=K, V=V, BK=BK, BN=BN, BV=BV, DOT_PRECISION=precision, num_warps=warps)
+        H=H, K=K, V=V, BK=BK, BN=BN, BV=BV, DOT_PRECISION=precision, **opts)
     dkappa_part, dnu, dbeta_part, domega, dgamma_part = pair_grad_buffers(kappa, nu, NV)
     if F > 0:
         promote_scan_bwd_pairs_kernel[(NV, F, B * H)](
             states, kappa, nu, beta, omega, gamma, g,
             dkappa_part, dnu, dbeta_part, domega, dgamma_part, F, B, n, states.stride(0), g.stride(0),
-            H=H, K=K, V=V, BK=BK, BN=BN, BV=BV, DOT_PRECISION=precision, num_warps=warps)
+            H=H, K=K, V=V, BK=BK, BN=BN, BV=BV, DOT_PRECISION=precision, **opts)
     return (g[:, 0].clone(), reduce_partials(dkappa_part), dnu, reduce_partials(dbeta_part), domega,
             reduce_partials(dgamma_part))

@@ -85,6 +85,17 @@ def test_rejects_wide_keys():
     _raises(ValueError, "key dim K must be <= 256", **x)
 
 
+def test_keys_over_128_refused_on_cuda_only():
+    from optimized.fenwick_gdn2.chunk import max_head_dim
+    assert max_head_dim("cuda") == 128
+    assert max_head_dim("cpu") == 256
+    if str(DEV).startswith("cuda"):
+        x = inputs()
+        for n in ("q", "k", "g", "b"):
+            x[n] = torch.zeros(B, T, H, 160, device=DEV)
+        _raises(ValueError, "key dim K must be <= 128 on cuda", **x)
+
+
 @pytest.mark.parametrize("name, token", [("q", 3), ("g", 1), ("level_scales", 4)])
 def test_rejects_non_finite_activations(name, token):
     x = inputs()

@@ -14,6 +14,16 @@ from reference.validation import (check_gdn2_inputs, check_same_device, check_sa
                                   check_sizes, check_tensor, sequences)
 
 MAX_HEAD_DIM = 256  # fla's GDN-2 kernels support K <= 256
+# On CUDA the reverse carry scan (states.fenwick_states_bwd_kernel) holds [64, K] operand tiles and a
+# [K, 16] state block: at K = 256 it needs 280 KiB of shared memory, over the H200's 227 KiB (Triton
+# 3.6, 2026-12-02; the forward ran). Keys up to 128 compile and run.
+MAX_HEAD_DIM_CUDA = 128
+
+
+def max_head_dim(device_type: str) -> int:
+    """The widest key this op runs on a device of ``device_type`` (``"cuda"``: the carry scan's
+    shared memory; elsewhere, under Triton's interpreter, fla's limit)."""
+    return MAX_HEAD_DIM_CUDA if device_type == "cuda" else MAX_HEAD_DIM
 
 
 def _meta(saved):
@@ -93,6 +103,10 @@ def check_fenwick_gdn2_kernel_inputs(q, k, v, g, b, w, level_scales, scale, init
     check_same_device((("q", q), ("level_scales", level_scales), ("initial_state", initial_state)))
     if K > MAX_HEAD_DIM:
         raise ValueError(f"q: key dim K must be <= {MAX_HEAD_DIM} for fla's GDN-2 kernels, got {K}")
+    if K > max_head_dim(q.device.type):
+        raise ValueError(f"q: key dim K must be <= {max_head_dim(q.device.type)} on {q.device.type}, got {K}: "
+                         f"above it the reverse carry scan needs more shared memory than the GPU has "
+                         f"(280 KiB at K = 256 on an H200)")
     check_sizes((("level_scales [B, T, H, L]", (B, T, H, L)),))
     NB = stacked_blocks(offset, max(lengths), L, initial_state is not None)   # the longest sets J
     N = sum(-(-T_i // CHUNK) for T_i in lengths)                               # chunks of all rows

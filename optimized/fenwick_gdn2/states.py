@@ -175,6 +175,19 @@ def fenwick_states_bwd_kernel(
         tl.debug_barrier()
 
 
+def scan_warps(BK: int, BV: int) -> int:
+    """Warps of the carry scans: ``optimized.warps.num_warps``, but 4 for V blocks of 16.
+
+    With ``BK = 128``, ``BV = 16`` and 8 warps, Triton 3.6 on the H200 (sm_90, TF32 dots)
+    compiles the reverse scan wrong: ``dh``, ``dvn`` and the pre-state gradients differed from
+    the ``BV = 32`` kernel's by up to 78 at V = 16 (one V block; the forward was bit-identical),
+    and with several V blocks (K = 128, V = 128; K = 112, V = 100) the launch hit an illegal
+    memory access (2026-12-02, ``results/2026-12-02-scan-launch-and-fenwick-h200/``). With 4
+    warps both kernels are bit-identical to ``BV = 32`` at those shapes. The blocks of 16 come
+    from ``block_sizes`` at V ≤ 16 and at K > 128."""
+    return 4 if BV <= 16 else num_warps(BK, BV)
+
+
 def block_sizes(K: int, V: int) -> tuple[int, int]:
     BK = max(16, triton.next_power_of_2(K))
     BV = max(16, min(32 if BK <= 128 else 16, triton.next_power_of_2(V)))
@@ -216,7 +229,7 @@ def states_fwd(kg, wy, u, gk, mtab, h0, N: int, J: int, L: int, V: int, n_own: i
     grid = (triton.cdiv(V, BV), S * H)
     fenwick_states_fwd_kernel[grid](kg, wy, u, gk, mtab, carry, h, vn, final, cu_seqlens, chunk_offsets,
                                     T, N, J, L, n_own, H=H, K=K, V=V, BT=CHUNK, BK=BK, BV=BV, DOT=precision,
-                                    IS_VARLEN=p is not None, num_warps=num_warps(BK, BV))
+                                    IS_VARLEN=p is not None, num_warps=scan_warps(BK, BV))
     return h, vn, final
 
 
@@ -240,5 +253,5 @@ def states_bwd(qg, kg, wy, gk, do, dv, dfinal, mtab, scale: float, N: int, J: in
     fenwick_states_bwd_kernel[grid](qg, kg, wy, gk, do, dv, dfinal, mtab, dh, dv2, dpre, cu_seqlens, chunk_offsets,
                                     scale, T, N, J, L, n_own, H=H, K=K, V=V, BT=CHUNK, BK=BK, BV=BV,
                                     HAS_DFINAL=dfinal is not None, DOT=precision, IS_VARLEN=p is not None,
-                                    num_warps=num_warps(BK, BV))
+                                    num_warps=scan_warps(BK, BV))
     return dh, dv2, dpre[:, 0]

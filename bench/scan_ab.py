@@ -1,0 +1,151 @@
+"""The promote scans alone, side by side in one run: launch choices and kernel forms of the
+forward and reverse scans at the nested benchmark's level shapes.
+
+Each upper level of the L = 4 benchmark row (B = 8, H = 16, K = V = 128, bf16 run: float32
+scan operands) is one scan: level 1 fires 64 times with n = 16 pairs, level 2 32 times with
+n = 32, level 3 16 times with n = 64 (the query ladder). A variant is timed on all three
+(``triton.testing.do_bench`` medians) and the table gives the three and their sum. The reverse
+scans' times include the per-V-block partial sums (they are part of the op's cost).
+
+    python -m bench.scan_ab --out results/DIR [--variants ...] [--levels 4]
+
+Writes ``DIR/scan_ab.csv`` and ``DIR/scan_ab.md``. Variants are named by what differs from the
+op's default launch (``fwd``, ``bwd``): ``-sN`` Triton's ``num_stages``, ``-wN`` ``num_warps``,
+``-bnN`` / ``-bvN`` pair and V blocks, ``-tf32`` the forward's dots on TF32, ``2phase`` the
+two-phase reverse scan (``optimized.promote_scan_two_phase``).
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+
+def _log(message: str):
+    print(f"[scan_ab] {message}", file=sys.stderr, flush=True)
+
+
+def level_shapes(levels: int, T: int = 4096, chunk: int = 64, n1: int = 16) -> list[tuple[int, int]]:
+    """``(F, n)`` of each upper level of the default ladder schedule at depth ``levels``: level ℓ
+    fires every 2^(ℓ−1) chunks with n = n1 · 2^(ℓ−1) pairs."""
+    return [(T // chunk // 2 ** (ℓ - 1), n1 * 2 ** (ℓ - 1)) for ℓ in range(1, levels)]
+
+
+def _pairs(B, F, H, n, K, V, seed, device):
+    import torch.nn.functional as Fn
+    g = torch.Generator(device=device).manual_seed(seed)
+
+    def rnd(*s):
+        return torch.randn(*s, generator=g, device=device)
+    kappa = Fn.normalize(rnd(B, F, H, n, K), dim=-1)
+    return (kappa, rnd(B, F, H, n, V), torch.sigmoid(rnd(B, F, H, n, K)) / n ** 0.5,
+            torch.sigmoid(rnd(B, F, H, n, V)), -Fn.softplus(rnd(B, F, H, K) - 3.0))
+
+
+def _variants() -> dict:
+    """name -> ("fwd" | "bwd", fn(M0, pairs, states, dstates) -> None)."""
+    from optimized.promote_scan import promote_scan_bwd, promote_scan_fwd
+    from optimized.promote_scan_two_phase import promote_scan_bwd_two_phase
+
+    def fwd(**kw):
+        kw.setdefault("precision", "ieee")
+        return "fwd", lambda M0, p, s, ds: promote_scan_fwd(M0, *p, **kw)
+
+    def bwd(**kw):
+        kw.setdefault("precision", "tf32")
+        return "bwd", lambda M0, p, s, ds: promote_scan_bwd(s, *p, ds, **kw)
+
+    def two(**kw):
+        kw.setdefault("precision", "tf32")
+        return "bwd", lambda M0, p, s, ds: promote_scan_bwd_two_phase(s, *p, ds, consume_dstates=True, **kw)
+
+    v = {
+        "fwd": fwd(), "fwd-s1": fwd(num_stages=1), "fwd-s2": fwd(num_stages=2),
+        "fwd-bn16": fwd(block_n=16), "fwd-tf32": fwd(precision="tf32"),
+        "fwd-tf32-s2": fwd(precision="tf32", num_stages=2), "fwd-tf32-w4-s2": fwd(precision="tf32", num_warps=4,
+                                                                                 num_stages=2),
+        "fwd-tf32-bv64-s2": fwd(precision="tf32", block_v=64, num_stages=2),
+        "bwd": bwd(), "bwd-s1": bwd(num_stages=1), "bwd-s2": bwd(num_stages=2),
+        "bwd-bn16": bwd(block_n=16), "bwd-bn16-s1": bwd(block_n=16, num_stages=1),
+        "bwd-bn16-s2": bwd(block_n=16, num_stages=2),
+        "2phase": two(), "2phase-bn16": two(block_n=16), "2phase-bn16-s1": two(block_n=16, num_stages=1),
+        "2phase-bn16-w4": two(block_n=16, num_warps=4),
+    }
+    return v
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--variants", nargs="+", default=None)
+    parser.add_argument("--levels", type=int, default=4)
+    parser.add_argument("-B", type=int, default=8)
+    parser.add_argument("-H", type=int, default=16)
+    parser.add_argument("-K", type=int, default=128)
+    parser.add_argument("--quick", action="store_true", help="CPU smoke: B = H = 1, K = V = 16, T = 256")
+    args = parser.parse_args(argv)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    B, H, K, T = (1, 1, 16, 256) if args.quick else (args.B, args.H, args.K, 4096)
+    V = K
+    variants = _variants()
+    names = args.variants or list(variants)
+    unknown = [n for n in names if n not in variants]
+    if unknown:
+        parser.error(f"unknown variants {unknown}; known: {sorted(variants)}")
+    if device == "cuda":
+        import triton.testing
+
+        def timer(fn):
+            return triton.testing.do_bench(fn, warmup=25, rep=100)
+    else:
+        def timer(fn):
+            t0 = time.perf_counter()
+            fn()
+            return (time.perf_counter() - t0) * 1e3
+    from optimized.promote_scan import promote_scan_fwd
+    shapes = level_shapes(args.levels, T)
+    data = []
+    for ℓ, (F, n) in enumerate(shapes, start=1):
+        pairs = _pairs(B, F, H, n, K, V, ℓ, device)
+        M0 = None
+        states = promote_scan_fwd(M0, *pairs, precision="ieee")
+        dstates = torch.randn_like(states) * 1e-2
+        data.append((F, n, pairs, states, dstates))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for name in names:
+        kind, fn = variants[name]
+        ms = []
+        try:
+            for F, n, pairs, states, dstates in data:
+                ds = dstates.clone() if name.startswith("2phase") else dstates
+                fn(None, pairs, states, ds)                       # compile
+                ms.append(timer(lambda: fn(None, pairs, states, dstates.clone() if name.startswith("2phase")
+                                           else dstates)))
+        except Exception as e:                                     # a variant that does not compile
+            _log(f"{name}: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
+            continue
+        rows.append({"variant": name, "kind": kind, **{f"level{ℓ} ms": round(t, 4) for ℓ, t in
+                                                       enumerate(ms, start=1)}, "sum ms": round(sum(ms), 4)})
+        _log(f"{name}: {[round(t, 3) for t in ms]} sum {sum(ms):.3f} ms")
+    with open(out / "scan_ab.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    head = ["variant", "kind"] + [f"level{ℓ} ms" for ℓ in range(1, len(shapes) + 1)] + ["sum ms"]
+    lines = [f"# Promote scans side by side ({device}, B = {B}, H = {H}, K = V = {K}, T = {T}; "
+             f"levels (F, n) = {[(F, n) for F, n, *_ in data]})", "",
+             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(str(r[h]) for h in head) + " |" for r in rows]
+    (out / "scan_ab.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
