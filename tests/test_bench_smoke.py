@@ -443,6 +443,21 @@ def test_kernel_resources_compiles_for_sm90_without_a_gpu():
     assert cells[1] == "4" and 0 < int(cells[2]) <= 255 and int(cells[3]) >= 0 and int(cells[4]) > 0
 
 
+def test_scan_ab_times_variants_off_the_gpu(tmp_path):
+    """``bench.scan_ab --quick`` on the CPU: the three levels of the L = 4 ladder at a tiny shape, a
+    forward, a fused and a two-phase reverse variant with launch options, written as CSV and
+    Markdown; an unknown variant is refused."""
+    from bench import scan_ab
+
+    assert scan_ab.level_shapes(4) == [(64, 16), (32, 32), (16, 64)]
+    assert scan_ab.main(["--out", str(tmp_path), "--quick", "--variants", "fwd-s1", "bwd-bn16", "2phase-bn16-w4"]) == 0
+    text = (tmp_path / "scan_ab.md").read_text()
+    assert all(f"| {v} |" in text for v in ("fwd-s1", "bwd-bn16", "2phase-bn16-w4"))
+    assert (tmp_path / "scan_ab.csv").read_text().count("\n") == 4
+    with pytest.raises(SystemExit):
+        scan_ab.main(["--out", str(tmp_path), "--quick", "--variants", "nope"])
+
+
 def test_reads_ab_builds_every_variant_off_the_gpu():
     """Every ``bench.reads_ab`` variant (and flat) is built on the CPU at a tiny shape, each with
     the nested op's inputs, parameters and cotangent: a misnamed piece fails here, not in a

@@ -144,6 +144,23 @@ def test_scan_backward_rejects_bad_state_count(scan_bwd):
         scan_bwd(states, *pairs, states, precision="bf16")
 
 
+@pytest.mark.parametrize("scan", ["fwd", "fused", "two_phase"])
+def test_scan_rejects_bad_launch_options(scan):
+    """``num_warps`` (a power of two, 1 to 16) and ``num_stages`` (an int, 1 to 6) are checked
+    before the launch; None keeps the defaults."""
+    M0, *pairs = scan_args()
+    states = torch.zeros(1, 3, 1, 16, 16, device=DEV)
+    call = {"fwd": lambda **kw: promote_scan_fwd(M0, *pairs, **kw),
+            "fused": lambda **kw: promote_scan_bwd(states, *pairs, states, **kw),
+            "two_phase": lambda **kw: promote_scan_bwd_two_phase(states, *pairs, states, **kw)}[scan]
+    with pytest.raises(ValueError, match="num_warps must be a power of two from 1 to 16, got 3"):
+        call(num_warps=3)
+    for bad in (0, 7, 2.0):
+        with pytest.raises(ValueError, match="num_stages must be an int from 1 to 6"):
+            call(num_stages=bad)
+    call(num_warps=4, num_stages=1)
+
+
 def test_state_grad_rejects_bad_slots():
     z = lambda *s: torch.zeros(*s, device=DEV)  # noqa: E731
     qkwg = [z(1, 130, 1, 16) for _ in range(4)]
