@@ -60,6 +60,7 @@ def _kernels():
             | dict.fromkeys(("F", "B", "N", "stride_sb", "stride_db"), "i32"),
             c | dict(DOT_PRECISION=prec), warps))
     rows += _reads_and_state_grad_kernels()
+    rows += _fenwick_states_kernels()
     for BN in (32, 16):
         c = dict(scan_sizes, BN=BN, BV=32)
         rows.append((f"promote_scan_bwd_carry (two-phase 1, BN = {BN})", promote_scan_bwd_carry_kernel,
@@ -78,6 +79,26 @@ def _kernels():
                      dict.fromkeys(("z", "dkappa", "dbeta", "domega", "dgamma", "dz"), f32) | {"c_reduce": "fp32"}
                      | dict.fromkeys(("Bt", "n", "H", "K", "V", "C", "OFF_B"), "i32"),
                      g | dict(HAS_KAPPA=True, HAS_DK=True, HAS_DB=True, HAS_DW=True, HAS_DG=True), 4))
+    return rows
+
+
+def _fenwick_states_kernels():
+    """Fenwick GDN-2's carry scans (bf16 activations, TF32 dots, H = 8, K = V = 128 as
+    ``bench.fenwick_gdn2`` runs them), at V blocks of 32 and of 16, with the launchers' warps."""
+    from optimized.fenwick_gdn2.states import fenwick_states_bwd_kernel, fenwick_states_fwd_kernel, scan_warps
+
+    bf16, f32, i32 = "*bf16", "*fp32", "i32"
+    ints = dict.fromkeys(("T", "N", "J", "L", "NOWN"), i32) | {"mtab": "*i32", "cu_seqlens": "*i64",
+                                                                 "chunk_offsets": "*i64"}
+    fwd = dict.fromkeys(("kg", "wy", "u", "gk", "h", "vn"), bf16) | {"carry": f32, "final": f32} | ints
+    bwd = (dict.fromkeys(("qg", "kg", "wy", "gk", "do", "dv", "dh", "dv2"), bf16)
+           | {"dfinal": f32, "dpre": f32, "scale": "fp32"} | ints)
+    rows = []
+    for BV in (32, 16):
+        c = dict(H=8, K=128, V=128, BT=64, BK=128, BV=BV, DOT="tf32", IS_VARLEN=False)
+        rows.append((f"fenwick_states_fwd (BV = {BV})", fenwick_states_fwd_kernel, fwd, c, scan_warps(128, BV)))
+        rows.append((f"fenwick_states_bwd (BV = {BV})", fenwick_states_bwd_kernel, bwd, c | dict(HAS_DFINAL=True),
+                     scan_warps(128, BV)))
     return rows
 
 
