@@ -5,7 +5,8 @@ Each upper level of the L = 4 benchmark row (B = 8, H = 16, K = V = 128, bf16 ru
 scan operands) is one scan: level 1 fires 64 times with n = 16 pairs, level 2 32 times with
 n = 32, level 3 16 times with n = 64 (the query ladder). A variant is timed on all three
 (``triton.testing.do_bench`` medians) and the table gives the three and their sum. The reverse
-scans' times include the per-V-block partial sums (they are part of the op's cost).
+scans' times include the per-V-block partial sums (they are part of the op's cost); the two-phase
+scan's include a copy of the state gradients, which it overwrites (the op hands it a spent buffer).
 
     python -m bench.scan_ab --out results/DIR [--variants ...] [--levels 4]
 
@@ -47,23 +48,23 @@ def _pairs(B, F, H, n, K, V, seed, device):
 
 
 def _variants() -> dict:
-    """name -> ("fwd" | "bwd", fn(M0, pairs, states, dstates) -> None)."""
+    """name -> ("fwd" | "bwd", fn(pairs, states, dstates))."""
     from optimized.promote_scan import promote_scan_bwd, promote_scan_fwd
     from optimized.promote_scan_two_phase import promote_scan_bwd_two_phase
 
     def fwd(**kw):
         kw.setdefault("precision", "ieee")
-        return "fwd", lambda M0, p, s, ds: promote_scan_fwd(M0, *p, **kw)
+        return "fwd", lambda p, s, ds: promote_scan_fwd(None, *p, **kw)
 
     def bwd(**kw):
         kw.setdefault("precision", "tf32")
-        return "bwd", lambda M0, p, s, ds: promote_scan_bwd(s, *p, ds, **kw)
+        return "bwd", lambda p, s, ds: promote_scan_bwd(s, *p, ds, **kw)
 
     def two(**kw):
         kw.setdefault("precision", "tf32")
-        return "bwd", lambda M0, p, s, ds: promote_scan_bwd_two_phase(s, *p, ds, consume_dstates=True, **kw)
+        return "bwd", lambda p, s, ds: promote_scan_bwd_two_phase(s, *p, ds.clone(), consume_dstates=True, **kw)
 
-    v = {
+    return {
         "fwd": fwd(), "fwd-s1": fwd(num_stages=1), "fwd-s2": fwd(num_stages=2),
         "fwd-bn16": fwd(block_n=16), "fwd-tf32": fwd(precision="tf32"),
         "fwd-tf32-s2": fwd(precision="tf32", num_stages=2), "fwd-tf32-w4-s2": fwd(precision="tf32", num_warps=4,
@@ -75,7 +76,6 @@ def _variants() -> dict:
         "2phase": two(), "2phase-bn16": two(block_n=16), "2phase-bn16-s1": two(block_n=16, num_stages=1),
         "2phase-bn16-w4": two(block_n=16, num_warps=4),
     }
-    return v
 
 
 def main(argv=None) -> int:
@@ -111,8 +111,7 @@ def main(argv=None) -> int:
     data = []
     for ℓ, (F, n) in enumerate(shapes, start=1):
         pairs = _pairs(B, F, H, n, K, V, ℓ, device)
-        M0 = None
-        states = promote_scan_fwd(M0, *pairs, precision="ieee")
+        states = promote_scan_fwd(None, *pairs, precision="ieee")
         dstates = torch.randn_like(states) * 1e-2
         data.append((F, n, pairs, states, dstates))
     out = Path(args.out)
@@ -123,10 +122,8 @@ def main(argv=None) -> int:
         ms = []
         try:
             for F, n, pairs, states, dstates in data:
-                ds = dstates.clone() if name.startswith("2phase") else dstates
-                fn(None, pairs, states, ds)                       # compile
-                ms.append(timer(lambda: fn(None, pairs, states, dstates.clone() if name.startswith("2phase")
-                                           else dstates)))
+                fn(pairs, states, dstates)                        # compile
+                ms.append(timer(lambda: fn(pairs, states, dstates)))
         except Exception as e:                                     # a variant that does not compile
             _log(f"{name}: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
             continue
