@@ -55,15 +55,15 @@ def chunk_fenwick_gdn2_transition_on_newest_only(*args, **kwargs):
     return _call({"states_fwd": states_without_erase}, args, kwargs)
 
 
-# The scan's store of the next pre-state skips the blocks a carry empties (the slot keeps them).
-STALE_CARRY_SLOT = Plant(states, "fenwick_states_fwd_kernel", "mask=m_kv & not_last & (blk != m))",
-                         "mask=m_kv & not_last & (blk != m) & keep)")
+# The carry keeps the end states of the buckets it merges (below its target m) instead of emptying them.
+STALE_MERGED_BUCKETS = Plant(states, "fenwick_states_fwd_kernel", "(m_c & ~own & (blk > m))[None, :], b_end",
+                             "(m_c & ~own & (blk != m))[None, :], b_end")
 
 
-def chunk_fenwick_gdn2_stale_carry_slot(*args, **kwargs):
-    """The scan's recycled carry slot keeps the blocks a carry empties (levels below the merge
-    target): they hold the state of two chunks before instead of nothing."""
-    with planted(STALE_CARRY_SLOT):
+def chunk_fenwick_gdn2_stale_merged_buckets(*args, **kwargs):
+    """A carry with m ≥ 1 merges buckets 0 … m-1 into bucket m but does not empty them: their
+    states are counted twice from the next chunk on."""
+    with planted(STALE_MERGED_BUCKETS):
         return chunk_fenwick_gdn2(*args, **kwargs)
 
 

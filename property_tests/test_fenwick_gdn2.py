@@ -27,7 +27,9 @@ from ngdn.testing import kernel_dtypes, on_cuda
 from ngdn.tolerances import assert_passes, failures, relative_error
 
 # CPU menu: one token, a partial chunk, one full chunk, ragged 2-4 chunks; K, V not powers of two
-# (masked blocks), several V blocks of the scan (BV = 16 at V = 8, 32 at V = 24).
+# (masked blocks). The carry scans' V blocks (``states.block_sizes``): one, masked, in the main
+# pass; two, the last ragged, at V = 24 in the seven-block passes (one chunk; the last chunk's
+# split); tests/test_fenwick_gdn2_scan_blocks.py runs the main pass over several.
 CPU_SEQ_LENS = (1, 17, 64, 100, 130, 200)
 
 
@@ -127,10 +129,9 @@ def test_optimized_vs_reference_catches(mutant, broken):
 
 
 @pytest.mark.mutation
-def test_nine_chunks_catch_a_stale_carry_slot():
-    """The scan carries its float32 states in two slots; a carry with m ≥ 1 must empty blocks
-    0 … m-1 of the recycled slot (3 chunks are too few to see it: the stale values are zeros)."""
-    bad = failures(checks.optimized_vs_reference(LONG, 3, optimized=mutants.chunk_fenwick_gdn2_stale_carry_slot,
+def test_nine_chunks_catch_stale_merged_buckets():
+    """A carry with m ≥ 1 must empty the buckets 0 … m-1 it merges."""
+    bad = failures(checks.optimized_vs_reference(LONG, 3, optimized=mutants.chunk_fenwick_gdn2_stale_merged_buckets,
                                                  log=False, grads=False))
     assert "output" in bad, bad
 

@@ -15,6 +15,7 @@
 #                  after `tests`, never beside them (two 35-GiB peak runs beside 12 test workers ran the
 #                  H200 out of memory, 2026-11-30)
 #   fenwick:ARGS   python -m bench.fenwick_gdn2 --out $OUT/fenwick-<n> ARGS
+#   fscan:ARGS     python -m bench.fenwick_scan_ab --out $OUT/fscan-<n> ARGS (the carry scans alone)
 #   fenwick-warm:T[,T...][:ARGS]  bench.fenwick_gdn2 --warmup-only --ops fenwick_gdn2 --tokens 1 (B = 1),
 #                  one background process per T (in parallel: each T compiles its own stacked width),
 #                  and one for flat GDN-2 (its kernels do not depend on T), logs fenwick-warm-<T>.log;
@@ -95,6 +96,11 @@ for step in "$@"; do
       args=${step#fenwick:}; args=${args//+/ }
       timeout ${FENWICK_TIMEOUT:-400} python3 -m bench.fenwick_gdn2 --out "$OUT/fenwick-$n" $args 2>&1 | tee "$OUT/fenwick-$n.log" | tail -14
       echo "fenwick-$n ($args): exit ${PIPESTATUS[0]} at $(since) s" | tee -a "$OUT/env.txt" ;;
+    fscan:*)
+      n=$((n + 1))
+      args=${step#fscan:}; args=${args//+/ }
+      timeout ${FSCAN_TIMEOUT:-300} python3 -m bench.fenwick_scan_ab --out "$OUT/fscan-$n" $args 2>&1 | tee "$OUT/fscan-$n.log" | tail -24
+      echo "fscan-$n ($args): exit ${PIPESTATUS[0]} at $(since) s" | tee -a "$OUT/env.txt" ;;
     fenwick-warm:*)
       spec=${step#fenwick-warm:}; ts=${spec%%:*}; extra=""
       [ "$spec" != "$ts" ] && extra=${spec#*:}; extra=${extra//+/ }

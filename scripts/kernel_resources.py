@@ -84,21 +84,25 @@ def _kernels():
 
 def _fenwick_states_kernels():
     """Fenwick GDN-2's carry scans (bf16 activations, TF32 dots, H = 8, K = V = 128 as
-    ``bench.fenwick_gdn2`` runs them), at V blocks of 32 and of 16, with the launchers' warps."""
-    from optimized.fenwick_gdn2.states import fenwick_states_bwd_kernel, fenwick_states_fwd_kernel, scan_warps
+    ``bench.fenwick_gdn2`` runs them) at the stacked blocks of T = 4096 and 65536 (NB = 7, 11)
+    and of a short sequence (NB = 2), with the launchers' blocks and warps."""
+    from optimized.fenwick_gdn2.states import (block_sizes, fenwick_states_bwd_kernel, fenwick_states_fwd_kernel,
+                                               launch_options)
 
     bf16, f32, i32 = "*bf16", "*fp32", "i32"
-    ints = dict.fromkeys(("T", "N", "J", "L", "NOWN"), i32) | {"mtab": "*i32", "cu_seqlens": "*i64",
-                                                                 "chunk_offsets": "*i64"}
-    fwd = dict.fromkeys(("kg", "wy", "u", "gk", "h", "vn"), bf16) | {"carry": f32, "final": f32} | ints
+    ints = dict.fromkeys(("T", "N", "J", "L", "NB"), i32) | {"mtab": "*i32", "cu_seqlens": "*i64",
+                                                               "chunk_offsets": "*i64"}
+    fwd = dict.fromkeys(("kg", "wy", "u", "gk", "h", "vn"), bf16) | {"h0": f32, "final": f32} | ints
     bwd = (dict.fromkeys(("qg", "kg", "wy", "gk", "do", "dv", "dh", "dv2"), bf16)
            | {"dfinal": f32, "dpre": f32, "scale": "fp32"} | ints)
     rows = []
-    for BV in (32, 16):
-        c = dict(H=8, K=128, V=128, BT=64, BK=128, BV=BV, DOT="tf32", IS_VARLEN=False)
-        rows.append((f"fenwick_states_fwd (BV = {BV})", fenwick_states_fwd_kernel, fwd, c, scan_warps(128, BV)))
-        rows.append((f"fenwick_states_bwd (BV = {BV})", fenwick_states_bwd_kernel, bwd, c | dict(HAS_DFINAL=True),
-                     scan_warps(128, BV)))
+    for NB in (7, 11, 2):
+        BK, NBP, BV = block_sizes(128, 128, NB)
+        c = dict(H=8, K=128, V=128, BT=64, BK=BK, NBP=NBP, BV=BV, DOT="tf32", IS_VARLEN=False)
+        name = f"NB = {NB}: [{BK}, {NBP} x {BV}]"
+        opts = launch_options(BK, NBP, BV, None)
+        rows.append((f"fenwick_states_fwd ({name})", fenwick_states_fwd_kernel, fwd, c, opts))
+        rows.append((f"fenwick_states_bwd ({name})", fenwick_states_bwd_kernel, bwd, c | dict(HAS_DFINAL=True), opts))
     return rows
 
 
@@ -157,9 +161,11 @@ def _signature(kernel, pointers_and_ints: dict, constexprs: dict):
 
 
 def resources(kernel, pointers_and_ints, constexprs, warps) -> dict:
-    """``{"REG": ..., "STACK": ..., "SHARED": ..., "LOCAL": ...}`` of ``kernel`` compiled for sm_90."""
+    """``{"REG": ..., "STACK": ..., "SHARED": ..., "LOCAL": ...}`` of ``kernel`` compiled for sm_90
+    (``warps``: ``num_warps``, or the launch's options, ``num_stages`` too)."""
     src = _signature(kernel, pointers_and_ints, constexprs)
-    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
+    options = dict(warps) if isinstance(warps, dict) else {"num_warps": warps}
+    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
     cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(compiled.asm["cubin"])
@@ -179,6 +185,7 @@ def main(argv=None) -> int:
         if not any(p in name for p in pattern):
             continue
         r = resources(kernel, types, consts, warps)
+        warps = warps["num_warps"] if isinstance(warps, dict) else warps
         print(f"| {name} | {warps} | {r['REG']} | {r['STACK']} | {r['shared_dynamic']} |", flush=True)
     return 0
 

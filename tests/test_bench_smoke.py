@@ -458,6 +458,24 @@ def test_scan_ab_times_variants_off_the_gpu(tmp_path):
         scan_ab.main(["--out", str(tmp_path), "--quick", "--variants", "nope"])
 
 
+def test_fenwick_scan_ab_times_variants_off_the_gpu(tmp_path):
+    """``bench.fenwick_scan_ab --quick`` on the CPU: two launch widths and a baseline ``states.py``
+    (here this commit's own) at a tiny shape, each with its difference from the first variant
+    (zero: the same float32 scans), written as CSV and Markdown; an unknown variant is refused."""
+    from bench import fenwick_scan_ab
+    from optimized.fenwick_gdn2 import states
+
+    argv = ["--out", str(tmp_path), "--quick", "--baseline", states.__file__, "--variants", "default", "w64",
+            "baseline"]
+    assert fenwick_scan_ab.main(argv) == 0
+    text = (tmp_path / "fenwick_scan_ab.md").read_text()
+    assert all(f"| {v} |" in text for v in ("default", "baseline"))
+    assert text.count("| 0.00e+00 |") == 3, text
+    assert (tmp_path / "fenwick_scan_ab.csv").read_text().count("\n") == 4
+    with pytest.raises(SystemExit):
+        fenwick_scan_ab.main(["--out", str(tmp_path), "--quick", "--variants", "nope"])
+
+
 def test_reads_ab_builds_every_variant_off_the_gpu():
     """Every ``bench.reads_ab`` variant (and flat) is built on the CPU at a tiny shape, each with
     the nested op's inputs, parameters and cotangent: a misnamed piece fails here, not in a

@@ -1,63 +1,79 @@
-"""The Fenwick GDN-2 carry scans give the same values whatever their V block.
+"""The Fenwick GDN-2 carry scans agree with the reference at every launch width.
 
-The V columns are independent in both scans (every dot contracts over K or the chunk's tokens),
-so blocks of 16 and of 32 must agree bit for bit. On the H200 (Triton 3.6, TF32 dots) they did
-not with ``BK = 128``, ``BV = 16`` and 8 warps: the reverse scan's outputs differed by up to 78
-at V = 16 and the launch hit an illegal memory access at V = 100 and 128; the launchers now run
-blocks of 16 with 4 warps (``states.scan_warps``). Blocks of 16 are what ``block_sizes`` gives
-at V ≤ 16 and K > 128. Under the interpreter the comparison checks the V-block masks only.
+A scan program holds the same ``BV`` value columns of every stacked block (``states.block_sizes``:
+``width`` columns in all), so the width sets how many V blocks a launch has and how wide each is.
+The op runs the default width; here each width the launchers accept is run. Narrow tiles are
+where Triton 3.6 went wrong on the H200: an earlier form of these scans miscompiled at
+``[128, 16]`` with 8 warps (``dh`` off by up to 78 with no error, or an illegal memory access;
+``results/2026-12-02-scan-launch-and-fenwick-h200/``), and this form hit illegal accesses at
+16 and 32 columns (``states.block_sizes``, which refuses them). Three chunks
+(carries with m = 0 and 1, two bucket blocks and the own block), B = H = 2, several V blocks,
+the last one ragged at width 32; on CUDA the level-0 compile bucket "b" (K = 112, V = 100), whose
+fla pieces the other properties compile already.
 """
+from unittest import mock
+
 import pytest
 import torch
-import triton
 
-from ngdn.testing import on_cuda
+from ngdn.checks import fenwick_gdn2 as checks
+from ngdn.compile_buckets import on_bucket
+from ngdn.fenwick_inputs import FenwickShape
+from ngdn.testing import kernel_dtypes, on_cuda
+from ngdn.tolerances import assert_passes, failures
 from optimized.fenwick_gdn2 import states as S
+from property_tests.kernel_mutation import Plant, planted
 
-B, H, L, T = 1, 2, 12, 200          # four chunks, the last ragged; J = 2 bucket blocks and the own block
-
-
-def _scans(K, V, BV, device, dtype, dot):
-    """Both scan kernels launched with V blocks of ``BV`` (and the launchers' warps for it) on one
-    seeded draw: ``(h, vn, final, dh, dv2, dpre)``."""
-    N = triton.cdiv(T, S.CHUNK)
-    J = (N - 1).bit_length()
-    NBV = (J + 1) * V
-    g = torch.Generator().manual_seed(0)
-
-    def rnd(*shape, scale=1.0):
-        return (torch.randn(*shape, generator=g) * scale).to(device=device, dtype=dtype)
-    qg, kg, wy = (rnd(B, T, H, K, scale=0.1) for _ in range(3))
-    gk = (-torch.rand(B, T, H, K, generator=g)).to(device=device, dtype=dtype)
-    u, do, dv = (rnd(B, T, H, NBV) for _ in range(3))
-    dfinal = rnd(B, H, L, K, V).float()
-    mtab = torch.tensor([(c ^ (c + 1)).bit_length() - 1 for c in range(N)], dtype=torch.int32, device=device)
-    BK = max(16, triton.next_power_of_2(K))
-    opts = dict(H=H, K=K, V=V, BT=S.CHUNK, BK=BK, BV=BV, DOT=dot, IS_VARLEN=False, num_warps=S.scan_warps(BK, BV))
-    grid = (triton.cdiv(V, BV), B * H)
-    carry = torch.zeros(B, 2, H, K, NBV, device=device)
-    h = torch.empty(B, N, H, K, NBV, device=device, dtype=dtype)
-    vn = torch.empty(B, T, H, NBV, device=device, dtype=dtype)
-    final = torch.zeros(B, H, L, K, V, device=device)
-    S.fenwick_states_fwd_kernel[grid](kg, wy, u, gk, mtab, carry, h, vn, final, None, None, T, N, J, L, 1, **opts)
-    dh = torch.empty(B, N, H, K, NBV, device=device, dtype=dtype)
-    dv2 = torch.empty(B, T, H, NBV, device=device, dtype=dtype)
-    dpre = torch.zeros(B, 2, H, K, J * V, device=device)
-    S.fenwick_states_bwd_kernel[grid](qg, kg, wy, gk, do, dv, dfinal, mtab, dh, dv2, dpre, None, None, 0.1,
-                                      T, N, J, L, 1, HAS_DFINAL=True, **opts)
-    return h, vn, final, dh, dv2, dpre
+SHAPE = on_bucket(FenwickShape(B=2, T=130, H=2, K=16, V=20), index=1)
+WIDTHS = (64, 128) if on_cuda() else (64,)
 
 
-@pytest.mark.parametrize("K,V", [(128, 16), (128, 40), (112, 100)])
-def test_v_blocks_of_16_equal_blocks_of_32(K, V):
-    device, dtype, dot = ("cuda", torch.bfloat16, "tf32") if on_cuda() else ("cpu", torch.float32, "ieee")
-    names = ("h", "vn", "final", "dh", "dv2", "dpre")
-    for name, a, b in zip(names, _scans(K, V, 16, device, dtype, dot), _scans(K, V, 32, device, dtype, dot)):
-        assert torch.equal(a, b), f"{name}: max difference {(a.float() - b.float()).abs().max().item()}"
+@pytest.mark.parametrize("dtype", kernel_dtypes())
+@pytest.mark.parametrize("width", WIDTHS)
+def test_every_scan_width_equals_reference(width, dtype):
+    J, n_own = 2, 1
+    BK, NBP, BV = S.block_sizes(SHAPE.K, SHAPE.V, J + n_own, width)
+    assert -(-SHAPE.V // BV) >= 2, "the draw must span several V blocks"
+    with mock.patch.object(S, "WIDTH", width):
+        assert_passes(checks.optimized_vs_reference(SHAPE, 11, dtype))
 
 
-def test_blocks_of_16_run_four_warps():
-    assert S.scan_warps(128, 16) == 4
-    assert S.scan_warps(256, 16) == 4
-    assert S.scan_warps(128, 32) == 8
-    assert S.scan_warps(32, 32) == 4
+# Every program reads and writes the first V block's columns (the V-block offset dropped).
+V_BLOCK_OFFSET_DROPPED = Plant(S, "_columns", "o_v = i_v * BV + o_c % BV", "o_v = o_c % BV",
+                               rebind=((S, "fenwick_states_fwd_kernel"), (S, "fenwick_states_bwd_kernel")))
+
+
+@pytest.mark.mutation
+def test_every_scan_width_catches_a_dropped_v_block_offset():
+    with planted(V_BLOCK_OFFSET_DROPPED), mock.patch.object(S, "WIDTH", 64):
+        bad = failures(checks.optimized_vs_reference(SHAPE, 11, torch.float32, log=False))
+    assert {"output", "final_state", "dv"} <= set(bad), bad
+
+
+def test_the_drawn_widths_reach_a_ragged_v_block():
+    for width in WIDTHS:
+        BK, NBP, BV = S.block_sizes(SHAPE.K, SHAPE.V, 3, width)
+        assert SHAPE.V > BV
+    BK, NBP, BV = S.block_sizes(SHAPE.K, SHAPE.V, 3, 64)
+    assert SHAPE.V % BV != 0
+
+
+def test_block_sizes_and_launch_options_are_checked():
+    assert S.block_sizes(128, 128, 11) == (128, 16, 8)
+    assert S.block_sizes(128, 128, 7) == (128, 8, 16)
+    assert S.block_sizes(48, 80, 3) == (64, 4, 32)
+    assert S.block_sizes(16, 8, 1) == (16, 4, 16)          # never fewer than 4 blocks and 64 columns
+    assert S.block_sizes(48, 80, 2) == (64, 4, 32)
+    assert S.block_sizes(16, 8, 40, 64) == (16, 64, 1)     # at least one column per block
+    assert S.block_sizes(16, 8, 3, block_k=64) == (64, 4, 16)
+    for bad in (16, 32, 48, 0, True, 64.0):
+        with pytest.raises(ValueError, match="width"):
+            S.block_sizes(16, 16, 3, bad)
+    for bad in (8, 24, 96):
+        with pytest.raises(ValueError, match="block_k"):
+            S.block_sizes(24, 16, 3, None, bad)
+    for bad in (0, 3, 7, 2.0, True):
+        with pytest.raises(ValueError, match="num_stages"):
+            S.launch_options(128, 8, 16, bad)
+    assert S.launch_options(128, 8, 16, None) == {"num_warps": 8, "num_stages": 2}
+    assert S.launch_options(16, 1, 64, 1) == {"num_warps": 4, "num_stages": 1}

@@ -91,7 +91,8 @@ Triton (fla-core 0.6.0, called, not copied): ``chunk_local_cumsum``, ``chunk_gdn
 (backward). PyTorch: stacking and unstacking the values (own-level masks), the λ-weighted
 sum of the stacked bucket reads and its ``dλ`` (``einsum``), the initial-state carry and its
 transpose. The backward is hand-written (a ``torch.autograd.Function``; no autograd inside),
-deterministic (no atomics: one program per chunk, or per sequence, head and block of V columns).
+deterministic (no atomics: one program per chunk, or per sequence, head and group of V columns
+of every stacked block).
 
 Packed rows
 -----------
@@ -103,7 +104,7 @@ chunks in order form the packed grid (``chunk_indices``: sequence and local chun
 ``chunk_offsets``: where each sequence's chunks start in it). fla's pieces take
 ``cu_seqlens``/``chunk_indices`` and index ``h``, ``dh`` by the packed grid. Ours: ``wy.py``
 and ``intra.py`` run one program per packed-grid chunk and head, reading the chunk's sequence
-and local index; ``states.py`` runs one program per (sequence, head, block of V columns),
+and local index; ``states.py`` runs one program per (sequence, head, group of V columns),
 walking that sequence's chunks with the carries of its LOCAL chunk index (its own Fenwick
 counter) and writing its final states ``[N, H, L, K, V]`` from its own last chunk. One ``NB``
 for the row, the longest sequence's: a shorter sequence's higher bucket blocks stay zero. The

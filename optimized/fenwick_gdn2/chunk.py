@@ -14,9 +14,11 @@ from reference.validation import (check_gdn2_inputs, check_same_device, check_sa
                                   check_sizes, check_tensor, sequences)
 
 MAX_HEAD_DIM = 256  # fla's GDN-2 kernels support K <= 256
-# On CUDA the reverse carry scan (states.fenwick_states_bwd_kernel) holds [64, K] operand tiles and a
-# [K, 16] state block: at K = 256 it needs 280 KiB of shared memory, over the H200's 227 KiB (Triton
-# 3.6, 2026-12-02; the forward ran). Keys up to 128 compile and run.
+# On CUDA the reverse carry scan (states.fenwick_states_bwd_kernel) of the earlier form (a [K, 16]
+# state block per step) needed 280 KiB of shared memory at K = 256, over the H200's 227 KiB (Triton
+# 3.6, 2026-12-02). The present form holds a [K, 128] tile of every block's states: at K = 128 it
+# takes 192 KiB (scripts/kernel_resources.py); K = 256 was not tried on the GPU. Keys up to 128
+# compile and run.
 MAX_HEAD_DIM_CUDA = 128
 
 

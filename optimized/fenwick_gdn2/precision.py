@@ -1,8 +1,11 @@
-"""The dot precision of the Fenwick GDN-2 kernels (``states.py``, ``intra.py``; their warps:
-``optimized.warps``).
+"""The dot precision of the Fenwick GDN-2 kernels (``intra.py``, and ``states.py`` in float32
+runs; their warps: ``optimized.warps``).
 
-bf16 runs: TF32 tensor cores (2^-11 per product, under bf16's own 2^-8; float32 accumulation,
-float32 states). float32 runs: IEEE float32, as the float32 tolerances were measured.
+bf16 runs: TF32 tensor cores in ``intra.py`` (2^-11 per product, under bf16's own 2^-8; float32
+accumulation). The carry scans (``states.py``) take their dot operands in the activations'
+dtype instead, bf16, as fla's own GDN-2 state kernels do: the pre-states and ``vn`` they feed
+into the dots are the bf16 values they store for fla's pieces anyway; the states stay float32
+between chunks. float32 runs: IEEE float32 everywhere, as the float32 tolerances were measured.
 On the H200 (bf16, B·T = 65536, H = 8, K = V = 128, T = 4096; 2026-11-30,
 ``bench/NOTES.md``) the IEEE dots cost the states forward 435 ms, the intra backward 82 ms and
 the states backward 52 ms of a 627 ms step (13.2 ms for flat GDN-2): Triton lowers IEEE

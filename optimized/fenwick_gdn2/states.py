@@ -17,23 +17,33 @@ pass of its own). Per chunk c (fla's WY vectors ``w``, ``u``; ``kg = k ⊙ 2^(G_
     last chunk: the blocks' ``end`` are the final states of levels 7+j and of own block i
     (level i; with NOWN = 1 level 0 holds the unsplit sum).
 
-The reverse scan is the transpose: the gradient of ``end`` comes from the next chunk's
-pre-state gradient through the carry (or from the final-state gradient), and
+The reverse scan is the transpose: with ``dZ'`` the next chunk's pre-state gradient (zero
+after the last chunk) and ``dfinal`` the final states' gradient (last chunk only),
 
+    dH    = carryᵀ dZ' (+ dfinal)                  # dH[j] = dZ'[j] for j > m, dZ'[m] for j < m
+                                                   # and every own block, 0 for j = m
     dvn   = kg dH + dv_intra
     dZ    = diag(2^G_last) dH + scale · qg^T do' − w^T dvn
 
 (fla's ``chunk_gated_delta_rule_bwd_dhu`` per block, with the carry between chunks).
-One program per (sequence·head, block of V columns) walks the sequence's chunks in order: a
-sequence is a batch row, or, in a packed row (``IS_VARLEN``, ``packing.py``), the tokens
+
+One program per (sequence·head, group of V columns) walks the sequence's chunks in order and
+keeps **every block's state in registers**: its tile is ``[K, NBP·BV]`` float32, the same
+``BV`` value columns of each of the ``NB`` blocks side by side (``NBP`` the power of two ≥ NB;
+the padding blocks are masked). Every block sees the same transition, so one chunk-step is
+two wide dots for all blocks at once, and the carry is a sum over the tile's block axis
+(a ``[K, NBP, BV]`` view) and a select; no state leaves the program between chunks. (Until
+2026-12-02 the scans looped over the blocks one ``[K, BV]`` tile at a time and carried the
+states through two global-memory slots: a chain of ``NB`` dependent block-steps per chunk.)
+
+A sequence is a batch row, or, in a packed row (``IS_VARLEN``, ``packing.py``), the tokens
 ``cu_seqlens[i] … cu_seqlens[i+1] − 1`` on their own chunk grid; ``c`` (and the carry table's
 index) is always the chunk's index in its sequence, the per-chunk tensors ``h``, ``dh`` take
-the packed grid's index ``chunk_offsets[i] + c``. The float32 states live in two global-memory
-slots per sequence between chunks (chunk c reads slot c mod 2 and writes the next pre-state
-into the other; ``tl.debug_barrier`` orders the writes of one chunk before the reads of the
-next); each chunk's pre-state, ``vn`` and, in the reverse scan, ``dh`` and ``dvn`` are written
-once in the activations' dtype, which is what fla's pieces read. Dots: TF32 in bf16 runs, IEEE
-float32 in float32 runs (``precision.py``); no atomics.
+the packed grid's index ``chunk_offsets[i] + c``. Each chunk's pre-state, ``vn`` and, in the
+reverse scan, ``dh`` and ``dvn`` are written once in the activations' dtype, which is what
+fla's pieces read. Dots: operands in the activations' dtype, bf16 in bf16 runs (the stored bf16
+pre-states and ``vn``, as fla's state kernels do; float32 accumulation and float32 states),
+IEEE float32 in float32 runs (``precision.py``); no atomics.
 """
 from __future__ import annotations
 
@@ -45,6 +55,10 @@ from optimized.warps import num_warps
 
 CHUNK = 64
 OWN_LEVELS = 7
+WIDTH = 128      # value columns per program, over all blocks: NBP · BV (``block_sizes``)
+MIN_WIDTH = 64   # the narrowest tile the scans launch (``block_sizes``)
+MIN_BLOCKS = 4   # the fewest blocks a tile holds, padding ones included (``block_sizes``)
+STAGES = 2       # Triton's num_stages (``launch_options``)
 
 
 @triton.jit
@@ -63,135 +77,165 @@ def _sequence(i_b, cu_seqlens, chunk_offsets, T, N, BT: tl.constexpr, IS_VARLEN:
     return bos, T, N, i_c0
 
 
-@triton.jit(do_not_specialize=["T", "N", "J", "L", "NOWN"])
+@triton.jit
+def _columns(i_v, J, NB, V: tl.constexpr, NBP: tl.constexpr, BV: tl.constexpr):
+    """The program's tile columns: ``blk`` (block of each column), ``o_v`` (its V column),
+    ``col`` (its column in the stacked ``NB·V``), ``m_c`` (a real block and V column) and
+    ``own`` (a real own block)."""
+    o_c = tl.arange(0, NBP * BV)
+    blk = o_c // BV
+    o_v = i_v * BV + o_c % BV
+    col = blk * V + o_v
+    m_c = (blk < NB) & (o_v < V)
+    own = (blk >= J) & m_c
+    return blk, o_v, col, m_c, own
+
+
+@triton.jit
+def _block_of(x, blk, m, BK: tl.constexpr, NBP: tl.constexpr, BV: tl.constexpr):
+    """``[BK, NBP·BV]`` -> every block's columns replaced by block ``m``'s."""
+    x = tl.sum(tl.reshape(tl.where((blk == m)[None, :], x, 0.0), [BK, NBP, BV]), axis=1)
+    return tl.reshape(tl.broadcast_to(x[:, None, :], [BK, NBP, BV]), [BK, NBP * BV])
+
+
+@triton.jit
+def _merged(x, take, BK: tl.constexpr, NBP: tl.constexpr, BV: tl.constexpr):
+    """``[BK, NBP·BV]`` -> the sum over the blocks ``take`` of each V column, in every block."""
+    x = tl.sum(tl.reshape(tl.where(take[None, :], x, 0.0), [BK, NBP, BV]), axis=1)
+    return tl.reshape(tl.broadcast_to(x[:, None, :], [BK, NBP, BV]), [BK, NBP * BV])
+
+
+@triton.jit(do_not_specialize=["T", "N", "J", "L", "NB"])
 def fenwick_states_fwd_kernel(
-    kg, wy, u, gk, mtab, carry, h, vn, final, cu_seqlens, chunk_offsets, T, N, J, L, NOWN,
+    kg, wy, u, gk, mtab, h0, h, vn, final, cu_seqlens, chunk_offsets, T, N, J, L, NB,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DOT: tl.constexpr, IS_VARLEN: tl.constexpr,
-):
-    i_v, i_bh = tl.program_id(0), tl.program_id(1)
-    i_b, i_h = i_bh // H, i_bh % H
-    NB = J + NOWN
-    NBV = NB * V
-    bos, T, N, i_c0 = _sequence(i_b, cu_seqlens, chunk_offsets, T, N, BT, IS_VARLEN)
-    o_k = tl.arange(0, BK)
-    o_v = i_v * BV + tl.arange(0, BV)
-    m_k = o_k < K
-    m_v = o_v < V
-    m_kv = m_k[:, None] & m_v[None, :]
-    for c in range(0, N):
-        o_t = c * BT + tl.arange(0, BT)
-        m_t = o_t < T
-        m_tk = m_t[:, None] & m_k[None, :]
-        m_tv = m_t[:, None] & m_v[None, :]
-        p_tk = ((bos + o_t[:, None]) * H + i_h) * K + o_k[None, :]
-        b_kg = tl.load(kg + p_tk, mask=m_tk, other=0.0).to(tl.float32)
-        b_w = tl.load(wy + p_tk, mask=m_tk, other=0.0).to(tl.float32)
-        last = tl.minimum(c * BT + BT, T) - 1
-        b_gl = tl.exp2(tl.load(gk + ((bos + last) * H + i_h) * K + o_k, mask=m_k, other=0.0).to(tl.float32))
-        m = tl.load(mtab + c)
-        not_last = c < N - 1
-        p_kv = o_k[:, None] * NBV + o_v[None, :]
-        p_c0 = carry + ((i_b.to(tl.int64) * 2 + c % 2) * H + i_h) * K * NBV + p_kv        # this chunk's slot
-        p_c1 = carry + ((i_b.to(tl.int64) * 2 + (c + 1) % 2) * H + i_h) * K * NBV + p_kv  # the next chunk's
-        p_h = h + ((i_c0 + c) * H + i_h) * K * NBV + p_kv
-        p_tv = ((bos + o_t[:, None]) * H + i_h) * NBV + o_v[None, :]
-        p_f = final + ((i_b.to(tl.int64) * H + i_h) * L) * K * V + o_k[:, None] * V + o_v[None, :]
-        acc = tl.zeros([BK, BV], dtype=tl.float32)
-        for blk in range(0, NB):
-            b_h = tl.load(p_c0 + blk * V, mask=m_kv, other=0.0)
-            tl.store(p_h + blk * V, b_h.to(h.dtype.element_ty), mask=m_kv)
-            b_u = tl.load(u + p_tv + blk * V, mask=m_tv, other=0.0).to(tl.float32)
-            b_vn = b_u - tl.dot(b_w, b_h, input_precision=DOT)
-            tl.store(vn + p_tv + blk * V, b_vn.to(vn.dtype.element_ty), mask=m_tv)
-            b_end = b_h * b_gl[:, None] + tl.dot(tl.trans(b_kg), b_vn, input_precision=DOT)
-            is_own = blk >= J
-            lvl = tl.where(is_own, blk - J, blk + 7)
-            tl.store(p_f + lvl * K * V, b_end, mask=m_kv & (c == N - 1) & (lvl < L))
-            take = not_last & (is_own | (blk < m))
-            acc += tl.where(take, b_end, 0.0)
-            # the next pre-state: end[blk] kept above m, emptied below m and on the own blocks
-            # (the slot is recycled: it holds the pre-state of two chunks before); block m: acc
-            keep = (blk < J) & (blk > m)
-            tl.store(p_c1 + blk * V, tl.where(keep, b_end, 0.0), mask=m_kv & not_last & (blk != m))
-        tl.store(p_c1 + m * V, acc, mask=m_kv & not_last)
-        tl.debug_barrier()
-
-
-@triton.jit(do_not_specialize=["T", "N", "J", "L", "NOWN"])
-def fenwick_states_bwd_kernel(
-    qg, kg, wy, gk, do, dv, dfinal, mtab, dh, dv2, dpre, cu_seqlens, chunk_offsets, scale, T, N, J, L, NOWN,
-    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_DFINAL: tl.constexpr, DOT: tl.constexpr,
+    BT: tl.constexpr, BK: tl.constexpr, NBP: tl.constexpr, BV: tl.constexpr, DOT: tl.constexpr,
     IS_VARLEN: tl.constexpr,
 ):
     i_v, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
-    NB = J + NOWN
+    NBV = NB * V
+    bos, T, N, i_c0 = _sequence(i_b, cu_seqlens, chunk_offsets, T, N, BT, IS_VARLEN)
+    blk, o_v, col, m_c, own = _columns(i_v, J, NB, V, NBP, BV)
+    o_k = tl.arange(0, BK)
+    m_k = o_k < K
+    m_kc = m_k[:, None] & m_c[None, :]
+    p_kc = o_k[:, None] * NBV + col[None, :]
+    b_z = tl.load(h0 + (i_b.to(tl.int64) * H + i_h) * K * NBV + p_kc, mask=m_kc, other=0.0)
+    b_end = tl.zeros([BK, NBP * BV], dtype=tl.float32)
+    for c in range(0, N):
+        o_t = c * BT + tl.arange(0, BT)
+        m_t = o_t < T
+        m_tk = m_t[:, None] & m_k[None, :]
+        p_tk = ((bos + o_t[:, None]) * H + i_h) * K + o_k[None, :]
+        b_kg = tl.load(kg + p_tk, mask=m_tk, other=0.0)     # dot operands in the activations' dtype
+        b_w = tl.load(wy + p_tk, mask=m_tk, other=0.0)
+        last = tl.minimum(c * BT + BT, T) - 1
+        b_gl = tl.exp2(tl.load(gk + ((bos + last) * H + i_h) * K + o_k, mask=m_k, other=0.0).to(tl.float32))
+        tl.store(h + ((i_c0 + c) * H + i_h) * K * NBV + p_kc, b_z.to(h.dtype.element_ty), mask=m_kc)
+        p_tc = ((bos + o_t[:, None]) * H + i_h) * NBV + col[None, :]
+        b_u = tl.load(u + p_tc, mask=m_t[:, None] & own[None, :], other=0.0).to(tl.float32)   # 0 on buckets
+        b_vn = (b_u - tl.dot(b_w, b_z.to(b_w.dtype), input_precision=DOT)).to(vn.dtype.element_ty)
+        tl.store(vn + p_tc, b_vn, mask=m_t[:, None] & m_c[None, :])
+        b_end = b_z * b_gl[:, None] + tl.dot(tl.trans(b_kg), b_vn.to(b_kg.dtype), input_precision=DOT)
+        # the carry: block m takes the own blocks and the buckets below it, buckets above m keep
+        # their end state, the rest empty
+        m = tl.load(mtab + c)
+        b_acc = _merged(b_end, own | ((blk < m) & m_c), BK, NBP, BV)
+        b_z = tl.where((m_c & ~own & (blk > m))[None, :], b_end, 0.0) + tl.where((blk == m)[None, :], b_acc, 0.0)
+    lvl = tl.where(own, blk - J, blk + 7)
+    p_f = final + ((i_b.to(tl.int64) * H + i_h) * L) * K * V + lvl[None, :] * K * V + o_k[:, None] * V + o_v[None, :]
+    tl.store(p_f, b_end, mask=m_kc & (lvl < L)[None, :] & (N > 0))
+
+
+@triton.jit(do_not_specialize=["T", "N", "J", "L", "NB"])
+def fenwick_states_bwd_kernel(
+    qg, kg, wy, gk, do, dv, dfinal, mtab, dh, dv2, dpre, cu_seqlens, chunk_offsets, scale, T, N, J, L, NB,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BT: tl.constexpr, BK: tl.constexpr, NBP: tl.constexpr, BV: tl.constexpr, HAS_DFINAL: tl.constexpr,
+    DOT: tl.constexpr, IS_VARLEN: tl.constexpr,
+):
+    i_v, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = i_bh // H, i_bh % H
     NBV = NB * V
     JV = tl.maximum(J, 1) * V
     bos, T, N, i_c0 = _sequence(i_b, cu_seqlens, chunk_offsets, T, N, BT, IS_VARLEN)
+    blk, o_v, col, m_c, own = _columns(i_v, J, NB, V, NBP, BV)
     o_k = tl.arange(0, BK)
-    o_v = i_v * BV + tl.arange(0, BV)
     m_k = o_k < K
-    m_v = o_v < V
-    m_kv = m_k[:, None] & m_v[None, :]
+    m_kc = m_k[:, None] & m_c[None, :]
+    p_kc = o_k[:, None] * NBV + col[None, :]
+    lvl = tl.where(own, blk - J, blk + 7)
+    b_g = tl.zeros([BK, NBP * BV], dtype=tl.float32)     # the next chunk's pre-state gradient
     for c in range(N - 1, -1, -1):
         o_t = c * BT + tl.arange(0, BT)
         m_t = o_t < T
         m_tk = m_t[:, None] & m_k[None, :]
-        m_tv = m_t[:, None] & m_v[None, :]
+        m_tc = m_t[:, None] & m_c[None, :]
         p_tk = ((bos + o_t[:, None]) * H + i_h) * K + o_k[None, :]
-        b_qg = tl.load(qg + p_tk, mask=m_tk, other=0.0).to(tl.float32)
-        b_kg = tl.load(kg + p_tk, mask=m_tk, other=0.0).to(tl.float32)
-        b_w = tl.load(wy + p_tk, mask=m_tk, other=0.0).to(tl.float32)
+        b_qg = tl.load(qg + p_tk, mask=m_tk, other=0.0)     # dot operands in the activations' dtype
+        b_kg = tl.load(kg + p_tk, mask=m_tk, other=0.0)
+        b_w = tl.load(wy + p_tk, mask=m_tk, other=0.0)
         last = tl.minimum(c * BT + BT, T) - 1
         b_gl = tl.exp2(tl.load(gk + ((bos + last) * H + i_h) * K + o_k, mask=m_k, other=0.0).to(tl.float32))
+        # the carry's transpose: buckets above m from their own pre-state gradient, the own blocks
+        # and the buckets below m from block m's, bucket m none
         m = tl.load(mtab + c)
-        is_last = c == N - 1
-        p_dh = dh + ((i_c0 + c) * H + i_h) * K * NBV + o_k[:, None] * NBV + o_v[None, :]
-        p_jv = o_k[:, None] * JV + o_v[None, :]
-        p_pre0 = dpre + ((i_b.to(tl.int64) * 2 + c % 2) * H + i_h) * K * JV + p_jv          # chunk c's slot
-        p_pre1 = dpre + ((i_b.to(tl.int64) * 2 + (c + 1) % 2) * H + i_h) * K * JV + p_jv    # chunk c + 1's
-        p_tv = ((bos + o_t[:, None]) * H + i_h) * NBV + o_v[None, :]
-        for blk in range(0, NB):
-            is_own = blk >= J
-            lvl = tl.where(is_own, blk - J, blk + 7)
-            b_dh = tl.zeros([BK, BV], dtype=tl.float32)
-            if HAS_DFINAL:        # dfinal is None without a final-state gradient: no address of it
-                p_f = dfinal + ((i_b.to(tl.int64) * H + i_h) * L) * K * V + o_k[:, None] * V + o_v[None, :]
-                b_dh += tl.load(p_f + lvl * K * V, mask=m_kv & is_last & (lvl < L), other=0.0).to(tl.float32)
-            src = tl.where(is_own | (blk < m), m, blk)
-            ok = (c < N - 1) & (is_own | (blk != m))
-            b_dh += tl.load(p_pre1 + src * V, mask=m_kv & ok, other=0.0)
-            tl.store(p_dh + blk * V, b_dh.to(dh.dtype.element_ty), mask=m_kv)
-            b_dv = tl.dot(b_kg, b_dh, input_precision=DOT)
-            b_dv += tl.load(dv + p_tv + blk * V, mask=m_tv, other=0.0).to(tl.float32)
-            tl.store(dv2 + p_tv + blk * V, b_dv.to(dv2.dtype.element_ty), mask=m_tv)
-            b_do = tl.load(do + p_tv + blk * V, mask=m_tv, other=0.0).to(tl.float32)
-            b_pre = (b_dh * b_gl[:, None] + scale * tl.dot(tl.trans(b_qg), b_do, input_precision=DOT)
-                     - tl.dot(tl.trans(b_w), b_dv, input_precision=DOT))
-            tl.store(p_pre0 + blk * V, b_pre, mask=m_kv & (blk < J))
-        tl.debug_barrier()
+        b_dh = (tl.where((m_c & ~own & (blk > m))[None, :], b_g, 0.0)
+                + tl.where((own | ((blk < m) & m_c))[None, :], _block_of(b_g, blk, m, BK, NBP, BV), 0.0))
+        if HAS_DFINAL:        # dfinal is None without a final-state gradient: no address of it
+            if c == N - 1:
+                p_f = (dfinal + ((i_b.to(tl.int64) * H + i_h) * L) * K * V + lvl[None, :] * K * V
+                       + o_k[:, None] * V + o_v[None, :])
+                b_dh += tl.load(p_f, mask=m_kc & (lvl < L)[None, :], other=0.0)
+        tl.store(dh + ((i_c0 + c) * H + i_h) * K * NBV + p_kc, b_dh.to(dh.dtype.element_ty), mask=m_kc)
+        p_tc = ((bos + o_t[:, None]) * H + i_h) * NBV + col[None, :]
+        b_dv = tl.dot(b_kg, b_dh.to(b_kg.dtype), input_precision=DOT)
+        b_dv = (b_dv + tl.load(dv + p_tc, mask=m_tc, other=0.0).to(tl.float32)).to(dv2.dtype.element_ty)
+        tl.store(dv2 + p_tc, b_dv, mask=m_tc)
+        b_do = tl.load(do + p_tc, mask=m_tc, other=0.0)
+        b_g = (b_dh * b_gl[:, None] + scale * tl.dot(tl.trans(b_qg), b_do.to(b_qg.dtype), input_precision=DOT)
+               - tl.dot(tl.trans(b_w), b_dv.to(b_w.dtype), input_precision=DOT))
+    p_pre = dpre + (i_b.to(tl.int64) * H + i_h) * K * JV + o_k[:, None] * JV + col[None, :]
+    tl.store(p_pre, b_g, mask=m_kc & (blk < J)[None, :])
 
 
-def scan_warps(BK: int, BV: int) -> int:
-    """Warps of the carry scans: ``optimized.warps.num_warps``, but 4 for V blocks of 16.
+def block_sizes(K: int, V: int, NB: int, width: int | None = None, block_k: int | None = None
+                ) -> tuple[int, int, int]:
+    """``(BK, NBP, BV)``: the key block (default: K rounded up to a power of two, at least 16),
+    the blocks rounded up to a power of two (at least ``MIN_BLOCKS``) and the V columns of each
+    block a program holds: ``width`` columns in all (default ``WIDTH``) where V allows, and never
+    fewer than ``MIN_WIDTH`` (masked columns where V is narrow).
 
-    With ``BK = 128``, ``BV = 16`` and 8 warps, Triton 3.6 on the H200 (sm_90, TF32 dots)
-    compiles the reverse scan wrong: ``dh``, ``dvn`` and the pre-state gradients differed from
-    the ``BV = 32`` kernel's by up to 78 at V = 16 (one V block; the forward was bit-identical),
-    and with several V blocks (K = 128, V = 128; K = 112, V = 100) the launch hit an illegal
-    memory access (2026-12-02, ``results/2026-12-02-scan-launch-and-fenwick-h200/``). With 4
-    warps both kernels are bit-identical to ``BV = 32`` at those shapes. The blocks of 16 come
-    from ``block_sizes`` at V ≤ 16 and at K > 128."""
-    return 4 if BV <= 16 else num_warps(BK, BV)
-
-
-def block_sizes(K: int, V: int) -> tuple[int, int]:
+    Why not narrower, why not two blocks: on the H200 (Triton 3.6, bf16 operands;
+    ``bench.fenwick_scan_ab`` and the op's bf16 property, 2026-12-02) tiles of 16 columns hit an
+    illegal memory access at every K tried (32 … 128), and of 32 columns at K = 112 and 128;
+    two blocks of 64 columns (NB = 2, T = 65 … 128) gave an output off by 0.21 at K = 48,
+    V = 80. Four to sixteen blocks over 64 and 128 columns agreed with the previous scans at
+    every shape tried (K = 32 … 128, V = 32 … 128)."""
+    width = WIDTH if width is None else width
+    if not isinstance(width, int) or isinstance(width, bool) or width < MIN_WIDTH or width & (width - 1):
+        raise ValueError(f"width must be a power of two >= {MIN_WIDTH}, got {width!r}")
     BK = max(16, triton.next_power_of_2(K))
-    BV = max(16, min(32 if BK <= 128 else 16, triton.next_power_of_2(V)))
-    return BK, BV
+    if block_k is not None:
+        if not isinstance(block_k, int) or isinstance(block_k, bool) or block_k < BK or block_k & (block_k - 1):
+            raise ValueError(f"block_k must be a power of two >= {BK} (K = {K}), got {block_k!r}")
+        BK = block_k
+    NBP = max(MIN_BLOCKS, triton.next_power_of_2(NB))
+    BV = max(min(triton.next_power_of_2(V), max(1, width // NBP)), triton.cdiv(MIN_WIDTH, NBP))
+    return BK, NBP, BV
+
+
+def launch_options(BK: int, NBP: int, BV: int, stages: int | None) -> dict:
+    """``num_warps`` (``optimized.warps.num_warps`` for the ``[BK, NBP·BV]`` tile) and
+    ``num_stages`` (default ``STAGES``; 1 or 2). Triton's default, 3, needs more shared memory
+    than the H200 has in the reverse scan at K = 112 and 128 (246–262 KiB of 227), and where it
+    compiled (K = 48) the op's bf16 property failed (output off by 0.21; one run, 2026-12-02,
+    not isolated further): it is refused."""
+    stages = STAGES if stages is None else stages
+    if not isinstance(stages, int) or isinstance(stages, bool) or stages not in (1, 2):
+        raise ValueError(f"num_stages must be 1 or 2, got {stages!r}")
+    return {"num_warps": num_warps(BK, NBP * BV), "num_stages": stages}
 
 
 def _rows(kg, p):
@@ -205,53 +249,55 @@ def _rows(kg, p):
 
 
 def states_fwd(kg, wy, u, gk, mtab, h0, N: int, J: int, L: int, V: int, n_own: int = OWN_LEVELS,
-               precision: str = "ieee", dtype: torch.dtype = torch.float32, p=None):
+               precision: str = "ieee", dtype: torch.dtype = torch.float32, p=None, width: int | None = None,
+               num_stages: int | None = None, block_k: int | None = None):
     """From the first chunk's stacked pre-state ``h0 [S, H, K, NB·V]`` float32 (``NB = J + n_own``;
     S sequences: the batch rows, or the sequences of the packed row ``p``), returns
     ``(h [B, N, H, K, NB·V], vn [B, T, H, NB·V], final [S, H, L, K, V] float32)``: every chunk's
     pre-state and ``vn`` in ``dtype`` (what fla's pieces read; the scan itself carries float32
-    states between chunks, in two slots), the final states in float32. ``N``: chunks per row (a
-    packed row: its packed grid's ``p.n_chunks``; ``h``'s chunk index is fla's). ``mtab[c]``:
-    the carry after a sequence's local chunk c. With ``n_own = 1`` final level 0 holds the last
-    chunk's whole own end state and levels 1 … 6 stay zero."""
+    states), the final states in float32. ``N``: chunks per row (a packed row: its packed grid's
+    ``p.n_chunks``; ``h``'s chunk index is fla's). ``mtab[c]``: the carry after a sequence's
+    local chunk c. With ``n_own = 1`` final level 0 holds the last chunk's whole own end state
+    and levels 1 … 6 stay zero. ``width``, ``num_stages``: launch choices (``block_sizes``,
+    ``launch_options``)."""
     B, T, H, K = kg.shape
     S, cu_seqlens, chunk_offsets = _rows(kg, p)
-    if tuple(h0.shape) != (S, H, K, (J + n_own) * V):
-        raise ValueError(f"h0 must be [S, H, K, (J + n_own) * V] = {(S, H, K, (J + n_own) * V)}, "
+    NB = J + n_own
+    if tuple(h0.shape) != (S, H, K, NB * V):
+        raise ValueError(f"h0 must be [S, H, K, (J + n_own) * V] = {(S, H, K, NB * V)}, "
                          f"got {tuple(h0.shape)}")
-    BK, BV = block_sizes(K, V)
-    NBV = (J + n_own) * V
-    carry = torch.empty(S, 2, H, K, NBV, device=kg.device, dtype=torch.float32)
-    carry[:, 0] = h0
-    h = torch.empty(B, N, H, K, NBV, device=kg.device, dtype=dtype)
-    vn = torch.empty(B, T, H, NBV, device=kg.device, dtype=dtype)
+    BK, NBP, BV = block_sizes(K, V, NB, width, block_k)
+    opts = launch_options(BK, NBP, BV, num_stages)
+    h0 = h0.float().contiguous()
+    h = torch.empty(B, N, H, K, NB * V, device=kg.device, dtype=dtype)
+    vn = torch.empty(B, T, H, NB * V, device=kg.device, dtype=dtype)
     final = torch.zeros(S, H, L, K, V, device=kg.device, dtype=torch.float32)
     grid = (triton.cdiv(V, BV), S * H)
-    fenwick_states_fwd_kernel[grid](kg, wy, u, gk, mtab, carry, h, vn, final, cu_seqlens, chunk_offsets,
-                                    T, N, J, L, n_own, H=H, K=K, V=V, BT=CHUNK, BK=BK, BV=BV, DOT=precision,
-                                    IS_VARLEN=p is not None, num_warps=scan_warps(BK, BV))
+    fenwick_states_fwd_kernel[grid](kg, wy, u, gk, mtab, h0, h, vn, final, cu_seqlens, chunk_offsets,
+                                    T, N, J, L, NB, H=H, K=K, V=V, BT=CHUNK, BK=BK, NBP=NBP, BV=BV, DOT=precision,
+                                    IS_VARLEN=p is not None, **opts)
     return h, vn, final
 
 
 def states_bwd(qg, kg, wy, gk, do, dv, dfinal, mtab, scale: float, N: int, J: int, L: int, V: int,
-               n_own: int = OWN_LEVELS, precision: str = "ieee", dtype: torch.dtype = torch.float32, p=None):
+               n_own: int = OWN_LEVELS, precision: str = "ieee", dtype: torch.dtype = torch.float32, p=None,
+               width: int | None = None, num_stages: int | None = None, block_k: int | None = None):
     """Returns ``dh [B, N, H, K, NB·V]`` (gradient of every chunk's end states) and ``dv2`` (the
     gradient of ``vn``), both in ``dtype`` (what fla's pieces read), and ``dpre0 [S, H, K,
-    max(J,1)·V]`` float32, the gradient of each sequence's first bucket pre-state (the scan
-    carries the pre-state gradients in two float32 slots). ``N``, ``p`` as in ``states_fwd``;
-    ``dfinal [S, H, L, K, V]`` or None."""
+    max(J,1)·V]`` float32, the gradient of each sequence's first bucket pre-state. ``N``, ``p``
+    as in ``states_fwd``; ``dfinal [S, H, L, K, V]`` or None; ``width``, ``num_stages`` as there."""
     B, T, H, K = kg.shape
     S, cu_seqlens, chunk_offsets = _rows(kg, p)
     if dfinal is not None and tuple(dfinal.shape) != (S, H, L, K, V):
         raise ValueError(f"dfinal must be [S, H, L, K, V] = {(S, H, L, K, V)}, got {tuple(dfinal.shape)}")
-    BK, BV = block_sizes(K, V)
-    NBV = (J + n_own) * V
-    dh = torch.empty(B, N, H, K, NBV, device=kg.device, dtype=dtype)
-    dv2 = torch.empty(B, T, H, NBV, device=kg.device, dtype=dtype)
-    dpre = torch.zeros(S, 2, H, K, max(J, 1) * V, device=kg.device, dtype=torch.float32)
+    NB = J + n_own
+    BK, NBP, BV = block_sizes(K, V, NB, width, block_k)
+    opts = launch_options(BK, NBP, BV, num_stages)
+    dh = torch.empty(B, N, H, K, NB * V, device=kg.device, dtype=dtype)
+    dv2 = torch.empty(B, T, H, NB * V, device=kg.device, dtype=dtype)
+    dpre = torch.zeros(S, H, K, max(J, 1) * V, device=kg.device, dtype=torch.float32)
     grid = (triton.cdiv(V, BV), S * H)
     fenwick_states_bwd_kernel[grid](qg, kg, wy, gk, do, dv, dfinal, mtab, dh, dv2, dpre, cu_seqlens, chunk_offsets,
-                                    scale, T, N, J, L, n_own, H=H, K=K, V=V, BT=CHUNK, BK=BK, BV=BV,
-                                    HAS_DFINAL=dfinal is not None, DOT=precision, IS_VARLEN=p is not None,
-                                    num_warps=scan_warps(BK, BV))
-    return dh, dv2, dpre[:, 0]
+                                    scale, T, N, J, L, NB, H=H, K=K, V=V, BT=CHUNK, BK=BK, NBP=NBP, BV=BV,
+                                    HAS_DFINAL=dfinal is not None, DOT=precision, IS_VARLEN=p is not None, **opts)
+    return dh, dv2, dpre
