@@ -20,17 +20,17 @@ launch. Writes ``DIR/fenwick_scan_ab.csv`` and ``.md``.
 from __future__ import annotations
 
 import argparse
-import csv
 import importlib.util
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import torch
 
 from optimized import triton_mode  # the interpreter off the GPU: before Triton
 import triton  # noqa: E402
+
+from bench.harness import write_side_by_side  # noqa: E402
 
 VARIANTS = {"default": {}, "w64": dict(width=64), "w64-s1": dict(width=64, num_stages=1),
             "w128-s1": dict(width=128, num_stages=1), "w128-bk128": dict(block_k=128),
@@ -157,18 +157,8 @@ def main(argv=None) -> int:
         x = first = None                                             # free before the next shape
     if args.warmup_only:
         return 0
-    out_dir = Path(args.out)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    with open(out_dir / "fenwick_scan_ab.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
-    head = list(rows[0])
-    lines = [f"# Fenwick GDN-2 carry scans side by side ({device}, {dtype})", "",
-             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    lines += ["| " + " | ".join(str(r[h]) for h in head) + " |" for r in rows]
-    (out_dir / "fenwick_scan_ab.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    print(write_side_by_side(args.out, "fenwick_scan_ab", f"Fenwick GDN-2 carry scans side by side ({device}, {dtype})",
+                             rows), end="")
     return 0
 
 

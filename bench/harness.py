@@ -82,6 +82,26 @@ class CpuDevice:
         return True
 
 
+def write_side_by_side(out_dir, stem: str, title: str, rows: list[dict]) -> str:
+    """``rows`` (one dict per variant, the same keys) -> ``out_dir/stem.csv`` and a Markdown table
+    under ``# title`` in ``out_dir/stem.md``; returns the Markdown (the A/B benchmarks print it)."""
+    import csv
+    from pathlib import Path
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    head = list(rows[0])
+    with open(out_dir / f"{stem}.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=head)
+        w.writeheader()
+        w.writerows(rows)
+    lines = [f"# {title}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(str(r[h]) for h in head) + " |" for r in rows]
+    text = "\n".join(lines) + "\n"
+    (out_dir / f"{stem}.md").write_text(text)
+    return text
+
+
 def do_bench_timer(warmup_ms: float, rep_ms: float) -> Callable[[Callable], float]:
     """``fn -> median ms`` with ``triton.testing.do_bench`` (L2 flushed before every run)."""
     from triton.testing import do_bench

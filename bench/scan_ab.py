@@ -18,12 +18,13 @@ two-phase reverse scan (``optimized.promote_scan_two_phase``).
 from __future__ import annotations
 
 import argparse
-import csv
 import sys
 import time
 from pathlib import Path
 
 import torch
+
+from bench.harness import write_side_by_side
 
 
 def _log(message: str):
@@ -130,17 +131,9 @@ def main(argv=None) -> int:
         rows.append({"variant": name, "kind": kind, **{f"level{ℓ} ms": round(t, 4) for ℓ, t in
                                                        enumerate(ms, start=1)}, "sum ms": round(sum(ms), 4)})
         _log(f"{name}: {[round(t, 3) for t in ms]} sum {sum(ms):.3f} ms")
-    with open(out / "scan_ab.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
-    head = ["variant", "kind"] + [f"level{ℓ} ms" for ℓ in range(1, len(shapes) + 1)] + ["sum ms"]
-    lines = [f"# Promote scans side by side ({device}, B = {B}, H = {H}, K = V = {K}, T = {T}; "
-             f"levels (F, n) = {[(F, n) for F, n, *_ in data]})", "",
-             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    lines += ["| " + " | ".join(str(r[h]) for h in head) + " |" for r in rows]
-    (out / "scan_ab.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    title = (f"Promote scans side by side ({device}, B = {B}, H = {H}, K = V = {K}, T = {T}; "
+             f"levels (F, n) = {[(F, n) for F, n, *_ in data]})")
+    print(write_side_by_side(out, "scan_ab", title, rows), end="")
     return 0
 
 

@@ -42,6 +42,11 @@ CASES = {
     # ragged last chunk (100 = 64 + 36), V = 24 in two V blocks of 16; level 1's last row unread
     "L3_two_key_blocks": (1, 100, 2, 40, 24, 16, [[0, 1], [0, 0]], [3, 1], 1.0),
 }
+if triton_mode.MODE == triton_mode.CUDA:
+    # K = 128, V = 16: the [128, 16] float32 tile at 8 warps (optimized.warps), the shape at which
+    # Triton 3.6 on the H200 miscompiled another kernel of this repo (Fenwick GDN-2's carry scan,
+    # 2026-12-02); B = H = 2, ragged last chunk, level 1's last row unread
+    CASES["K128_V16"] = (2, 150, 2, 128, 16, None, [[0, 1, 1]], [3], 1.0)
 
 # The broken kernels: name -> plants (each one exact substitution in a production kernel).
 _FWD, _BWD = reads_fwd_module, reads_bwd_module

@@ -29,12 +29,11 @@ after the last chunk) and ``dfinal`` the final states' gradient (last chunk only
 
 One program per (sequence·head, group of V columns) walks the sequence's chunks in order and
 keeps **every block's state in registers**: its tile is ``[K, NBP·BV]`` float32, the same
-``BV`` value columns of each of the ``NB`` blocks side by side (``NBP`` the power of two ≥ NB;
-the padding blocks are masked). Every block sees the same transition, so one chunk-step is
-two wide dots for all blocks at once, and the carry is a sum over the tile's block axis
-(a ``[K, NBP, BV]`` view) and a select; no state leaves the program between chunks. (Until
-2026-12-02 the scans looped over the blocks one ``[K, BV]`` tile at a time and carried the
-states through two global-memory slots: a chain of ``NB`` dependent block-steps per chunk.)
+``BV`` value columns of each of the ``NB`` blocks side by side (``NBP``: NB rounded up to a
+power of two, at least 4; the padding blocks are masked). Every block sees the same
+transition, so one chunk-step is two wide dots for all blocks at once (not NB dependent
+block-steps), and the carry is a sum over the tile's block axis (a ``[K, NBP, BV]`` view) and a
+select; no state leaves the program between chunks.
 
 A sequence is a batch row, or, in a packed row (``IS_VARLEN``, ``packing.py``), the tokens
 ``cu_seqlens[i] … cu_seqlens[i+1] − 1`` on their own chunk grid; ``c`` (and the carry table's
