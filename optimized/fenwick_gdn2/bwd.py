@@ -50,7 +50,7 @@ def fenwick_gdn2_bwd(s: Saved, do: torch.Tensor, dfinal: torch.Tensor | None):
     do_st = torch.zeros(B, T, H, NB, V, device=do.device, dtype=s.q.dtype)   # what fla's pieces read
     if J > 0:
         dlam[..., OWN_LEVELS: OWN_LEVELS + J] = torch.einsum("bthjv,bthv->bthj",
-                                                             s.reads.float().view(B, T, H, J, V), do)
+                                                             s.reads.float(), do)
         do_st[:, :, :, :J] = s.lam[..., OWN_LEVELS: OWN_LEVELS + J, None].float() * do[:, :, :, None, :]
     do_st = do_st.reshape(B, T, H, NB * V)
 

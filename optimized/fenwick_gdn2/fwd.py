@@ -8,8 +8,10 @@
    s) = ℓ]`` and ``w`` on 7 own-level blocks) giving the WY vectors ``w_wy``, ``u_st``, and ``qg``, ``kg``.
 2. ours (Triton, ``states.py``): the chunk-level Fenwick scan of the stacked bucket
    states: per-chunk pre-states ``h``, ``vn = u_st − w_wy h``, the final states.
-3. fla: ``chunk_gla_fwd_o_gk`` on the J bucket blocks: ``O_j = scale · qg h_j + Aqk vn_j``,
-   the read of bucket j through the chunk's transition (``q̂^T Z_j``).
+3. fla: ``chunk_gla_fwd_o_gk`` on the stacked blocks: ``O_j = scale · qg h_j + Aqk vn_j``,
+   the read of bucket j through the chunk's transition (``q̂^T Z_j``); the own block's is
+   computed too (reading the stacked tensors in place costs less than copying the buckets out)
+   and not used.
 4. ours (Triton, ``intra.py``): the chunk's own tokens, level-weighted and masked.
 5. torch: ``o = o_intra + Σ_j λ[7 + j] ⊙ O_j`` (the router over the stacked reads).
 """
@@ -119,7 +121,7 @@ class Saved:
     kg: torch.Tensor
     h: torch.Tensor
     vn: torch.Tensor
-    reads: torch.Tensor | None
+    reads: torch.Tensor | None        # [B, T, H, J, V]: the bucket blocks' reads (a view of all blocks')
     mtab: torch.Tensor
     scale: float
     J: int
@@ -184,10 +186,11 @@ def stacked_pass(q, k, v, g, b, w, lam, scale: float, initial_state, offset: int
     o = intra_fwd(v, w, lam, Aqk, Akk, precision=precision, p=p)
     reads = None
     if J > 0:
-        reads = chunk_gla_fwd_o_gk(q=q, v=vn[..., : J * V].contiguous(), g=gk, A=Aqk,
-                                   h=h[..., : J * V].contiguous(), scale=scale, chunk_size=CHUNK, **fla)
-        o = o + torch.einsum("bthjv,bthj->bthv", reads.float().view(B, T, H, J, V),
-                             lam[..., OWN_LEVELS: OWN_LEVELS + J].float())
+        # every stacked block is read (no copy of the bucket blocks out of h and vn); the own
+        # blocks' reads are not used: the chunk's own tokens are the intra read's
+        reads = chunk_gla_fwd_o_gk(q=q, v=vn, g=gk, A=Aqk, h=h, scale=scale, chunk_size=CHUNK, **fla)
+        reads = reads.view(B, T, H, NB, V)[:, :, :, :J]                                  # [B, T, H, J, V]
+        o = o + torch.einsum("bthjv,bthj->bthv", reads.float(), lam[..., OWN_LEVELS: OWN_LEVELS + J].float())
     saved = Saved(q, k, v, b, w, lam, gk, v_st, w_st, own, Aqk, Akk, w_wy, qg, kg, h, vn, reads, mtab,
                   scale=scale, J=J, offset=offset, has_initial_state=initial_state is not None, packing=p)
     return o, final, saved
