@@ -9,13 +9,15 @@ largest difference of its outputs from the first variant's, relative to their la
 (a miscompiled launch shows there; bf16 outputs differ in their last bit between forms).
 
     python -m bench.fenwick_scan_ab --out results/DIR [--variants ...] [--baseline FILE] [--jobs N]
+        [--shape B,T,H,K,V ...] [--dtype bfloat16|float32]
 
 ``--baseline FILE``: a ``states.py`` of another commit (``git show REV:optimized/fenwick_gdn2/states.py
 > FILE``), timed as variant ``baseline`` with its own launch defaults (its ``states_fwd`` and
 ``states_bwd`` take the same leading arguments). ``--jobs N``: compile the variants first in N
 processes at once (the kernels are cached for the timed run). Variants: ``wW`` width W (the
-columns a program holds over all blocks), ``-sN`` Triton's ``num_stages``; ``default`` the op's
-launch. Writes ``DIR/fenwick_scan_ab.csv`` and ``.md``.
+columns a program holds over all blocks), ``-sN`` Triton's ``num_stages``, ``-bk128`` key blocks
+of 128; ``default`` the op's launch. A launch that ends in an illegal memory access ends the
+process (every later variant fails with it): run such sweeps one process per variant. Writes ``DIR/fenwick_scan_ab.csv`` and ``.md``.
 """
 from __future__ import annotations
 
