@@ -91,15 +91,9 @@ def _columns(i_v, J, NB, V: tl.constexpr, NBP: tl.constexpr, BV: tl.constexpr):
 
 
 @triton.jit
-def _block_of(x, blk, m, BK: tl.constexpr, NBP: tl.constexpr, BV: tl.constexpr):
-    """``[BK, NBP·BV]`` -> every block's columns replaced by block ``m``'s."""
-    x = tl.sum(tl.reshape(tl.where((blk == m)[None, :], x, 0.0), [BK, NBP, BV]), axis=1)
-    return tl.reshape(tl.broadcast_to(x[:, None, :], [BK, NBP, BV]), [BK, NBP * BV])
-
-
-@triton.jit
 def _merged(x, take, BK: tl.constexpr, NBP: tl.constexpr, BV: tl.constexpr):
-    """``[BK, NBP·BV]`` -> the sum over the blocks ``take`` of each V column, in every block."""
+    """``[BK, NBP·BV]`` -> the sum over the blocks ``take`` of each V column, in every block
+    (``take = blk == m``: block m's columns in every block)."""
     x = tl.sum(tl.reshape(tl.where(take[None, :], x, 0.0), [BK, NBP, BV]), axis=1)
     return tl.reshape(tl.broadcast_to(x[:, None, :], [BK, NBP, BV]), [BK, NBP * BV])
 
@@ -181,7 +175,7 @@ def fenwick_states_bwd_kernel(
         # and the buckets below m from block m's, bucket m none
         m = tl.load(mtab + c)
         b_dh = (tl.where((m_c & ~own & (blk > m))[None, :], b_g, 0.0)
-                + tl.where((own | ((blk < m) & m_c))[None, :], _block_of(b_g, blk, m, BK, NBP, BV), 0.0))
+                + tl.where((own | ((blk < m) & m_c))[None, :], _merged(b_g, blk == m, BK, NBP, BV), 0.0))
         if HAS_DFINAL:        # dfinal is None without a final-state gradient: no address of it
             if c == N - 1:
                 p_f = (dfinal + ((i_b.to(tl.int64) * H + i_h) * L) * K * V + lvl[None, :] * K * V
