@@ -32,7 +32,7 @@ import torch
 from optimized import triton_mode  # the interpreter off the GPU: before Triton
 import triton  # noqa: E402
 
-from bench.harness import write_side_by_side  # noqa: E402
+from bench.harness import do_bench_timer, write_side_by_side  # noqa: E402
 
 VARIANTS = {"default": {}, "w64": dict(width=64), "w64-s1": dict(width=64, num_stages=1),
             "w128-s1": dict(width=128, num_stages=1), "w128-bk128": dict(block_k=128),
@@ -76,13 +76,22 @@ def inputs(B: int, T: int, H: int, K: int, V: int, device, dtype, seed: int = 0)
                 dv=rnd(B, T, H, NB * V, scale=0.1), N=N, J=J, L=L, V=V)
 
 
-def run_scans(module, x: dict, precision: str, dtype, **launch):
-    """``(forward outputs, reverse outputs)`` of ``module``'s scans on ``inputs``' ``x``."""
-    fwd = module.states_fwd(x["kg"], x["wy"], x["u"], x["gk"], x["mtab"], x["h0"], x["N"], x["J"], x["L"], x["V"],
-                            1, precision=precision, dtype=dtype, **launch)
-    bwd = module.states_bwd(x["qg"], x["kg"], x["wy"], x["gk"], x["do"], x["dv"], None, x["mtab"], 0.1, x["N"],
-                            x["J"], x["L"], x["V"], 1, precision=precision, dtype=dtype, **launch)
-    return fwd, bwd
+def scan_calls(module, x: dict, precision: str, dtype, **launch):
+    """``(forward, reverse)``: ``module``'s two scans on ``inputs``' ``x``, as calls without arguments."""
+    def forward():
+        return module.states_fwd(x["kg"], x["wy"], x["u"], x["gk"], x["mtab"], x["h0"], x["N"], x["J"], x["L"],
+                                 x["V"], 1, precision=precision, dtype=dtype, **launch)
+
+    def reverse():
+        return module.states_bwd(x["qg"], x["kg"], x["wy"], x["gk"], x["do"], x["dv"], None, x["mtab"], 0.1, x["N"],
+                                 x["J"], x["L"], x["V"], 1, precision=precision, dtype=dtype, **launch)
+    return forward, reverse
+
+
+def _wall_ms(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return (time.perf_counter() - t0) * 1e3
 
 
 def _relative_difference(a, b) -> float:
@@ -125,9 +134,7 @@ def main(argv=None) -> int:
                                    "--variants", *names[i::args.jobs], *extra]) for i in range(args.jobs)]
         for p in procs:
             p.wait()
-    timer = ((lambda fn: triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
-             if device == "cuda" else (lambda fn: (lambda t0: (fn(), (time.perf_counter() - t0) * 1e3)[1])(
-                 time.perf_counter())))
+    timer = do_bench_timer(25, 100) if device == "cuda" else _wall_ms
     precision = dot_precision(dtype)
     rows = []
     for B, T, H, K, V in shapes:
@@ -136,15 +143,11 @@ def main(argv=None) -> int:
         for name in names:
             module, launch = (baseline, {}) if name == "baseline" else (states, VARIANTS[name])
             try:
-                out = run_scans(module, x, precision, dtype, **launch)
+                forward, reverse = scan_calls(module, x, precision, dtype, **launch)
+                out = forward(), reverse()
                 if args.warmup_only:
                     continue
-                fwd_ms = timer(lambda: module.states_fwd(x["kg"], x["wy"], x["u"], x["gk"], x["mtab"], x["h0"], x["N"],
-                                                         x["J"], x["L"], x["V"], 1, precision=precision, dtype=dtype,
-                                                         **launch))
-                bwd_ms = timer(lambda: module.states_bwd(x["qg"], x["kg"], x["wy"], x["gk"], x["do"], x["dv"], None,
-                                                         x["mtab"], 0.1, x["N"], x["J"], x["L"], x["V"], 1,
-                                                         precision=precision, dtype=dtype, **launch))
+                fwd_ms, bwd_ms = timer(forward), timer(reverse)
             except Exception as e:                                   # a variant that does not compile or run
                 _log(f"{name} at B = {B}, T = {T}: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
                 continue
