@@ -22,6 +22,9 @@ heads. Variants (``--variants``, default all):
   reads keep 32): twice the programs for the scans' sequential chains;
 - ``bn16``, ``bn64``: the default op with pair blocks of 16 / 64 in the scans (default 32 at
   K ≤ 128): the ladder's upper levels (n = 64, 128) run n / BN pair blocks one after another per firing;
+- ``rstates-bv32``, ``rstates-bv64``: the default op with V blocks of 32 / 64 in the reads'
+  state-gradient kernel alone (``reads_router_bwd(states_block_v=…)``; default 128 at K ≤ 128,
+  ``reads_bwd.states_block_v``; 32 until 2026-12-02);
 - ``gates-triton``: the default op with the fused probe's gates (l2norm, sigmoids, softplus and its
   reduction, and their backward) in one Triton kernel per pass (``optimized.nested.probe_gates``).
 
@@ -103,7 +106,8 @@ def _floor_ms(name, B, T, H, K, L, dtype, rates) -> tuple[float, float]:
 
 
 VARIANTS = ("torch", "generic", "fused-ieee", "scan-tf32", "triton", "triton+check", "bv16", "bv64", "keep-z", "scan-2phase",
-            "scan-bv16", "bn16", "bn64", "gates-triton", "gates-torch", "scan-2phase-bn16")
+            "scan-bv16", "bn16", "bn64", "gates-triton", "gates-torch", "scan-2phase-bn16", "rstates-bv32",
+            "rstates-bv64")
 
 
 def _ops(B, T, H, K, V, L, dtype, seed, names=VARIANTS, device="cuda"):
@@ -111,7 +115,9 @@ def _ops(B, T, H, K, V, L, dtype, seed, names=VARIANTS, device="cuda"):
     variant there: tests/test_bench_smoke.py)."""
     from optimized import chunk_gdn2
     from optimized.nested import Pieces, _nested
-    from optimized.nested.pieces import reads_router_bwd_torch_levels, scan_bwd_two_phase
+    from functools import partial
+
+    from optimized.nested.pieces import reads_router_bwd, reads_router_bwd_torch_levels, scan_bwd_two_phase
     from optimized.nested.reads_torch import reads_router_fwd_torch
     from reference.nested import make_levels
 
@@ -144,6 +150,10 @@ def _ops(B, T, H, K, V, L, dtype, seed, names=VARIANTS, device="cuda"):
         "gates-torch": Pieces(probe_gates="torch"),
         # pair blocks of 16: neither reverse-scan kernel spills at K = 128 (scripts/kernel_resources.py)
         "scan-2phase-bn16": Pieces(scan_bwd=scan_bwd_two_phase, block_n=16),
+        # the reads' state-gradient kernel alone with V blocks of 32 / 64 (default 128 at K ≤ 128: one
+        # program per stored row and head; at 32, four, each recomputing the router and p ⊙ q)
+        "rstates-bv32": Pieces(reads_bwd=partial(reads_router_bwd, states_block_v=32)),
+        "rstates-bv64": Pieces(reads_bwd=partial(reads_router_bwd, states_block_v=64)),
     }
     for name in names:
         if name == "flat":

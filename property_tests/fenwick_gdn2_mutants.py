@@ -18,6 +18,7 @@ import torch
 import optimized.fenwick_gdn2.chunk as chunk
 import optimized.fenwick_gdn2.fwd as fwd
 import optimized.fenwick_gdn2.packing as packing
+import optimized.fenwick_gdn2.router as router
 import optimized.fenwick_gdn2.states as states
 from kernel_mutation import Plant, planted
 from optimized.fenwick_gdn2 import chunk_fenwick_gdn2
@@ -65,6 +66,22 @@ def chunk_fenwick_gdn2_stale_merged_buckets(*args, **kwargs):
     states are counted twice from the next chunk on."""
     with planted(STALE_MERGED_BUCKETS):
         return chunk_fenwick_gdn2(*args, **kwargs)
+
+
+# --- the router over the bucket blocks' reads (router.py) ------------------------------------
+# Plant these around the whole check (forward and backward): the backward runs after the op returns.
+
+# The forward router stops one bucket block short: the highest chunk-level is never read.
+ROUTER_TOP_BUCKET_UNREAD = Plant(router, "fenwick_router_fwd_kernel", "for j in range(J):", "for j in range(J - 1):")
+
+# The backward router's dλ of bucket j sums the next block's read (j + 1; the own block's for the last).
+ROUTER_DLAM_FROM_NEXT_BLOCK = Plant(router, "fenwick_router_bwd_kernel", "b_x = tl.load(reads + p_st + j * V,",
+                                    "b_x = tl.load(reads + p_st + (j + 1) * V,")
+
+# The backward router's stacked cotangent of bucket j is weighted with the level below's λ (6 + j).
+ROUTER_COTANGENT_LEVEL_BELOW = Plant(router, "fenwick_router_bwd_kernel", "b_l = tl.load(lam + o_r * L + OWN + j,",
+                                     "b_l = tl.load(lam + o_r * L + OWN - 1 + j,")
+
 
 
 # The carries' schedule counts chunks from the call's first chunk, not from the absolute position.

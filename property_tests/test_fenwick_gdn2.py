@@ -20,6 +20,7 @@ from ngdn import ops
 from ngdn.checks import fenwick_gdn2 as checks
 from ngdn.checks import generic
 import fenwick_gdn2_mutants as mutants
+from kernel_mutation import planted
 from ngdn.compile_buckets import bucket_params, on_bucket
 from ngdn.fenwick_inputs import FenwickShape
 from ngdn.strategies import examples, seeds
@@ -126,6 +127,20 @@ def test_state_passing_equals_one_call_where_the_offset_sets_the_carries():
 def test_optimized_vs_reference_catches(mutant, broken):
     bad = failures(checks.optimized_vs_reference(MUTANT_SHAPE, 0, optimized=mutant, log=False, grads=False))
     assert broken in bad
+
+
+@pytest.mark.mutation
+@pytest.mark.parametrize("plant, broken, intact", [
+    (mutants.ROUTER_TOP_BUCKET_UNREAD, {"output"}, set()),
+    (mutants.ROUTER_DLAM_FROM_NEXT_BLOCK, {"dlevel_scales"}, {"output", "dq", "dk", "dv"}),
+    (mutants.ROUTER_COTANGENT_LEVEL_BELOW, {"dq", "dk", "dv"}, {"output", "dlevel_scales"}),
+], ids=["top_bucket_unread", "dlam_from_next_block", "cotangent_level_below"])
+def test_optimized_vs_reference_catches_router_bugs(plant, broken, intact):
+    """The router over the bucket blocks' reads (three chunks: two bucket blocks): each of its
+    three outputs (``o``, ``dλ[7 + j]``, the stacked cotangent) broken alone."""
+    with planted(plant):        # forward and backward
+        bad = set(failures(checks.optimized_vs_reference(MUTANT_SHAPE, 0, log=False)))
+    assert broken <= bad and not intact & bad, bad
 
 
 @pytest.mark.mutation

@@ -249,6 +249,19 @@ def test_level0_states_and_injected_gradients(dtype, bucket, data, seed):
     assert_passes(checks.level0_states_vs_reference(shape, seed, dtype))
 
 
+@requires_cuda("compiled Triton: the tile's miscompile risk is the GPU's")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+def test_level0_state_gradient_at_a_128_by_16_tile(dtype):
+    """Level 0's state-gradient kernel at K = 128, V = 16: one ``[128, 16]`` float32 state block per
+    program at 8 warps (``optimized.state_grad``), the tile at which Triton 3.6 miscompiled
+    Fenwick GDN-2's reverse carry scan on the H200 (``dh`` off by up to 78, no error). B = H = 2,
+    three chunks and a ragged fourth, injected end-of-chunk gradients."""
+    from optimized.state_grad import block_sizes as state_grad_blocks
+
+    assert state_grad_blocks(128, 16)[:2] == (128, 16)
+    assert_passes(checks.level0_states_vs_reference(GDN2Shape(B=2, T=200, H=2, K=128, V=16), 5, dtype))
+
+
 @examples(scale=10)
 @given(T=st.integers(1, 64 * 40), intervals=st.lists(st.integers(1, 6), min_size=0, max_size=5).map(tuple))
 def test_schedule_equals_spec_loop(T, intervals):

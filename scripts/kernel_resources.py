@@ -85,7 +85,8 @@ def _kernels():
 def _fenwick_states_kernels():
     """Fenwick GDN-2's carry scans (bf16 activations, TF32 dots, H = 8, K = V = 128 as
     ``bench.fenwick_gdn2`` runs them) at the stacked blocks of T = 4096 and 65536 (NB = 7, 11)
-    and of a short sequence (NB = 2), with the launchers' blocks and warps."""
+    and of a short sequence (NB = 2), with the launchers' blocks and warps; and its router
+    kernels at V = 128."""
     from optimized.fenwick_gdn2.states import (block_sizes, fenwick_states_bwd_kernel, fenwick_states_fwd_kernel,
                                                launch_options)
 
@@ -103,13 +104,24 @@ def _fenwick_states_kernels():
         opts = launch_options(BK, NBP, BV, None)
         rows.append((f"fenwick_states_fwd ({name})", fenwick_states_fwd_kernel, fwd, c, opts))
         rows.append((f"fenwick_states_bwd ({name})", fenwick_states_bwd_kernel, bwd, c | dict(HAS_DFINAL=True), opts))
+    from optimized.fenwick_gdn2.router import OWN_LEVELS, fenwick_router_bwd_kernel, fenwick_router_fwd_kernel
+    from optimized.fenwick_gdn2.router import launch_blocks as router_launch
+    from optimized.warps import num_warps
+
+    _, BR, BV = router_launch(128, 1)
+    c = dict(V=128, BR=BR, BV=BV, OWN=OWN_LEVELS)
+    ints = dict.fromkeys(("R", "L", "J", "NB"), i32)
+    rows.append((f"fenwick_router_fwd ([{BR}, {BV}])", fenwick_router_fwd_kernel,
+                 {"o_intra": f32, "reads": bf16, "lam": bf16, "o": bf16} | ints, c, num_warps(BR, BV)))
+    rows.append((f"fenwick_router_bwd ([{BR}, {BV}])", fenwick_router_bwd_kernel,
+                 {"do": f32, "reads": bf16, "lam": bf16, "dlam": f32, "do_st": bf16} | ints, c, num_warps(BR, BV)))
     return rows
 
 
 def _reads_and_state_grad_kernels():
     """The reads kernels and level 0's state-gradient kernel (bf16 activations, as the benchmark
     runs them), one sequence per row and packed."""
-    from optimized.nested.reads_bwd import reads_bwd_states_kernel, reads_bwd_tokens_kernel, token_blocks
+    from optimized.nested.reads_bwd import reads_bwd_states_kernel, reads_bwd_tokens_kernel, states_block_v, token_blocks
     from optimized.nested.reads_fwd import block_sizes as reads_blocks
     from optimized.nested.reads_fwd import reads_fwd_kernel
     from optimized.state_grad import block_sizes as state_grad_blocks
@@ -119,6 +131,7 @@ def _reads_and_state_grad_kernels():
     bf16, f32, i32 = "*bf16", "*fp32", "i32"
     BT, BK, BV, BL = reads_blocks(128, 128, 4)
     BKA, BVA, warps_a = token_blocks(BK, BV)
+    SBV = reads_blocks(128, 128, 4, states_block_v(128))[2]          # the state-gradient kernel's own V block
     sizes = dict(H=16, K=128, V=128, BT=BT, BL=BL, SPLIT=True)
     SK, SV, SS = state_grad_blocks(128, 128)
     rows = []
@@ -135,7 +148,7 @@ def _reads_and_state_grad_kernels():
         rows.append((f"reads_bwd_states{name}", reads_bwd_states_kernel,
                      dict.fromkeys(("do", "q", "r"), bf16) | dict.fromkeys(("row_level", "row_chunk_lo", "row_chunk_hi",
                      "chunk_bounds"), "*i32") | {"dstates": f32} | dict.fromkeys(("T", "S", "L"), i32) | {"scale": "fp32"},
-                     sizes | dict(BK=BK, BV=BV, IS_VARLEN=varlen), reads_warps(BK, BV)))
+                     sizes | dict(BK=BK, BV=SBV, IS_VARLEN=varlen), reads_warps(BK, SBV)))
         rows.append((f"state_grad_bwd{name}", state_grad_bwd_kernel,
                      dict.fromkeys(("qg", "kg", "w", "gk", "do", "dv", "dh", "dv2"), bf16)
                      | dict.fromkeys(("dht", "ds", "dh0"), f32) | {"slots": "*i32", "cu_seqlens": "*i64",

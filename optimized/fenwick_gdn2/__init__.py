@@ -83,14 +83,15 @@ What runs where
 Triton (ours): ``intra.py`` (masked level-weighted intra-chunk read, forward and backward,
 including the backward through the WY inverse of its own ``Akk`` use), ``states.py``
 (the chunk-level Fenwick scan: per-bucket advance, carry/merge, final states; and its
-reverse) and, in cpu-interpret mode only, ``wy.py`` (the intra matrices ``Aqk``, ``Akk``; fla's
+reverse), ``router.py`` (the λ-weighted sum of the bucket blocks' reads, read in place in the
+stacked reads, and in the backward its ``dλ`` and the stacked output cotangent) and, in
+cpu-interpret mode only, ``wy.py`` (the intra matrices ``Aqk``, ``Akk``; fla's
 token-parallel kernel for them costs ~0.1 s per token and head under the interpreter).
 Triton (fla-core 0.6.0, called, not copied): ``chunk_local_cumsum``, ``chunk_gdn2_fwd_intra``
 (cuda mode), ``recompute_w_u_fwd_gdn2``, ``chunk_gla_fwd_o_gk`` (forward); ``chunk_kda_bwd_dAv``,
 ``chunk_gdn2_bwd_wy_dqkg_fused``, ``chunk_gdn2_bwd_intra``, ``chunk_local_cumsum``
-(backward). PyTorch: stacking and unstacking the values (own-level masks), the λ-weighted
-sum of the stacked bucket reads and its ``dλ`` (``einsum``), the initial-state carry and its
-transpose. The backward is hand-written (a ``torch.autograd.Function``; no autograd inside),
+(backward). PyTorch: stacking and unstacking the values (own-level masks), the initial-state
+carry and its transpose. The backward is hand-written (a ``torch.autograd.Function``; no autograd inside),
 deterministic (no atomics: one program per chunk, or per sequence, head and group of V columns
 of every stacked block).
 

@@ -2,8 +2,9 @@
 
 Hand-written, no autograd inside:
 
-1. torch: ``dλ[7 + j] = Σ_v O_j ⊙ do`` (the stacked reads kept by the forward) and the
-   stacked output cotangent ``do_st`` (``λ[7 + j] ⊙ do`` on bucket block j, 0 on own blocks).
+1. ours (Triton, ``router.py``): ``dλ[7 + j] = Σ_v O_j ⊙ do`` (the stacked reads kept by the
+   forward) and the stacked output cotangent ``do_st`` (``λ[7 + j] ⊙ do`` on bucket block j, 0 on
+   own blocks).
 2. ours (Triton, ``intra.py``): the intra-chunk read's ``d(w ⊙ v)``, ``dλ[0..6]``, its
    ``dAqk`` and its ``dL`` (through the WY inverse).
 3. fla: ``chunk_kda_bwd_dAv`` on the stacked reads: ``dAqk`` and ``dvn`` inside the chunk.
@@ -21,6 +22,7 @@ import torch
 from optimized.fenwick_gdn2.fwd import Saved, initial_state_grad, last_chunk_start
 from optimized.fenwick_gdn2.intra import INTRA_LEVELS, intra_bwd
 from optimized.fenwick_gdn2.precision import dot_precision
+from optimized.fenwick_gdn2.router import router_bwd
 from optimized.fenwick_gdn2.states import CHUNK, OWN_LEVELS, states_bwd
 
 
@@ -47,18 +49,17 @@ def fenwick_gdn2_bwd(s: Saved, do: torch.Tensor, dfinal: torch.Tensor | None):
     dwv, dlam_own, dAqk_own, dL_own = intra_bwd(s.v, s.w, s.lam, s.Aqk, s.Akk, do, precision=precision, p=p)
     n_intra = min(INTRA_LEVELS, L)
     dlam[..., :n_intra] = dlam_own[..., :n_intra]
-    do_st = torch.zeros(B, T, H, NB, V, device=do.device, dtype=s.q.dtype)   # what fla's pieces read
-    if J > 0:
-        dlam[..., OWN_LEVELS: OWN_LEVELS + J] = torch.einsum("bthjv,bthv->bthj",
-                                                             s.reads.float(), do)
-        do_st[:, :, :, :J] = s.lam[..., OWN_LEVELS: OWN_LEVELS + J, None].float() * do[:, :, :, None, :]
-    do_st = do_st.reshape(B, T, H, NB * V)
+    if J > 0:                                              # do_st: what fla's pieces read
+        do_st = router_bwd(do, s.reads, s.lam, dlam, J, NB, s.q.dtype)
+    else:
+        do_st = torch.zeros(B, T, H, NB * V, device=do.device, dtype=s.q.dtype)
 
     dAqk, dv_intra = chunk_kda_bwd_dAv(q=s.q, k=s.k, v=s.vn, do=do_st, A=s.Aqk, scale=s.scale, chunk_size=CHUNK,
                                        **fla)
     dfinal = None if dfinal is None else dfinal.float().contiguous()
     dh, dvn, dpre0 = states_bwd(s.qg, s.kg, s.w_wy, s.gk, do_st, dv_intra, dfinal, s.mtab, s.scale, N, J, L, V,
                                 n_own, precision=precision, dtype=s.q.dtype, p=p)
+    del dv_intra, do          # the stacked dv_intra and do's float copy: not alive in fla's WY backward (the peak)
     dq, dk, dv_st, db, dw_st, dg, dL = chunk_gdn2_bwd_wy_dqkg_fused(
         q=s.q, k=s.k, v=s.v_st, v_new=s.vn, g=s.gk, b=s.b, w_gate=s.w_st, A=s.Akk,
         h=s.h, do=do_st, dh=dh, dv=dvn, scale=s.scale, chunk_size=CHUNK, **fla)

@@ -13,7 +13,8 @@
    computed too (reading the stacked tensors in place costs less than copying the buckets out)
    and not used.
 4. ours (Triton, ``intra.py``): the chunk's own tokens, level-weighted and masked.
-5. torch: ``o = o_intra + Σ_j λ[7 + j] ⊙ O_j`` (the router over the stacked reads).
+5. ours (Triton, ``router.py``): ``o = o_intra + Σ_j λ[7 + j] ⊙ O_j`` (the router over the
+   bucket blocks' reads, read in place in the stacked reads).
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from optimized import triton_mode  # device mode before fla
 from optimized.fenwick_gdn2.intra import intra_fwd
 from optimized.fenwick_gdn2.packing import Packing, last_chunks
 from optimized.fenwick_gdn2.precision import dot_precision
+from optimized.fenwick_gdn2.router import router_fwd
 from optimized.fenwick_gdn2.states import CHUNK, OWN_LEVELS, states_fwd
 from optimized.fenwick_gdn2.wy import fenwick_wy_fwd
 from reference.fenwick import trailing_ones
@@ -121,7 +123,7 @@ class Saved:
     kg: torch.Tensor
     h: torch.Tensor
     vn: torch.Tensor
-    reads: torch.Tensor | None        # [B, T, H, J, V]: the bucket blocks' reads (a view of all blocks')
+    reads: torch.Tensor | None        # [B, T, H, NB·V]: every stacked block's read (the J bucket blocks' used)
     mtab: torch.Tensor
     scale: float
     J: int
@@ -189,8 +191,7 @@ def stacked_pass(q, k, v, g, b, w, lam, scale: float, initial_state, offset: int
         # every stacked block is read (no copy of the bucket blocks out of h and vn); the own
         # blocks' reads are not used: the chunk's own tokens are the intra read's
         reads = chunk_gla_fwd_o_gk(q=q, v=vn, g=gk, A=Aqk, h=h, scale=scale, chunk_size=CHUNK, **fla)
-        reads = reads.view(B, T, H, NB, V)[:, :, :, :J]                                  # [B, T, H, J, V]
-        o = o + torch.einsum("bthjv,bthj->bthv", reads.float(), lam[..., OWN_LEVELS: OWN_LEVELS + J].float())
+        o = router_fwd(o, reads, lam, J, v.dtype)                                   # reads [B, T, H, NB·V]
     saved = Saved(q, k, v, b, w, lam, gk, v_st, w_st, own, Aqk, Akk, w_wy, qg, kg, h, vn, reads, mtab,
                   scale=scale, J=J, offset=offset, has_initial_state=initial_state is not None, packing=p)
     return o, final, saved

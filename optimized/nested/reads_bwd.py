@@ -204,6 +204,14 @@ def _check_bwd(do, q, r, o0, states, read_row, row_level, row_chunk_lo, row_chun
     return B, T, H, L, K, V, S, N
 
 
+def states_block_v(K: int) -> int | None:
+    """The state-gradient kernel's default V block: 128 for keys up to 128 (one program per stored
+    row and head at V ≤ 128, so each chunk's router probabilities and ``p ⊙ q`` are made once
+    instead of once per V block), else the reads' default (``block_sizes``). H200, L = 4,
+    K = V = 128, bf16: 1.97 ms for three levels at 32, 1.20 at 64, 0.84 at 128 (``bench/NOTES.md``)."""
+    return 128 if K <= 128 else None
+
+
 def reads_bwd_states(do: torch.Tensor, q: torch.Tensor, r: torch.Tensor, o0: torch.Tensor, states: torch.Tensor,
                      read_row: torch.Tensor, row_level: torch.Tensor, row_chunk_lo: torch.Tensor,
                      row_chunk_hi: torch.Tensor, scale: float, rows: slice, *,
@@ -211,7 +219,8 @@ def reads_bwd_states(do: torch.Tensor, q: torch.Tensor, r: torch.Tensor, o0: tor
     """The stored rows ``rows`` (a step-1 slice of ``0 .. S``) of ``reads_bwd``'s ``dstates``, as a
     fresh float32 ``[B, len(rows), H, K, V]``: the nested backward asks for one level's rows at a
     time, so the levels' state gradients are never all alive at once. Same kernel, launched on
-    the row tables' slices; inputs as in ``reads_bwd`` (checked the same way)."""
+    the row tables' slices; inputs as in ``reads_bwd`` (checked the same way), but ``block_v``
+    None takes ``states_block_v(K)``."""
     B, T, H, L, K, V, S, N = _check_bwd(do, q, r, o0, states, read_row, row_level, row_chunk_lo, row_chunk_hi,
                                         chunk_bounds)
     if not isinstance(rows, slice):
@@ -220,7 +229,7 @@ def reads_bwd_states(do: torch.Tensor, q: torch.Tensor, r: torch.Tensor, o0: tor
     if step != 1:
         raise ValueError(f"rows must be a slice with step 1, got {rows}")
     n = max(stop - start, 0)
-    BT, BK, BV, BL = block_sizes(K, V, L, block_v)
+    BT, BK, BV, BL = block_sizes(K, V, L, states_block_v(K) if block_v is None else block_v)
     dstates = torch.empty(B, n, H, K, V, dtype=torch.float32, device=q.device)
     if n > 0 and B * H > 0 and K * V > 0:
         reads_bwd_states_kernel[(triton.cdiv(V, BV), n, B * H)](
