@@ -25,33 +25,34 @@ from optimized.warps import num_warps
 TILE = 4096          # elements per program's [BR, BV] tile
 
 
-@triton.jit(do_not_specialize=["R", "J", "NB"])
-def fenwick_router_fwd_kernel(o_intra, reads, lam, o, R, L, J, NB, V: tl.constexpr, BR: tl.constexpr,
-                              BV: tl.constexpr, OWN: tl.constexpr):
-    i_r = tl.program_id(0)
-    o_r = (i_r * BR + tl.arange(0, BR)).to(tl.int64)
+@triton.jit
+def _rows(R, NB, V: tl.constexpr, BR: tl.constexpr, BV: tl.constexpr):
+    """This program's ``BR`` rows: ``(o_r, m_r, m_rv, p_rv, p_st)``, the row indices (int64), their
+    masks, the offsets of their ``[BR, BV]`` tile in a ``[R, V]`` tensor and of its block 0 in the
+    stacked ``[R, NB·V]`` one (block j at ``+ j·V``)."""
+    o_r = (tl.program_id(0) * BR + tl.arange(0, BR)).to(tl.int64)
     o_v = tl.arange(0, BV)
     m_r = o_r < R
     m_rv = m_r[:, None] & (o_v[None, :] < V)
-    p_rv = o_r[:, None] * V + o_v[None, :]
+    return o_r, m_r, m_rv, o_r[:, None] * V + o_v[None, :], o_r[:, None] * (NB * V) + o_v[None, :]
+
+
+@triton.jit(do_not_specialize=["R", "J", "NB"])
+def fenwick_router_fwd_kernel(o_intra, reads, lam, o, R, L, J, NB, V: tl.constexpr, BR: tl.constexpr,
+                              BV: tl.constexpr, OWN: tl.constexpr):
+    o_r, m_r, m_rv, p_rv, p_st = _rows(R, NB, V, BR, BV)
     b_o = tl.load(o_intra + p_rv, mask=m_rv, other=0.0).to(tl.float32)
     for j in range(J):
         b_l = tl.load(lam + o_r * L + OWN + j, mask=m_r, other=0.0).to(tl.float32)
-        b_x = tl.load(reads + o_r[:, None] * (NB * V) + j * V + o_v[None, :], mask=m_rv, other=0.0).to(tl.float32)
-        b_o += b_l[:, None] * b_x
+        b_o += b_l[:, None] * tl.load(reads + p_st + j * V, mask=m_rv, other=0.0).to(tl.float32)
     tl.store(o + p_rv, b_o.to(o.dtype.element_ty), mask=m_rv)
 
 
 @triton.jit(do_not_specialize=["R", "J", "NB"])
 def fenwick_router_bwd_kernel(do, reads, lam, dlam, do_st, R, L, J, NB, V: tl.constexpr, BR: tl.constexpr,
                               BV: tl.constexpr, OWN: tl.constexpr):
-    i_r = tl.program_id(0)
-    o_r = (i_r * BR + tl.arange(0, BR)).to(tl.int64)
-    o_v = tl.arange(0, BV)
-    m_r = o_r < R
-    m_rv = m_r[:, None] & (o_v[None, :] < V)
-    b_do = tl.load(do + o_r[:, None] * V + o_v[None, :], mask=m_rv, other=0.0).to(tl.float32)
-    p_st = o_r[:, None] * (NB * V) + o_v[None, :]
+    o_r, m_r, m_rv, p_rv, p_st = _rows(R, NB, V, BR, BV)
+    b_do = tl.load(do + p_rv, mask=m_rv, other=0.0).to(tl.float32)
     for j in range(J):
         b_x = tl.load(reads + p_st + j * V, mask=m_rv, other=0.0).to(tl.float32)
         tl.store(dlam + o_r * L + OWN + j, tl.sum(b_x * b_do, axis=1), mask=m_r)
