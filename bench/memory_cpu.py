@@ -16,7 +16,10 @@ fractions of a large one at the same ``K, V, L``, intervals and query ladder; fl
 hold per-token activations at twice their bf16 size (the table shows each site's dtypes).
 
     python -m bench.memory_cpu --out DIR [-T 512] [-K 128] [--levels 4]
-      -> DIR/memory_cpu_L<L>.md  (CPU interpreter, float32; about a minute at the defaults)
+      -> DIR/memory_cpu_L<L>_<variant>.md  (CPU interpreter, float32; about a minute at the defaults)
+    python -m bench.memory_cpu --out DIR --op fenwick-gdn2 -T 1024 -K 64
+      -> DIR/memory_cpu_fenwick_gdn2_T<T>.md  (Fenwick GDN-2: its stacked tensors grow with the
+         bucket blocks J + 1, the bit length of the last chunk index, so T sets the proportions)
 """
 from __future__ import annotations
 
@@ -133,6 +136,44 @@ def nested_step(B, T, H, K, V, L, seed=0, pieces=None):
     return step, list(x.values()) + params + [do]
 
 
+def fenwick_gdn2_step(B, T, H, K, V, seed=0):
+    """``(step, leaves)``: one forward+backward of ``chunk_fenwick_gdn2`` (float32, CPU) with the
+    fewest levels T allows."""
+    import torch.nn.functional as F
+
+    from optimized.fenwick_gdn2 import chunk_fenwick_gdn2
+    from reference.fenwick import min_levels
+
+    gen = torch.Generator().manual_seed(seed)
+
+    def leaf(*shape, fn=lambda x: x):
+        return fn(torch.randn(*shape, generator=gen)).requires_grad_(True)
+
+    x = {"q": leaf(B, T, H, K), "k": leaf(B, T, H, K, fn=lambda t: F.normalize(t, dim=-1)), "v": leaf(B, T, H, V),
+         "g": leaf(B, T, H, K, fn=lambda t: F.logsigmoid(t + 2.5)), "b": leaf(B, T, H, K, fn=torch.sigmoid),
+         "w": leaf(B, T, H, V, fn=torch.sigmoid), "level_scales": leaf(B, T, H, min_levels(T), fn=torch.sigmoid)}
+    do = torch.randn(B, T, H, V, generator=gen)
+
+    def step():
+        chunk_fenwick_gdn2(**x)[0].backward(do)
+
+    return step, list(x.values()) + [do]
+
+
+def _tally(step, known, title: str, path: Path):
+    """Runs ``step`` once untracked (caches, plan tables), then once tracked; writes and prints the table."""
+    from optimized.checks import finite_checks
+
+    with finite_checks(False):
+        step()
+        for t in known:
+            t.grad = None
+        events = record(step, known)
+    lines = table(events, title)
+    path.write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True)
@@ -143,30 +184,29 @@ def main(argv=None) -> int:
     parser.add_argument("--levels", type=int, nargs="+", default=[4])
     parser.add_argument("--keep-z", action="store_true",
                         help="Pieces(probe_keeps_preactivations=True) instead of the default op")
+    parser.add_argument("--op", choices=("nested", "fenwick-gdn2"), default="nested",
+                        help="fenwick-gdn2: chunk_fenwick_gdn2 (--levels ignored: the fewest T allows)")
     args = parser.parse_args(argv)
     from optimized import triton_mode
 
     if triton_mode.configure() != triton_mode.CPU_INTERPRET:
         parser.error("a CPU tally (cpu-interpret mode); on a GPU use `reads_ab --memory-at-peak`")
-    from optimized.checks import finite_checks
     from optimized.nested import Pieces
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    shape = f"B={args.B}, T={args.T}, H={args.H}, K=V={args.K}, float32"
+    if args.op == "fenwick-gdn2":
+        step, known = fenwick_gdn2_step(args.B, args.T, args.H, args.K, args.K)
+        _tally(step, known, f"Fenwick GDN-2, one forward+backward on the CPU: memory alive at its peak ({shape})",
+               out / f"memory_cpu_fenwick_gdn2_T{args.T}.md")
+        return 0
     pieces = Pieces(probe_keeps_preactivations=args.keep_z)
+    variant = "keep-z" if args.keep_z else "default"
     for L in args.levels:
         step, known = nested_step(args.B, args.T, args.H, args.K, args.K, L, pieces=pieces)
-        with finite_checks(False):
-            step()                                   # first call: plan tables, caches
-            for t in known:
-                t.grad = None
-            events = record(step, known)
-        variant = "keep-z" if args.keep_z else "default"
-        lines = table(events, f"L={L} nested ({variant}), one forward+backward on the CPU: memory alive at its peak "
-                              f"(B={args.B}, T={args.T}, H={args.H}, K=V={args.K}, float32)")
-        path = out / f"memory_cpu_L{L}_{variant}.md"
-        path.write_text("\n".join(lines) + "\n")
-        print("\n".join(lines))
+        _tally(step, known, f"L={L} nested ({variant}), one forward+backward on the CPU: memory alive at its peak "
+                            f"({shape})", out / f"memory_cpu_L{L}_{variant}.md")
     return 0
 
 

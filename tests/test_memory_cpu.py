@@ -36,3 +36,21 @@ def test_views_share_their_storage():
 
     peak, blocks, _ = peak_blocks(record(step, []))
     assert peak == MIB and len(blocks) == 1
+
+
+def test_fenwick_gdn2_tally_sees_its_saved_stacked_states():
+    """``--op fenwick-gdn2``: one step of the op on the CPU; its stacked per-chunk states (``h``,
+    written by the carry scan and kept for the backward) are alive at the peak; the inputs are not
+    counted."""
+    from bench.memory_at_peak import site
+    from bench.memory_cpu import fenwick_gdn2_step
+    from optimized.checks import finite_checks
+
+    step, known = fenwick_gdn2_step(1, 130, 1, 16, 16)
+    with finite_checks(False):
+        events = record(step, known)
+    peak, blocks, _ = peak_blocks(events)
+    sites = [site(frames)[0] for _, frames in blocks]
+    assert any("fenwick_gdn2/states.py" in s and "states_fwd" in s for s in sites), sites
+    inputs = {t.untyped_storage().data_ptr() for t in known}
+    assert not inputs & {e["addr"] for e in events if e.get("action") == "alloc"}

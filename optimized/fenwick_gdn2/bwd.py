@@ -59,19 +59,21 @@ def fenwick_gdn2_bwd(s: Saved, do: torch.Tensor, dfinal: torch.Tensor | None):
     dfinal = None if dfinal is None else dfinal.float().contiguous()
     dh, dvn, dpre0 = states_bwd(s.qg, s.kg, s.w_wy, s.gk, do_st, dv_intra, dfinal, s.mtab, s.scale, N, J, L, V,
                                 n_own, precision=precision, dtype=s.q.dtype, p=p)
-    del dv_intra, do          # the stacked dv_intra and do's float copy: not alive in fla's WY backward (the peak)
+    del dv_intra, do          # the stacked dv_intra and do's float copy: not alive in fla's WY backward
     dq, dk, dv_st, db, dw_st, dg, dL = chunk_gdn2_bwd_wy_dqkg_fused(
         q=s.q, k=s.k, v=s.v_st, v_new=s.vn, g=s.gk, b=s.b, w_gate=s.w_st, A=s.Akk,
         h=s.h, do=do_st, dh=dh, dv=dvn, scale=s.scale, chunk_size=CHUNK, **fla)
+    del dh, dvn, do_st        # spent: the stacked tensors of the backward are not alive in fla's intra backward
+
+    own = s.own_masks[None, :, None, :, None]                                 # [1, T, 1, 7, 1]
+    dv = (dv_st.view(B, T, H, NB, V)[:, :, :, J:].float() * own).sum(3) + dwv * s.w.float()   # own blocks only
+    dw = dw_st.view(B, T, H, NB, V)[:, :, :, J:].float().sum(3) + dwv * s.v.float()
+    del dv_st, dw_st          # the stacked value gradients, all blocks: only the own blocks' are used
     dAqk = dAqk + s.scale * dAqk_own
     dL = dL + dL_own
     dq, dk, db, dg = chunk_gdn2_bwd_intra(q=s.q, k=s.k, g=s.gk, b=s.b, dAqk=dAqk, dAkk=dL, dq=dq, dk=dk, db=db,
                                           dg=dg, chunk_size=CHUNK, **fla)
     dg = chunk_local_cumsum(dg, chunk_size=CHUNK, reverse=True, **fla)
-
-    own = s.own_masks[None, :, None, :, None]                                 # [1, T, 1, 7, 1]
-    dv = (dv_st.view(B, T, H, NB, V)[:, :, :, J:].float() * own).sum(3) + dwv * s.w.float()   # own blocks only
-    dw = dw_st.view(B, T, H, NB, V)[:, :, :, J:].float().sum(3) + dwv * s.v.float()
     dh0 = None
     if s.has_initial_state:
         dh0 = (initial_state_grad(dpre0[:, :, :, : J * V], s.offset, L, V) if J > 0
