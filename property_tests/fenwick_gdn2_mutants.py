@@ -83,7 +83,6 @@ ROUTER_COTANGENT_LEVEL_BELOW = Plant(router, "fenwick_router_bwd_kernel", "b_l =
                                      "b_l = tl.load(lam + o_r * L + OWN - 1 + j,")
 
 
-
 # The carries' schedule counts chunks from the call's first chunk, not from the absolute position.
 OFFSET_IGNORED_IN_CARRIES = Plant(fwd, "carry_table", "c0 = offset // CHUNK", "c0 = 0")
 
