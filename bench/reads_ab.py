@@ -211,6 +211,9 @@ def main(argv=None) -> int:
     parser.add_argument("--memory-at-peak", action="store_true",
                         help="one more step per op with the allocator history on: memory_L<L>_<op>.md lists what "
                              "is alive at the peak and which line allocated it (bench.memory_at_peak)")
+    parser.add_argument("--stage-peaks", action="store_true",
+                        help="one more step per nested op: stage_peaks_L<L>_<op>.md gives every stage's memory "
+                             "peak (bench.stage_peaks), not only the step's")
     parser.add_argument("--warmup-only", action="store_true",
                         help="one step per op and exit: fills the Triton cache (compiled kernels and autotune "
                              "candidates) for a later timed run in another process")
@@ -267,6 +270,16 @@ def main(argv=None) -> int:
                             out / f"memory_L{L}_{name}.md",
                             f"L={L} {name}: memory alive at the peak of one forward+backward "
                             f"(B={B}, T={T}, H={H}, K=V={K}, {args.dtype})", snapshot)
+                        for t in leaves:
+                            t.grad = None
+                    if args.stage_peaks and not check and name != "flat":
+                        from bench import stage_peaks
+
+                        stage_peaks.write_table(
+                            out / f"stage_peaks_L{L}_{name}.md",
+                            f"L={L} {name}: memory peak of each stage of one forward+backward "
+                            f"(B={B}, T={T}, H={H}, K=V={K}, {args.dtype})",
+                            stage_peaks.record(step), int(peak * 2 ** 30))
                         for t in leaves:
                             t.grad = None
                     if args.profile and not check and L == args.levels[0]:

@@ -56,6 +56,15 @@ def first_order_only(op: str, *xs):
     return tuple(out)
 
 
+def graph_kept() -> bool:
+    """Whether the running backward was asked to keep the graph (``retain_graph=True``).
+    An op whose backward frees its own saved state as it goes (tensors held in a Python object
+    on ``ctx``, which autograd does not free) asks this first: without the (private) query it
+    keeps everything, which is correct, only held until the graph is dropped."""
+    query = getattr(torch._C._autograd, "_get_current_graph_task_keep_graph", None)
+    return True if query is None else bool(query())
+
+
 def empty_result(shape, dtype, device, inputs):
     """Zeros of ``shape`` (a batch or head count is 0, so this holds no element) for an op
     whose kernels cannot launch an empty grid: still attached to ``inputs``' graph, so a loss

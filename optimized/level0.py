@@ -40,8 +40,7 @@ class Level0Saved:
     g_cumsum: torch.Tensor
     Aqk: torch.Tensor
     Akk: torch.Tensor
-    w_wy: torch.Tensor
-    u_wy: torch.Tensor
+    w_wy: torch.Tensor              # (fla's u, the WY values, is not kept: the backward reads v_new)
     qg: torch.Tensor
     kg: torch.Tensor
     v_new: torch.Tensor
@@ -56,7 +55,7 @@ class Level0Saved:
 
     def tensors(self):
         return [self.q, self.k, self.v, self.b, self.w, self.g_cumsum, self.Aqk, self.Akk, self.w_wy,
-                self.u_wy, self.qg, self.kg, self.v_new, self.h]
+                self.qg, self.kg, self.v_new, self.h]
 
     @classmethod
     def from_tensors(cls, tensors, scale, has_initial_state):
@@ -78,10 +77,10 @@ def level0_fwd(q, k, v, g, b, w, scale: float, initial_state=None, packed=None):
     """
     from fla.ops.gdn2.chunk_fwd import chunk_gdn2_fwd
 
-    (o, final_state, g_cumsum, Aqk, Akk, w_wy, u_wy, qg, kg, v_new, h, _) = chunk_gdn2_fwd(
+    (o, final_state, g_cumsum, Aqk, Akk, w_wy, _, qg, kg, v_new, h, _) = chunk_gdn2_fwd(
         q=q, k=k, v=v, g=g, b=b, w_gate=w, scale=scale, initial_state=initial_state,
         output_final_state=True, chunk_size=CHUNK, disable_recompute=True, **fla_varlen(packed))
-    saved = Level0Saved(q, k, v, b, w, g_cumsum, Aqk, Akk, w_wy, u_wy, qg, kg, v_new, h, scale,
+    saved = Level0Saved(q, k, v, b, w, g_cumsum, Aqk, Akk, w_wy, qg, kg, v_new, h, scale,
                         initial_state is not None, packed)
     return o, final_state, h, saved
 
@@ -127,11 +126,15 @@ def injection_slots(num_chunks: int, chunks, device) -> torch.Tensor:
 
 
 def level0_bwd(saved: Level0Saved, do, dht=None, d_ends=None, end_chunks=None, state_grad=state_grad_bwd,
-               slots=None):
+               slots=None, release: bool = False):
     """Gradients of level 0 given ``do [B, T, H, V]``, the final-state gradient ``dht``
     (float32 or None) and ``d_ends [B, S, H, K, V]`` (float32), the gradients of the
     states at the end of chunks ``end_chunks`` (S distinct 0-based chunk indices; or their
-    ``injection_slots`` precomputed as ``slots``).
+    ``injection_slots`` precomputed as ``slots``). ``release``: no second backward follows, so
+    ``saved`` drops each of fla's forward tensors once the last piece that reads it has run
+    (``Aqk`` after the intra ``dAv``, ``qg``, ``kg``, ``w_wy`` after the state gradients, ``h``,
+    ``v_new``, ``Akk`` after the WY backward): fla's intra backward, where the nested step
+    peaked (H200, L = 4), runs without them.
 
     Returns ``dq, dk, dv, dg, db, dw`` (float32, shaped like the inputs) and ``dh0``
     (float32, or None without an initial state).
@@ -157,11 +160,18 @@ def level0_bwd(saved: Level0Saved, do, dht=None, d_ends=None, end_chunks=None, s
 
     dAqk, dv = chunk_kda_bwd_dAv(q=s.q, k=s.k, v=s.v_new, do=do, A=s.Aqk, scale=s.scale, chunk_size=CHUNK,
                                  **varlen)
+    if release:
+        s.Aqk = None
     dh, dh0, dv = state_grad(s.qg, s.kg, s.w_wy, s.g_cumsum, do, dv, s.scale, dht=dht, ds=d_ends,
                              slots=slots, want_dh0=s.has_initial_state, **packed_grad)
+    if release:
+        s.qg = s.kg = s.w_wy = None
     dq, dk, dv, db, dw, dg, dAkk = chunk_gdn2_bwd_wy_dqkg_fused(
         q=s.q, k=s.k, v=s.v, v_new=s.v_new, g=s.g_cumsum, b=s.b, w_gate=s.w, A=s.Akk, h=s.h, do=do,
         dh=dh, dv=dv, scale=s.scale, chunk_size=CHUNK, **varlen)
+    del dh                      # spent (the state gradients, [B, N, H, K, V])
+    if release:
+        s.h = s.v_new = s.Akk = None
     dq, dk, db, dg = chunk_gdn2_bwd_intra(q=s.q, k=s.k, g=s.g_cumsum, b=s.b, dAqk=dAqk, dAkk=dAkk,
                                           dq=dq, dk=dk, db=db, dg=dg, chunk_size=CHUNK, **varlen)
     dg = chunk_local_cumsum(dg, chunk_size=CHUNK, reverse=True, **varlen)

@@ -147,6 +147,35 @@ def test_upper_level_buffers_released_before_level0_backward(monkeypatch, retain
     assert pairs_2_at_probe_bwd == [True, retain_graph]
 
 
+@pytest.mark.parametrize("retain_graph", [False, True], ids=["plain", "retain_graph"])
+def test_level0_forward_tensors_released_before_fla_intra_backward(monkeypatch, retain_graph):
+    """A plain backward drops what level 0's backward has spent before fla's intra backward
+    (where the step peaked: H200, L = 4, 5.66 GiB): fla's forward tensors read only by the earlier
+    pieces (``Aqk``, ``qg``, ``kg``, ``w_wy``, ``h``, ``v_new``, ``Akk``) and level 0's output, read
+    by the reads' backward only; with retain_graph=True they stay. fla's WY values ``u`` are
+    never kept (the backward reads ``v_new``)."""
+    import fla.ops.gdn2.chunk_intra as fla_intra
+
+    args = inputs(on_bucket(NestedShape(B=1, T=130, H=1, L=3, K=16, V=16)))
+    o = chunk_nested_gdn2(**args)[0]
+    saved = o.grad_fn.saved
+    assert not hasattr(saved.level0, "u_wy")
+    names = ("Aqk", "qg", "kg", "w_wy", "h", "v_new", "Akk")
+    refs = {n: weakref.ref(getattr(saved.level0, n)) for n in names} | {"o0": weakref.ref(saved.o0)}
+    at_intra = []
+    intra = fla_intra.chunk_gdn2_bwd_intra
+
+    def spy(*a, **kw):
+        at_intra.append({n: r() is not None for n, r in refs.items()})
+        return intra(*a, **kw)
+
+    monkeypatch.setattr(fla_intra, "chunk_gdn2_bwd_intra", spy)
+    del saved
+    do = torch.randn(o.shape, generator=torch.Generator().manual_seed(1)).to(o.device)
+    torch.autograd.grad(o, [args[n] for n in NAMES], do, retain_graph=retain_graph)
+    assert at_intra == [{n: retain_graph for n in refs}]
+
+
 def test_scan_block_v_splits_the_scans_alone_and_agrees():
     """``Pieces(scan_block_v=16)`` (reads_ab ``scan-bv16``): the promote scans run on V blocks of 16
     while the reads keep their default, and the op's values and gradients agree with the default

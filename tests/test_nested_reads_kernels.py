@@ -175,6 +175,13 @@ def test_reads_match_float64(name, dtype, monkeypatch):
         record("nested_reads", triton_mode.configure(), dtype, k, errors[k], bounds[k])
     assert all(errors[k] <= bounds[k] for k in errors), (errors, bounds)
     assert o.dtype == x["q"].dtype and dr.dtype == do0.dtype == dstates.dtype == torch.float32
+    # do0 asked for in the activations' dtype (the nested op's choice): the float32 one, rounded once
+    B, T, H, L, K = x["q"].shape
+    dq2 = torch.full((B, T, H, L, K), 7.0, device=DEV)
+    _, do0_act, _ = reads_bwd(x["do"], x["q"], x["r"], x["o0"], x["states"], tables.read_row, tables.row_level,
+                              tables.row_chunk_lo, tables.row_chunk_hi, meta["scale"], dq2, block_v=meta["block_v"],
+                              with_states=False, do0_dtype=x["q"].dtype)
+    assert do0_act.dtype == x["q"].dtype and torch.equal(do0_act, do0.to(x["q"].dtype))
     assert bool((dq[:, :, :, 0] == 7.0).all()), "dq level 0 was written"
     read = {tables.row_offset[ℓ] + i for ℓ, idx in enumerate(meta["read_index"]) for i in idx}
     unread = [s for s in range(dstates.shape[1]) if s not in read]

@@ -5,15 +5,16 @@ Hand-written, no autograd inside:
 1. ours (Triton, ``router.py``): ``dλ[7 + j] = Σ_v O_j ⊙ do`` (the stacked reads kept by the
    forward) and the stacked output cotangent ``do_st`` (``λ[7 + j] ⊙ do`` on bucket block j, 0 on
    own blocks).
-2. ours (Triton, ``intra.py``): the intra-chunk read's ``d(w ⊙ v)``, ``dλ[0..6]``, its
-   ``dAqk`` and its ``dL`` (through the WY inverse).
-3. fla: ``chunk_kda_bwd_dAv`` on the stacked reads: ``dAqk`` and ``dvn`` inside the chunk.
-4. ours (Triton, ``states.py``): the reverse chunk-level Fenwick scan: the gradient of every
+2. fla: ``chunk_kda_bwd_dAv`` on the stacked reads: ``dAqk`` and ``dvn`` inside the chunk.
+3. ours (Triton, ``states.py``): the reverse chunk-level Fenwick scan: the gradient of every
    chunk's end states ``dh``, the full ``dvn``, and the first chunk's pre-state gradient.
-5. fla: ``chunk_gdn2_bwd_wy_dqkg_fused`` (WY backward on the stacked values) and, with the
-   two ``dAqk`` and two ``dL`` summed, ``chunk_gdn2_bwd_intra``; ``chunk_local_cumsum``
-   (reverse) turns the cumsum gradient into ``dg``.
-6. torch: unstack ``dv``, ``dw`` (own-level masks) and add the intra read's ``d(w ⊙ v)``.
+4. fla: ``chunk_gdn2_bwd_wy_dqkg_fused`` (WY backward on the stacked values); torch: unstack
+   ``dv``, ``dw`` (own-level masks).
+5. ours (Triton, ``intra.py``): the intra-chunk read's ``d(w ⊙ v)``, ``dλ[0..6]``, its
+   ``dAqk`` and its ``dL`` (through the WY inverse), added to ``dv``, ``dw``; run after the
+   stacked pieces, so that its per-token outputs are not alive where the step peaks (4).
+6. fla: with the two ``dAqk`` and two ``dL`` summed, ``chunk_gdn2_bwd_intra``;
+   ``chunk_local_cumsum`` (reverse) turns the cumsum gradient into ``dg``.
 """
 from __future__ import annotations
 
@@ -26,8 +27,12 @@ from optimized.fenwick_gdn2.router import router_bwd
 from optimized.fenwick_gdn2.states import CHUNK, OWN_LEVELS, states_bwd
 
 
-def fenwick_gdn2_bwd(s: Saved, do: torch.Tensor, dfinal: torch.Tensor | None):
-    """Returns ``dq, dk, dv, dg, db, dw, dλ, d initial_state`` (float32; the last None without one)."""
+def fenwick_gdn2_bwd(s: Saved, do: torch.Tensor, dfinal: torch.Tensor | None, release: bool = False):
+    """Returns ``dq, dk, dv, dg, db, dw, dλ, d initial_state`` (float32; the last None without one).
+    ``release``: the graph is not kept (no second backward), so ``s`` drops each stacked tensor
+    once it is spent: the reads after the router's backward, ``h``, ``vn``, ``v_st``, ``w_st``
+    after fla's WY backward (the step peaks there; the reads are one stacked tensor of the
+    fourteen alive at that peak); ``qg``, ``kg``, ``w_wy`` after the reverse carry scan."""
     from fla.ops.gdn2.chunk_bwd import chunk_gdn2_bwd_wy_dqkg_fused
     from fla.ops.gdn2.chunk_intra import chunk_gdn2_bwd_intra
     from fla.ops.kda.chunk_bwd import chunk_kda_bwd_dAv
@@ -42,15 +47,15 @@ def fenwick_gdn2_bwd(s: Saved, do: torch.Tensor, dfinal: torch.Tensor | None):
     N = s.h.shape[1]
     p = s.packing
     fla = {} if p is None else p.fla()
+    do_out, Aqk = do, s.Aqk   # for the intra backward, last (``do`` is the caller's, alive anyway)
     do = do.float().contiguous()
 
     dlam = torch.zeros(B, T, H, L, device=do.device, dtype=torch.float32)
     precision = dot_precision(s.q.dtype)
-    dwv, dlam_own, dAqk_own, dL_own = intra_bwd(s.v, s.w, s.lam, s.Aqk, s.Akk, do, precision=precision, p=p)
-    n_intra = min(INTRA_LEVELS, L)
-    dlam[..., :n_intra] = dlam_own[..., :n_intra]
     if J > 0:                                              # do_st: what fla's pieces read
         do_st = router_bwd(do, s.reads, s.lam, dlam, J, NB, s.q.dtype)
+        if release:
+            s.reads = None
     else:
         do_st = torch.zeros(B, T, H, NB * V, device=do.device, dtype=s.q.dtype)
 
@@ -60,15 +65,29 @@ def fenwick_gdn2_bwd(s: Saved, do: torch.Tensor, dfinal: torch.Tensor | None):
     dh, dvn, dpre0 = states_bwd(s.qg, s.kg, s.w_wy, s.gk, do_st, dv_intra, dfinal, s.mtab, s.scale, N, J, L, V,
                                 n_own, precision=precision, dtype=s.q.dtype, p=p)
     del dv_intra, do          # the stacked dv_intra and do's float copy: not alive in fla's WY backward
+    if release:               # read by the reverse scan only
+        s.qg = s.kg = s.w_wy = None
     dq, dk, dv_st, db, dw_st, dg, dL = chunk_gdn2_bwd_wy_dqkg_fused(
         q=s.q, k=s.k, v=s.v_st, v_new=s.vn, g=s.gk, b=s.b, w_gate=s.w_st, A=s.Akk,
         h=s.h, do=do_st, dh=dh, dv=dvn, scale=s.scale, chunk_size=CHUNK, **fla)
     del dh, dvn, do_st        # spent: the stacked tensors of the backward are not alive in fla's intra backward
+    if release:               # and the forward's: only the own blocks' masks are read from here on
+        s.h = s.vn = s.v_st = s.w_st = None
 
     own = s.own_masks[None, :, None, :, None]                                 # [1, T, 1, 7, 1]
-    dv = (dv_st.view(B, T, H, NB, V)[:, :, :, J:].float() * own).sum(3) + dwv * s.w.float()   # own blocks only
-    dw = dw_st.view(B, T, H, NB, V)[:, :, :, J:].float().sum(3) + dwv * s.v.float()
+    dv = (dv_st.view(B, T, H, NB, V)[:, :, :, J:].float() * own).sum(3)     # own blocks only
+    dw = dw_st.view(B, T, H, NB, V)[:, :, :, J:].float().sum(3)
     del dv_st, dw_st          # the stacked value gradients, all blocks: only the own blocks' are used
+
+    # the intra read's backward after the stacked pieces: its four per-token outputs are not
+    # alive at their peak (fla's WY backward)
+    dwv, dlam_own, dAqk_own, dL_own = intra_bwd(s.v, s.w, s.lam, Aqk, s.Akk, do_out.float().contiguous(),
+                                                precision=precision, p=p)
+    del Aqk
+    n_intra = min(INTRA_LEVELS, L)
+    dlam[..., :n_intra] = dlam_own[..., :n_intra]
+    dv += dwv * s.w.float()
+    dw += dwv * s.v.float()
     dAqk = dAqk + s.scale * dAqk_own
     dL = dL + dL_own
     dq, dk, db, dg = chunk_gdn2_bwd_intra(q=s.q, k=s.k, g=s.gk, b=s.b, dAqk=dAqk, dAkk=dL, dq=dq, dk=dk, db=db,
@@ -81,20 +100,21 @@ def fenwick_gdn2_bwd(s: Saved, do: torch.Tensor, dfinal: torch.Tensor | None):
     return dq, dk, dv, dg, db, dw, dlam, dh0
 
 
-def fenwick_gdn2_bwd_with_tail(s: Saved, tail: Saved | None, do: torch.Tensor, dfinal: torch.Tensor | None):
+def fenwick_gdn2_bwd_with_tail(s: Saved, tail: Saved | None, do: torch.Tensor, dfinal: torch.Tensor | None,
+                               release: bool = False):
     """The backward of ``fenwick_gdn2_fwd``: the main pass's, and with the last chunk's split pass
     (``tail``) and a final-state gradient, that pass's for levels 0 … 6 added on the last chunk
     (in a packed row on every sequence's last chunk, the tail row's ``rows``).
     The main pass then sees no gradient on levels 0 … 6 (its own block's end is not a final state)."""
     if tail is None or dfinal is None:
-        return fenwick_gdn2_bwd(s, do, dfinal)
+        return fenwick_gdn2_bwd(s, do, dfinal, release)
     L = s.lam.shape[-1]
     n = min(OWN_LEVELS, L)
     dfinal_main = dfinal.clone()
     dfinal_main[:, :, :n] = 0
-    grads = list(fenwick_gdn2_bwd(s, do, dfinal_main))
+    grads = list(fenwick_gdn2_bwd(s, do, dfinal_main, release))
     T_tail = tail.q.shape[1]
-    tail_grads = fenwick_gdn2_bwd(tail, do.new_zeros(do.shape[0], T_tail, *do.shape[2:]), dfinal)
+    tail_grads = fenwick_gdn2_bwd(tail, do.new_zeros(do.shape[0], T_tail, *do.shape[2:]), dfinal, release)
     if tail.packing is None:
         t0 = last_chunk_start(s.q.shape[1])
         for i in range(7):                                                     # dq … dλ

@@ -1,12 +1,14 @@
 """Entry point and autograd wrapper of the chunked Fenwick GDN-2 memory."""
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
-from optimized.autograd import empty_result, first_order_only
+from optimized.autograd import empty_result, first_order_only, graph_kept
 from optimized.checks import KERNEL_DTYPES, check_finite_activations, check_kernel_device, check_kernel_dtype
 from optimized.fenwick_gdn2.bwd import fenwick_gdn2_bwd_with_tail
-from optimized.fenwick_gdn2.fwd import Saved, fenwick_gdn2_fwd, stacked_blocks
+from optimized.fenwick_gdn2.fwd import fenwick_gdn2_fwd, stacked_blocks
 from optimized.fenwick_gdn2.packing import packing
 from optimized.fenwick_gdn2.states import CHUNK, OWN_LEVELS
 from reference.fenwick import check_level_scales, min_levels
@@ -28,15 +30,12 @@ def max_head_dim(device_type: str) -> int:
     return MAX_HEAD_DIM_CUDA if device_type == "cuda" else MAX_HEAD_DIM
 
 
-def _meta(saved):
-    return dict(scale=saved.scale, J=saved.J, offset=saved.offset, has_initial_state=saved.has_initial_state,
-                packing=saved.packing)
-
-
-def _unpack(tensors: list, has_reads: bool, meta: dict) -> Saved:
-    if not has_reads:
-        tensors.insert(Saved.TENSORS.index("reads"), None)
-    return Saved.from_tensors(tensors, **meta)
+# The caller's tensors among the saved ones: kept with ``save_for_backward`` (autograd's check that
+# they were not modified in place before the backward). Everything else the forward made is held
+# in Python objects on ``ctx``, which autograd does not free, so that a backward that does not
+# keep the graph frees each stacked tensor as soon as it is spent (``fenwick_gdn2_bwd``'s
+# ``release``: the step peaks in fla's WY backward with every stacked tensor alive).
+_INPUTS = ("q", "k", "v", "b", "w", "lam")
 
 
 class ChunkFenwickGDN2Function(torch.autograd.Function):
@@ -46,21 +45,26 @@ class ChunkFenwickGDN2Function(torch.autograd.Function):
         p = None if cu_seqlens is None else packing(cu_seqlens, bounds)
         o, final, saved, tail = fenwick_gdn2_fwd(q, k, v, g, b, w, level_scales, scale, initial_state, offset,
                                                  split_final=output_final_state, p=p)
-        parts = [saved] + ([tail] if tail is not None else [])
-        lists = [[t for t in p.tensors() if t is not None] for p in parts]
-        ctx.save_for_backward(*[t for tensors in lists for t in tensors])
-        ctx.layout = [(len(tensors), p.reads is not None, _meta(p)) for tensors, p in zip(lists, parts)]
+        ctx.save_for_backward(*(getattr(saved, n) for n in _INPUTS))
+        for n in _INPUTS:
+            setattr(saved, n, None)
+        ctx.parts = (saved, tail)
         return o, (final if output_final_state else None)
 
     @staticmethod
     def backward(ctx, do, dfinal):
-        tensors, parts = list(ctx.saved_tensors), []
-        for count, has_reads, meta in ctx.layout:
-            parts.append(_unpack(tensors[:count], has_reads, meta))
-            tensors = tensors[count:]
-        saved, tail = parts[0], (parts[1] if len(parts) > 1 else None)
-        dq, dk, dv, dg, db, dw, dlam, dh0 = fenwick_gdn2_bwd_with_tail(saved, tail, do, dfinal)
-        q = saved.q
+        if ctx.parts is None:
+            raise RuntimeError("chunk_fenwick_gdn2: backward through the same graph a second time, but the "
+                               "saved tensors were freed after the first; pass retain_graph=True to the "
+                               "first backward")
+        saved, tail = ctx.parts
+        kept = graph_kept()
+        inputs = dict(zip(_INPUTS, ctx.saved_tensors))
+        saved = dataclasses.replace(saved, **inputs)          # ctx's object keeps no input reference
+        if not kept:
+            ctx.parts = None            # the backward frees what it has spent (as autograd frees saved tensors)
+        dq, dk, dv, dg, db, dw, dlam, dh0 = fenwick_gdn2_bwd_with_tail(saved, tail, do, dfinal, release=not kept)
+        q = inputs["q"]
         return (dq.to(q.dtype), dk.to(q.dtype), dv.to(q.dtype), dg.to(q.dtype), db.to(q.dtype), dw.to(q.dtype),
                 dlam.to(q.dtype), dh0, None, None, None, None, None)
 

@@ -105,14 +105,15 @@ def nested_bwd(saved: NestedSaved, do, dfinals, release: bool = False):
     if release:             # and the stored states and probe outputs, which only `saved` still holds
         dstates_of = None                   # (its closure holds the states)
         s.release_upper_levels()
-    do0 = do0.to(s.level0.v.dtype)          # the cast level0_bwd makes, done here: the float32 one is freed
+    do0 = do0.to(s.level0.v.dtype)          # the dtype level0_bwd reads (the reads' kernel writes it so)
+    h = ht0 = None                          # level 0's h is freed inside its backward once spent
 
     # level 0: fla's backward with the injected end-of-chunk gradients
     with record_function("nested.level0_bwd"):
         dq0, dk, dv, dg, db, dw, dh0 = level0_bwd(
             s.level0, do0, dht=None if dfinals[0] is None else dfinals[0].float().contiguous(),
             d_ends=d_ends, end_chunks=plan.sources[1] if L > 1 else (), state_grad=s.pieces.state_grad,
-            slots=tables.slots)
+            slots=tables.slots, release=release)
         dq[:, :, :, 0] = dq0
     dinit[0] = dh0 if s.has_initial[0] else None
     return dq, dk, dv, dg, db, dw, dr, dinit, dparams

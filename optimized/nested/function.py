@@ -6,7 +6,7 @@ import contextlib
 import torch
 
 from optimized import triton_mode  # noqa: F401  (device mode before fla)
-from optimized.autograd import empty_result, first_order_only
+from optimized.autograd import empty_result, first_order_only, graph_kept
 from optimized.checks import KERNEL_DTYPES, check_finite_activations, check_kernel_device, check_kernel_dtype
 from optimized.gdn2 import MAX_HEAD_DIM
 from optimized.nested.bwd import nested_bwd
@@ -19,15 +19,6 @@ from reference.validation import sequences
 def _device_of(x: torch.Tensor):
     """Launch on ``x``'s GPU (Triton launches on the current device), as fla's input_guard does."""
     return torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext()
-
-
-def _graph_kept() -> bool:
-    """Whether the running backward was asked to keep the graph (``retain_graph=True``).
-    The saved state is a Python object, not ``save_for_backward`` tensors, so autograd does
-    not free it; we free it ourselves unless the graph is kept. Without the (private) query
-    we keep it: correct, just held until the graph is dropped."""
-    query = getattr(torch._C._autograd, "_get_current_graph_task_keep_graph", None)
-    return True if query is None else bool(query())
 
 
 class NestedGDN2Function(torch.autograd.Function):
@@ -56,7 +47,7 @@ class NestedGDN2Function(torch.autograd.Function):
         q = saved.q
         if do is None:
             do = torch.zeros(q.shape[:3] + (saved.o0.shape[-1],), dtype=torch.float32, device=q.device)
-        kept = _graph_kept()
+        kept = graph_kept()   # the saved state is a Python object: freed here unless kept
         with _device_of(q):
             dq, dk, dv, dg, db, dw, dr, dinit, dparams = nested_bwd(saved, do, list(dfinals), release=not kept)
         ins = meta["inputs"]

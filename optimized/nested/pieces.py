@@ -34,14 +34,16 @@ def reads_router_fwd(q, r, o0, states, plan, tables, scale, block_v=None):
 
 
 def reads_router_bwd(do, q, r, o0, states, plan, tables, scale, dq, block_v=None, states_block_v=None):
-    """Its backward (``reads_bwd``): ``dq`` levels ≥ 1 in place; returns ``(dr, do0, dstates_of)``,
+    """Its backward (``reads_bwd``): ``dq`` levels ≥ 1 in place; returns ``(dr, do0, dstates_of)``
+    (``do0`` in q's dtype, what level 0's backward reads),
     ``dstates_of(ℓ)`` level ℓ's state gradients ``[B, F_ℓ + 1, H, K, V]`` float32, made when asked
     for (``reads_bwd_states``: the nested backward holds at most two levels' at a time).
     ``states_block_v``: the state-gradient kernel's V block alone (None: ``block_v``)."""
     do = do.to(q.dtype)
     bounds = _chunk_bounds(tables)
     dr, do0, _ = reads_bwd(do, q, r, o0, states, tables.read_row, tables.row_level, tables.row_chunk_lo,
-                           tables.row_chunk_hi, scale, dq, block_v=block_v, with_states=False, chunk_bounds=bounds)
+                           tables.row_chunk_hi, scale, dq, block_v=block_v, with_states=False, chunk_bounds=bounds,
+                           do0_dtype=q.dtype)
 
     def dstates_of(ℓ):
         return reads_bwd_states(do, q, r, o0, states, tables.read_row, tables.row_level, tables.row_chunk_lo,

@@ -75,7 +75,7 @@ def reads_bwd_tokens_kernel(
         b_do = tl.load(do + tok[:, None] * V + o_v[None, :], mask=m_tv, other=0.0).to(tl.float32)
         b_o0 = tl.load(o0 + tok[:, None] * V + o_v[None, :], mask=m_tv, other=0.0).to(tl.float32)
         b_dp0 += tl.sum(b_do * b_o0, axis=1)
-        tl.store(do0 + tok[:, None] * V + o_v[None, :], b_p0[:, None] * b_do, mask=m_tv)
+        tl.store(do0 + tok[:, None] * V + o_v[None, :], (b_p0[:, None] * b_do).to(do0.dtype.element_ty), mask=m_tv)
     b_dp = tl.where(o_l[None, :] == 0, b_dp0[:, None], 0.0)
 
     for l in range(1, L):
@@ -157,9 +157,12 @@ def token_blocks(BK: int, BV: int) -> tuple[int, int, int]:
 def reads_bwd(do: torch.Tensor, q: torch.Tensor, r: torch.Tensor, o0: torch.Tensor, states: torch.Tensor,
               read_row: torch.Tensor, row_level: torch.Tensor, row_chunk_lo: torch.Tensor,
               row_chunk_hi: torch.Tensor, scale: float, dq: torch.Tensor, *, block_v: int | None = None,
-              with_states: bool = True, chunk_bounds: torch.Tensor | None = None):
+              with_states: bool = True, chunk_bounds: torch.Tensor | None = None,
+              do0_dtype: torch.dtype = torch.float32):
     """Gradients of ``reads_fwd`` (module docstring). Returns ``(dr [B, T, H, L], do0 [B, T, H, V],
-    dstates [B, S, H, K, V])``, all float32, and writes ``dq[:, :, :, 1:]`` in place.
+    dstates [B, S, H, K, V])``, float32 (``do0`` in ``do0_dtype``: the nested op asks for the
+    activations' dtype, which level 0's backward reads; the one rounding it gets anyway, made on
+    store), and writes ``dq[:, :, :, 1:]`` in place.
 
     ``do [B, T, H, V]`` in q's dtype (exact in it: bf16 dots take it as is); the other inputs
     as in ``reads_fwd``; ``row_level, row_chunk_lo, row_chunk_hi int32 [S]`` (``read_tables``);
@@ -177,7 +180,9 @@ def reads_bwd(do: torch.Tensor, q: torch.Tensor, r: torch.Tensor, o0: torch.Tens
     BKA, BVA, warps_a = token_blocks(BK, BV)
     f32 = torch.float32
     dr = torch.empty(B, T, H, L, dtype=f32, device=q.device)
-    do0 = torch.empty(B, T, H, V, dtype=f32, device=q.device)
+    if do0_dtype not in (f32, q.dtype):
+        raise ValueError(f"do0_dtype must be torch.float32 or q's dtype {q.dtype}, got {do0_dtype}")
+    do0 = torch.empty(B, T, H, V, dtype=do0_dtype, device=q.device)
     dstates = None
     if B * H == 0:
         return dr, do0, (torch.empty(B, S, H, K, V, dtype=f32, device=q.device) if with_states else None)
