@@ -15,8 +15,9 @@ by ``torch.empty``, which is seen). Every term of the nested op's memory is line
 fractions of a large one at the same ``K, V, L``, intervals and query ladder; float32 runs
 hold per-token activations at twice their bf16 size (the table shows each site's dtypes).
 
-    python -m bench.memory_cpu --out DIR [-T 512] [-K 128] [--levels 4]
+    python -m bench.memory_cpu --out DIR [-T 512] [-K 128] [--levels 4] [--stage-peaks]
       -> DIR/memory_cpu_L<L>_<variant>.md  (CPU interpreter, float32; about a minute at the defaults)
+         DIR/stage_peaks_cpu_L<L>_<variant>.md  (with --stage-peaks: every stage's peak, bench.stage_peaks)
     python -m bench.memory_cpu --out DIR --op fenwick-gdn2 -T 1024 -K 64
       -> DIR/memory_cpu_fenwick_gdn2_T<T>.md  (Fenwick GDN-2: its stacked tensors grow with the
          bucket blocks J + 1, the bit length of the last chunk index, so T sets the proportions)
@@ -46,6 +47,8 @@ class LiveStorages(TorchDispatchMode):
         self.events: list = []
         self.known = set(known)
         self.live: dict = {}        # data pointer -> number of live tracked tensors on it
+        self.sizes: dict = {}       # data pointer -> bytes, while alive
+        self.total = self.high = 0  # bytes alive now, and the most since ``high`` was last reset
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
@@ -65,6 +68,9 @@ class LiveStorages(TorchDispatchMode):
             self.events.append({"action": "alloc", "addr": ptr, "size": size, "frames": frames,
                                 "dtype": str(t.dtype).replace("torch.", "")})
             self.live[ptr] = 0
+            self.sizes[ptr] = size
+            self.total += size
+            self.high = max(self.high, self.total)
         self.live[ptr] += 1
         weakref.finalize(t, self._release, ptr)
 
@@ -73,6 +79,23 @@ class LiveStorages(TorchDispatchMode):
         if self.live[ptr] == 0:
             del self.live[ptr]
             self.events.append({"action": "free_completed", "addr": ptr})
+            self.total -= self.sizes.pop(ptr)
+
+
+class TrackerCounter:
+    """``bench.stage_peaks``'s counter over a ``LiveStorages`` tracker: each stage's peak on the CPU."""
+
+    def __init__(self, tracker: LiveStorages):
+        self.tracker = tracker
+
+    def reset(self):
+        self.tracker.high = self.tracker.total
+
+    def peak(self) -> int:
+        return self.tracker.high
+
+    def now(self) -> int:
+        return self.tracker.total
 
 
 def storages_of(tensors) -> set:
@@ -160,8 +183,10 @@ def fenwick_gdn2_step(B, T, H, K, V, seed=0):
     return step, list(x.values()) + [do]
 
 
-def _tally(step, known, title: str, path: Path):
-    """Runs ``step`` once untracked (caches, plan tables), then once tracked; writes and prints the table."""
+def _tally(step, known, title: str, path: Path, stages: Path | None = None):
+    """Runs ``step`` once untracked (caches, plan tables), then once tracked; writes and prints the
+    table. ``stages``: also run it once more with every stage's peak (``bench.stage_peaks``) and
+    write that table there."""
     from optimized.checks import finite_checks
 
     with finite_checks(False):
@@ -169,6 +194,16 @@ def _tally(step, known, title: str, path: Path):
         for t in known:
             t.grad = None
         events = record(step, known)
+        for t in known:
+            t.grad = None
+        if stages is not None:
+            from bench import stage_peaks
+
+            tracker = LiveStorages(storages_of(known))
+            with tracker:
+                peaks = stage_peaks.record(step, counter=TrackerCounter(tracker))
+            stage_peaks.write_table(stages, title.replace("memory alive at its peak", "memory peak of each stage"),
+                                    peaks, peak_blocks(events)[0])
     lines = table(events, title)
     path.write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
@@ -186,6 +221,8 @@ def main(argv=None) -> int:
                         help="Pieces(probe_keeps_preactivations=True) instead of the default op")
     parser.add_argument("--op", choices=("nested", "fenwick-gdn2"), default="nested",
                         help="fenwick-gdn2: chunk_fenwick_gdn2 (--levels ignored: the fewest T allows)")
+    parser.add_argument("--stage-peaks", action="store_true",
+                        help="nested: also every stage's peak (bench.stage_peaks) in stage_peaks_cpu_L<L>_<variant>.md")
     args = parser.parse_args(argv)
     from optimized import triton_mode
 
@@ -206,7 +243,8 @@ def main(argv=None) -> int:
     for L in args.levels:
         step, known = nested_step(args.B, args.T, args.H, args.K, args.K, L, pieces=pieces)
         _tally(step, known, f"L={L} nested ({variant}), one forward+backward on the CPU: memory alive at its peak "
-                            f"({shape})", out / f"memory_cpu_L{L}_{variant}.md")
+                            f"({shape})", out / f"memory_cpu_L{L}_{variant}.md",
+               stages=out / f"stage_peaks_cpu_L{L}_{variant}.md" if args.stage_peaks else None)
     return 0
 
 

@@ -25,6 +25,9 @@ heads. Variants (``--variants``, default all):
 - ``rstates-bv32``, ``rstates-bv64``: the default op with V blocks of 32 / 64 in the reads'
   state-gradient kernel alone (``reads_router_bwd(states_block_v=…)``; default 128 at K ≤ 128,
   ``reads_bwd.states_block_v``; 32 until 2026-12-02);
+- ``states-one-buffer``: the default op with every upper level's stored states in one allocation
+  (``Pieces(split_stored_states=False)``; the default holds level 1's rows and the higher levels'
+  in two, and frees the second after level 2's reverse scan);
 - ``gates-triton``: the default op with the fused probe's gates (l2norm, sigmoids, softplus and its
   reduction, and their backward) in one Triton kernel per pass (``optimized.nested.probe_gates``).
 
@@ -107,7 +110,7 @@ def _floor_ms(name, B, T, H, K, L, dtype, rates) -> tuple[float, float]:
 
 VARIANTS = ("torch", "generic", "fused-ieee", "scan-tf32", "triton", "triton+check", "bv16", "bv64", "keep-z", "scan-2phase",
             "scan-bv16", "bn16", "bn64", "gates-triton", "gates-torch", "scan-2phase-bn16", "rstates-bv32",
-            "rstates-bv64")
+            "rstates-bv64", "states-one-buffer")
 
 
 def _ops(B, T, H, K, V, L, dtype, seed, names=VARIANTS, device="cuda"):
@@ -154,6 +157,9 @@ def _ops(B, T, H, K, V, L, dtype, seed, names=VARIANTS, device="cuda"):
         # program per stored row and head; at 32, four, each recomputing the router and p ⊙ q)
         "rstates-bv32": Pieces(reads_bwd=partial(reads_router_bwd, states_block_v=32)),
         "rstates-bv64": Pieces(reads_bwd=partial(reads_router_bwd, states_block_v=64)),
+        # every upper level's stored states in one allocation, alive until level 1's reverse scan
+        # (the default splits off the levels ≥ 2, freed after level 2's scan)
+        "states-one-buffer": Pieces(split_stored_states=False),
     }
     for name in names:
         if name == "flat":

@@ -81,14 +81,16 @@ def record(step, modules=None, counter=None) -> dict:
 
 
 def write_table(path, title: str, peaks: dict, total_peak: int | None = None) -> str:
-    """A markdown table of ``peaks`` (highest first) with each stage's share of the highest."""
+    """A markdown table of ``peaks`` (highest first) with each stage's share of the highest; in
+    GiB, or MiB when the highest is under 1 GiB (the CPU tally's small shapes)."""
     top = max(peaks.values(), default=0)
+    unit, size = ("GiB", GIB) if top >= GIB else ("MiB", 2 ** 20)
     lines = [f"# {title}", ""]
     if total_peak is not None:
-        lines += [f"Peak of the whole step (allocator): {total_peak / GIB:.3f} GiB on top of its inputs.", ""]
-    lines += ["| stage | peak GiB | of the highest |", "|---|---|---|"]
+        lines += [f"Peak of the whole step: {total_peak / size:.3f} {unit} on top of its inputs.", ""]
+    lines += [f"| stage | peak {unit} | of the highest |", "|---|---|---|"]
     for name, value in sorted(peaks.items(), key=lambda kv: -kv[1]):
-        lines.append(f"| `{name}` | {value / GIB:.3f} | {value / top if top else 0:.1%} |")
+        lines.append(f"| `{name}` | {value / size:.3f} | {value / top if top else 0:.1%} |")
     text = "\n".join(lines) + "\n"
     if path is not None:
         with open(path, "w") as f:

@@ -54,3 +54,32 @@ def test_fenwick_gdn2_tally_sees_its_saved_stacked_states():
     assert any("fenwick_gdn2/states.py" in s and "states_fwd" in s for s in sites), sites
     inputs = {t.untyped_storage().data_ptr() for t in known}
     assert not inputs & {e["addr"] for e in events if e.get("action") == "alloc"}
+
+
+def test_stage_peaks_on_the_cpu_tracker():
+    """``bench.stage_peaks`` over the tracker's running total (``TrackerCounter``): each stage's
+    own peak above the step's start, inputs not counted, the running total back to what is alive."""
+    import contextlib
+    import types
+
+    from bench import stage_peaks
+    from bench.memory_cpu import LiveStorages, TrackerCounter, storages_of
+
+    x = torch.zeros(MIB // 4)                            # an input: not counted
+    module = types.SimpleNamespace(record_function=lambda name: contextlib.nullcontext())
+
+    def step():
+        with module.record_function("big"):
+            a = torch.ones(2 * MIB // 4)                 # 2 MiB, freed in the stage
+            del a
+        keep = torch.ones(MIB // 4)                      # 1 MiB between the stages, kept
+        with module.record_function("small"):
+            b = torch.ones(MIB // 8)                     # 0.5 MiB on top of the kept 1 MiB
+            del b
+        return keep
+
+    tracker = LiveStorages(storages_of([x]))
+    with tracker:
+        peaks = stage_peaks.record(step, modules=[module], counter=TrackerCounter(tracker))
+    assert peaks == {stage_peaks.BETWEEN: MIB, "big": 2 * MIB, "small": MIB + MIB // 2}
+    assert tracker.total == 0                            # everything the step made is gone

@@ -114,7 +114,8 @@ def test_level1_snapshots_from_the_cached_tables(T, intervals):
 @pytest.mark.parametrize("retain_graph", [False, True], ids=["plain", "retain_graph"])
 def test_upper_level_buffers_released_before_level0_backward(monkeypatch, retain_graph):
     """A plain backward drops the stored states once level 1's scan is done (before level 1's
-    probe backward, where the step peaked: H200, 6.58 GiB at L = 4), each level's probe outputs
+    probe backward, where the step peaked: H200, 6.58 GiB at L = 4), those of levels ≥ 2 (their
+    own allocation) once level 2's scan is done, each level's probe outputs
     after its own probe backward, and the probes' outputs before level 0's backward; with
     retain_graph=True they stay (a second backward needs them, and agrees:
     tests/test_nested_optimized_errors.py)."""
@@ -123,7 +124,8 @@ def test_upper_level_buffers_released_before_level0_backward(monkeypatch, retain
     saved = o.grad_fn.saved
     states, pairs = weakref.ref(saved.states), weakref.ref(saved.probes[1][0][0])
     pairs_2 = weakref.ref(saved.probes[2][0][0])
-    alive, states_at_probe_bwd, pairs_2_at_probe_bwd = {}, [], []
+    higher = weakref.ref(saved.states.hi)                  # level 2's rows: their own allocation
+    alive, states_at_probe_bwd, pairs_2_at_probe_bwd, higher_at_probe_bwd = {}, [], [], []
     level0_bwd, probe_bwd = nested_bwd_module.level0_bwd, nested_bwd_module.probe_bwd
 
     def spy(*a, **kw):
@@ -132,6 +134,7 @@ def test_upper_level_buffers_released_before_level0_backward(monkeypatch, retain
 
     def probe_spy(*a, **kw):
         states_at_probe_bwd.append(states() is not None)
+        higher_at_probe_bwd.append(higher() is not None)
         pairs_2_at_probe_bwd.append(pairs_2() is not None)
         return probe_bwd(*a, **kw)
 
@@ -145,6 +148,8 @@ def test_upper_level_buffers_released_before_level0_backward(monkeypatch, retain
     assert states_at_probe_bwd == [True, retain_graph]
     # level 2's probe outputs are spent after its own probe backward: gone at level 1's
     assert pairs_2_at_probe_bwd == [True, retain_graph]
+    # level 2's stored states are spent after its own scan: gone at both probe backwards
+    assert higher_at_probe_bwd == [retain_graph, retain_graph]
 
 
 @pytest.mark.parametrize("retain_graph", [False, True], ids=["plain", "retain_graph"])
@@ -200,6 +205,26 @@ def test_scan_block_v_splits_the_scans_alone_and_agrees():
     assert seen == [16, 16]
     for want, got in zip(*results):
         assert torch.allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_stored_states_in_one_allocation_agree_bit_for_bit():
+    """``Pieces(split_stored_states=False)`` (reads_ab ``states-one-buffer``): every upper level's
+    stored states in one allocation instead of level 1's and the higher levels' apart; the same
+    operations on the same rows, so the op's values and gradients are bit-identical (L = 4: the
+    reads of levels 2 and 3 come from the second allocation in the default)."""
+    from optimized.nested import Pieces, _nested
+
+    results, his = [], []
+    for pieces in (Pieces(), Pieces(split_stored_states=False)):
+        args = inputs(on_bucket(NestedShape(B=2, T=200, H=2, L=4, K=16, V=16)))
+        o = _nested(pieces=pieces, **args)[0]
+        his.append(o.grad_fn.saved.states.hi.shape[1])
+        leaves = [args[n] for n in NAMES]
+        do = torch.randn(o.shape, generator=torch.Generator().manual_seed(1)).to(o.device)
+        results.append([o, *torch.autograd.grad(o, leaves, do)])
+    assert his[0] > 0 and his[1] == 0
+    for want, got in zip(*results):
+        assert torch.equal(got, want)
 
 
 @pytest.mark.parametrize("scheme", ["learned", "merge"])

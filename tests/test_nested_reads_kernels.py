@@ -290,3 +290,40 @@ def test_a_mutant_whose_text_is_gone_fails_loudly():
         with planted(Plant(_BWD, "reads_bwd_tokens_kernel", "b_o0", "x")):
             pass
     assert reads_bwd_module.reads_bwd_tokens_kernel is original
+
+
+# the higher levels' rows read one row early (clamped to the allocation's first): in range, wrong
+SPLIT_MUTANT = Plant(_FWD, "state_row", "(i_row - S_LO)) * H + i_h) * K * V",
+                     "tl.maximum(i_row - S_LO - 1, 0)) * H + i_h) * K * V",
+                     rebind=((_FWD, "reads_fwd_kernel"), (_BWD, "reads_bwd_tokens_kernel")))
+
+
+def split_run(name, mutant=False):
+    """The case on one buffer, then on the same rows split at level 1's (``StoredStates``)."""
+    from optimized.nested.stored_states import StoredStates
+
+    x, tables, meta = make_case(name)
+    whole = run(x, tables, meta["scale"], meta["block_v"])
+    S1 = tables.row_offset[2]                       # level 1's rows come first
+    split = {**x, "states": StoredStates(x["states"][:, :S1].clone(), x["states"][:, S1:].clone(),
+                                         x["states"].shape[1])}
+    with planted(SPLIT_MUTANT) if mutant else contextlib.nullcontext():
+        parts = run(split, tables, meta["scale"], meta["block_v"])
+    return whole, parts
+
+
+@pytest.mark.parametrize("name", ["L4_extreme", "L3_two_key_blocks"])
+def test_rows_split_in_two_allocations_read_the_same(name):
+    """The reads kernels on the stored rows held as level 1's and the higher levels' allocations
+    (the nested op's layout, ``optimized.nested.stored_states``) equal the one-buffer run bit for
+    bit (``o, dq, dr, do0, dstates``): every level above 1 reads rows of the second allocation."""
+    whole, parts = split_run(name)
+    for a, b in zip(whole, parts):
+        assert torch.equal(a, b)
+
+
+def test_rows_split_in_two_allocations_catch_a_shifted_row():
+    """The broken twin (``SPLIT_MUTANT``) reads the second allocation one row early: the output
+    and the router gradient no longer match the one-buffer run."""
+    (o, dq, dr, *_), (o_m, dq_m, dr_m, *_) = split_run("L4_extreme", mutant=True)
+    assert rel(o_m, o) > MUTANT_MIN_ERROR and rel(dr_m, dr) > MUTANT_MIN_ERROR

@@ -1,8 +1,9 @@
 """Production Nested GDN-2 (SPEC sections 2 and 3): ``chunk_nested_gdn2``.
 
 Layout (fla's op shape): ``plan`` (the schedule), ``probe``, ``reads_torch`` / ``reads_fwd`` /
-``reads_bwd`` (the upper levels' reads and the router), ``probe_fused`` (the built-in schemes'
-probe with its hand-written backward), ``fwd`` and ``bwd`` (launch functions),
+``reads_bwd`` (the upper levels' reads and the router), ``stored_states`` (the rows they read),
+``probe_fused`` (the built-in schemes' probe with its hand-written backward), ``fwd`` and ``bwd``
+(launch functions),
 ``function`` (input checks and the autograd Function), ``pieces`` (the op's choices and
 swappable parts: block sizes, precisions, the alternatives benchmarks compare).
 
@@ -24,9 +25,11 @@ stage by stage, level by level (level ℓ depends only on level ℓ-1):
 4. Reads and router (``reads_fwd``, one Triton kernel): token t of chunk c reads level 0
    after its own write (fla's output) and level ℓ ≥ 1 as it stood when chunk c began (after
    ``⌊(c-1)/f_ℓ⌋`` firings), ``o_t = Σ_ℓ softmax(r_t)_ℓ · scale · M_ℓ^T q_t^(ℓ)``: the softmax
-   in registers, every level's state by its row in one ``[B, S, H, K, V]`` buffer that the
-   scans write into (``plan.device_tables``: the schedule's index tensors, cached per plan and
-   device), ``q`` read in place, ``o`` written once. Its backward (``reads_bwd``): ``dq`` of
+   in registers, every level's state by its row ``0 .. S`` of the stored states that the scans
+   write into (``plan.device_tables``: the schedule's index tensors, cached per plan and
+   device; ``stored_states``: level 1's rows and the higher levels' in two allocations, so
+   the backward frees the second once level 2's reverse scan is done), ``q`` read in place,
+   ``o`` written once. Its backward (``reads_bwd``): ``dq`` of
    levels ≥ 1 straight into the ``[B, T, H, L, K]`` buffer, the router gradient from
    ``do · Mᵀ`` (no recomputed reads), each state's gradient summed over the chunks that read
    it (no atomics). ``Pieces(reads_fwd=..., reads_bwd=...)`` with ``reads_torch``'s functions

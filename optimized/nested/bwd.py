@@ -16,9 +16,10 @@ def nested_bwd(saved: NestedSaved, do, dfinals, release: bool = False):
     (float32; all in input shapes), ``dinit`` (L entries, float32 or None) and ``dparams`` (per level ℓ ≥ 1,
     ``{name: float32 gradient}``; index 0 None). ``release``: the graph is not kept (no second
     backward), so the upper levels' stored states are dropped from ``saved`` once level 1's
-    reverse scan is done (``NestedSaved.release_states``) and the probe outputs before level 0's
-    backward (``NestedSaved.release_upper_levels``); each level's probe outputs already after its
-    own probe backward (``NestedSaved.release_probe``)."""
+    reverse scan is done (``NestedSaved.release_states``; those of levels ≥ 2 after level 2's,
+    ``release_higher_states``) and the probe outputs before level 0's backward
+    (``NestedSaved.release_upper_levels``); each level's probe outputs already after its own
+    probe backward (``NestedSaved.release_probe``)."""
     s, plan = saved, saved.plan
     q, r = s.q, s.r
     B, T, H, L, K = q.shape
@@ -67,6 +68,8 @@ def nested_bwd(saved: NestedSaved, do, dfinals, release: bool = False):
                                                  precision=s.pieces.scan_precision(q.dtype, "bwd"),
                                                  **scan_kwargs(tables, ℓ))
             level_dstates[ℓ] = None                        # spent before the probe's backward
+            if release and ℓ == 2:          # the scans of levels ≥ 2 are done: their stored states are spent
+                s.release_higher_states()
             # the snapshots only after the scan: not alive at its peak (level 1's are a float32
             # copy of fla's h, 0.5 GiB at L = 4, where the step peaked in level 1's scan)
             with record_function("nested.snapshots"):
@@ -84,6 +87,8 @@ def nested_bwd(saved: NestedSaved, do, dfinals, release: bool = False):
         else:                               # generic: replay the scheme's probe under autograd
             with record_function("nested.generic_probe_bwd"):
                 dM0, dparams[ℓ], d_snaps = _generic_probe_bwd(s, plan, tables, ℓ, level, level_dstates[ℓ], H, K, V)
+            if release and ℓ == 2:
+                s.release_higher_states()
             if release and ℓ == 1:
                 dstates_of = None
                 s.release_states()

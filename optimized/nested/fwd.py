@@ -11,13 +11,14 @@ from optimized.nested.pieces import DEFAULT_PIECES, Pieces
 from optimized.nested.plan import DeviceTables, PackedPlan, Plan, device_tables, make_packed_plan
 from optimized.nested.probe import _probe, _snapshots
 from optimized.nested.probe_fused import FUSED_SCHEMES, probe_fwd
+from optimized.nested.stored_states import StoredStates, as_stored
 
 
-def final_states(rows: torch.Tensor, tables: DeviceTables, ℓ: int) -> torch.Tensor:
-    """Level ℓ's final states out of a ``[B, S, H, K, V]`` buffer of every upper level's rows (the
-    stored states, or their gradients): ``[B, H, K, V]``, a view; packed sequences ``[n, H, K, V]``,
-    a gather (each sequence's last row)."""
-    level = rows[:, tables.level_rows(ℓ)]
+def final_states(rows, tables: DeviceTables, ℓ: int) -> torch.Tensor:
+    """Level ℓ's final states out of every upper level's rows (the stored states: a
+    ``StoredStates`` or one ``[B, S, H, K, V]`` tensor): ``[B, H, K, V]``, a view; packed
+    sequences ``[n, H, K, V]``, a gather (each sequence's last row)."""
+    level = as_stored(rows).level(tables, ℓ)
     if tables.packed is None:
         return level[:, -1]
     return level[0].index_select(0, tables.packed.final_rows[ℓ])
@@ -31,7 +32,7 @@ class NestedSaved:
     scale: float
     level0: Level0Saved
     h_final0: torch.Tensor
-    states: torch.Tensor            # [B, S, H, K, V] float32: every upper level's stored states
+    states: StoredStates            # every upper level's stored states (level 1's rows, the others'), float32
     o0: torch.Tensor
     q: torch.Tensor
     r: torch.Tensor
@@ -42,7 +43,16 @@ class NestedSaved:
 
     def level_states(self, ℓ: int) -> torch.Tensor:
         """Level ℓ's stored states ``[B, F_ℓ + 1, H, K, V]`` (a view of ``states``)."""
-        return self.states[:, self.tables.level_rows(ℓ)]
+        return self.states.level(self.tables, ℓ)
+
+    def release_higher_states(self) -> None:
+        """Drop the stored states of levels ≥ 2 (their own allocation), spent once level 2's
+        reverse scan is done: level 2's and level 1's probe backwards and level 1's scan run
+        without them (H200, L = 4: the step peaked in an upper level's probe backward with every
+        level's stored states alive, 0.90 GiB; those of levels 2 and 3 are 0.39 GiB of it).
+        Same condition as ``release_states``."""
+        if self.states is not None:
+            self.states.release_higher()
 
     def release_states(self) -> None:
         """Drop the stored states (one buffer for every upper level) and level 0's output (read by
@@ -91,7 +101,8 @@ def nested_fwd(q, k, v, g, b, w, r, levels, scale, initial_states, pieces: Piece
     with record_function("nested.level0_fwd"):
         o0, ht0, h, saved0 = level0_fwd(q[:, :, :, 0].contiguous(), k, v, g, b, w, scale, initial_states[0],
                                         packed=tables.packed)
-    states = q.new_empty(B, tables.S, H, K, V, dtype=torch.float32)
+    split = pieces.split_stored_states and L > 1
+    states = StoredStates.empty(B, tables.S, tables.level_rows(1).stop if split else tables.S, H, K, V, q.device)
     params = [None] + [lv.params for lv in levels]
     probes = [None]
     for ℓ in range(1, L):
@@ -115,7 +126,7 @@ def nested_fwd(q, k, v, g, b, w, r, levels, scale, initial_states, pieces: Piece
         M0 = initial_states[ℓ]
         with record_function("nested.scan_fwd"):
             pieces.scan_fwd(None if M0 is None else M0.detach().float(), *pairs, block_v=pieces.scan_block(),
-                            block_n=pieces.block_n, out=states[:, tables.level_rows(ℓ)],
+                            block_n=pieces.block_n, out=states.level(tables, ℓ),
                             precision=pieces.scan_precision(q.dtype, "fwd"), **scan_kwargs(tables, ℓ))
     with record_function("nested.reads_fwd"):
         o = pieces.reads_fwd(q, r, o0, states, plan, tables, scale, block_v=pieces.block_v)

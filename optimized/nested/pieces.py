@@ -108,6 +108,9 @@ class Pieces:
     #                                 (optimized.nested.probe_gates; learned and merge; bounded_erase keeps
     #                                 the PyTorch gates); "torch": the PyTorch gates
     scan_block_v: int | None = None  # the scans' V block alone (None: block_v; the reads keep block_v)
+    split_stored_states: bool = True  # level 1's stored states and the higher levels' in two allocations
+    #                                   (optimized.nested.stored_states; the second freed after level 2's
+    #                                   reverse scan); False: one allocation, alive until level 1's scan
 
     def scan_block(self) -> int | None:
         """The V block of the promote scans: ``scan_block_v``, else ``block_v``."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 
 from optimized.level0 import chunk_end_states
+from optimized.nested.stored_states import as_stored
 from optimized.nested.plan import Plan
 from reference.nested import Level
 from reference.schemes import get_scheme
@@ -22,13 +23,14 @@ def _probe(level: Level, snaps: torch.Tensor, params: dict, H: int, K: int, V: i
 
 def _snapshots(plan: Plan, tables, ℓ: int, states: torch.Tensor | None, h=None, ht0=None) -> torch.Tensor:
     """The states of level ℓ-1 that level ℓ's firings probe: ``[B, F_ℓ, H, K, V]`` float32
-    (``states``: the ``[B, S, H, K, V]`` buffer of every upper level's stored states)."""
+    (``states``: every upper level's stored states, a ``StoredStates`` or one ``[B, S, H, K, V]``
+    tensor)."""
     if ℓ == 1:
         if tables.packed is not None:
             return _packed_chunk_end_states(tables.packed, h, ht0)
         return chunk_end_states(h, ht0, plan.sources[1], index=tables.end_index,
                                 includes_final=tables.end_includes_final)
-    below = states[:, tables.level_rows(ℓ - 1)]
+    below = as_stored(states).level(tables, ℓ - 1)
     if not plan.sources[ℓ]:
         return below[:, :0]
     return below.index_select(1, tables.sources[ℓ])

@@ -29,14 +29,15 @@ import triton
 import triton.language as tl
 
 from optimized.nested.reads_fwd import (_expect, block_sizes, check_reads, chunk_tokens, dot_exact_a,
-                                        dot_exact_b, level_column, num_warps, router_probs)
+                                        dot_exact_b, level_column, num_warps, router_probs, state_row)
+from optimized.nested.stored_states import as_stored
 
 
-# T, N, S, L are runtime sizes (see reads_fwd_kernel).
-@triton.jit(do_not_specialize=["T", "N", "S", "L"])
+# T, N, S, S_LO, L are runtime sizes (see reads_fwd_kernel).
+@triton.jit(do_not_specialize=["T", "N", "S", "S_LO", "L"])
 def reads_bwd_tokens_kernel(
-    do, q, r, o0, states, read_row, chunk_bounds, dq, dr, do0,
-    scale, T, N, S, L,
+    do, q, r, o0, states, states_hi, read_row, chunk_bounds, dq, dr, do0,
+    scale, T, N, S, S_LO, L,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BKA: tl.constexpr, BV: tl.constexpr, BL: tl.constexpr,
     SPLIT: tl.constexpr, IS_VARLEN: tl.constexpr,
@@ -80,7 +81,7 @@ def reads_bwd_tokens_kernel(
 
     for l in range(1, L):
         i_row = tl.load(read_row + l * N + i_c)
-        p_m = states + ((i_b.to(tl.int64) * S + i_row) * H + i_h) * K * V
+        p_m = state_row(states, states_hi, i_b, i_row, i_h, S, S_LO, H, K, V)
         b_pl = level_column(b_p, l, BL)
         b_dpl = tl.zeros([BT], dtype=tl.float32)
         for i_k in range(0, tl.cdiv(K, BKA)):                            # key blocks: fewer registers
@@ -186,12 +187,13 @@ def reads_bwd(do: torch.Tensor, q: torch.Tensor, r: torch.Tensor, o0: torch.Tens
     dstates = None
     if B * H == 0:
         return dr, do0, (torch.empty(B, S, H, K, V, dtype=f32, device=q.device) if with_states else None)
-    do, q, r, states = do.contiguous(), q.contiguous(), r.contiguous(), states.contiguous()
+    do, q, r = do.contiguous(), q.contiguous(), r.contiguous()
     split = q.dtype == torch.bfloat16
     if T > 0:
+        lo, hi, S_lo = as_stored(states).kernel_args()
         reads_bwd_tokens_kernel[(N, B * H)](
-            do, q, r, o0.contiguous(), states, read_row.contiguous(), chunk_bounds, dq, dr, do0,
-            float(scale), T, N, S, L,
+            do, q, r, o0.contiguous(), lo, hi, read_row.contiguous(), chunk_bounds, dq, dr, do0,
+            float(scale), T, N, S, S_lo, L,
             H=H, K=K, V=V, BT=BT, BKA=BKA, BV=BVA, BL=BL, SPLIT=split, IS_VARLEN=chunk_bounds is not None,
             num_warps=warps_a)
     if with_states:

@@ -6,10 +6,12 @@ reads of the upper levels' states as they stood when chunk ``j`` began:
     p_t   = softmax(r_t)                                            [L], float32
     o_t   = p_t,0 · o0_t + Σ_{ℓ=1}^{L-1} p_t,ℓ · scale · M_ℓ,j^T q_t^(ℓ)
 
-with ``M_ℓ,j = states[read_row[ℓ, j]]``. All upper levels' stored states live in one
-float32 tensor ``states [B, S, H, K, V]`` (level ℓ's ``F_ℓ + 1`` states are rows
+with ``M_ℓ,j = states[read_row[ℓ, j]]``. All upper levels' stored states are rows of one
+float32 ``states [B, S, H, K, V]`` (level ℓ's ``F_ℓ + 1`` states are rows
 ``row_offset[ℓ] .. row_offset[ℓ] + F_ℓ``), so one kernel serves every level and the level
-loop runs inside the kernel. ``read_tables`` builds the row tables from a schedule.
+loop runs inside the kernel. The rows may sit in two allocations, level 1's and the higher
+levels' (``optimized.nested.stored_states``: the backward frees the second one early); the
+kernels take both and pick by row (``state_row``). ``read_tables`` builds the row tables from a schedule.
 
 Layouts (fla style): ``q [B, T, H, L, K]`` (level ℓ's query is read in place),
 ``r [B, T, H, L]``, ``o0 / o [B, T, H, V]``, all in one dtype (float32 or bfloat16);
@@ -36,6 +38,7 @@ import triton
 import triton.language as tl
 
 from optimized.level0 import CHUNK
+from optimized.nested.stored_states import as_stored
 from optimized.warps import num_warps
 
 # CUDA limits the 2nd and 3rd grid dimensions to 65535 programs.
@@ -118,10 +121,22 @@ def dot_exact_b(a, b, SPLIT: tl.constexpr):
 # T, N (chunks), S (stored rows) and L (levels) are runtime sizes, not specialised: a new
 # sequence length, schedule or depth reuses the compiled kernel (H, K, V, the blocks and the
 # dtype pick a variant).
-@triton.jit(do_not_specialize=["T", "N", "S", "L"])
+@triton.jit
+def state_row(states, states_hi, i_b, i_row, i_h, S, S_LO, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr):
+    """Where stored row ``i_row`` of batch ``i_b``, head ``i_h`` starts: rows below ``S_LO`` in
+    ``states [B, S_LO, H, K, V]``, the others in ``states_hi [B, S - S_LO, H, K, V]``
+    (``optimized.nested.stored_states``; one buffer: ``S_LO = S``)."""
+    if i_row < S_LO:
+        p = states + ((i_b.to(tl.int64) * S_LO + i_row) * H + i_h) * K * V
+    else:
+        p = states_hi + ((i_b.to(tl.int64) * (S - S_LO) + (i_row - S_LO)) * H + i_h) * K * V
+    return p
+
+
+@triton.jit(do_not_specialize=["T", "N", "S", "S_LO", "L"])
 def reads_fwd_kernel(
-    q, r, o0, states, read_row, chunk_bounds, o,
-    scale, T, N, S, L,
+    q, r, o0, states, states_hi, read_row, chunk_bounds, o,
+    scale, T, N, S, S_LO, L,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BL: tl.constexpr,
     SPLIT: tl.constexpr, IS_VARLEN: tl.constexpr,
@@ -131,7 +146,7 @@ def reads_fwd_kernel(
         p   = softmax(r[tokens])                                  [BT, BL] float32
         acc = p[:, 0] ⊙ o0[tokens, block]
         for ℓ in 1 .. L-1:
-            M    = states[read_row[ℓ, j]][:, block]               [BK, BV] float32
+            M    = states[read_row[ℓ, j]][:, block]               [BK, BV] float32 (``state_row``)
             acc += p[:, ℓ] ⊙ scale · (q[tokens, ℓ] @ M)           [BT, BK] @ [BK, BV]
         o[tokens, block] = acc  (in o's dtype)
 
@@ -155,7 +170,7 @@ def reads_fwd_kernel(
     b_o = level_column(b_p, 0, BL)[:, None] * b_o0
     for l in range(1, L):
         i_row = tl.load(read_row + l * N + i_c)
-        p_m = states + ((i_b.to(tl.int64) * S + i_row) * H + i_h) * K * V
+        p_m = state_row(states, states_hi, i_b, i_row, i_h, S, S_LO, H, K, V)
         b_m = tl.load(p_m + o_k[:, None] * V + o_v[None, :], mask=m_kv, other=0.0)
         b_q = tl.load(q + (tok * L + l)[:, None] * K + o_k[None, :], mask=m_tk, other=0.0)
         b_o += (level_column(b_p, l, BL) * scale)[:, None] * dot_exact_a(b_q, b_m, SPLIT)
@@ -241,7 +256,8 @@ def _expect(name, x, shape, dtypes, device):
 
 def check_reads(q, r, o0, states, read_row, chunk_bounds=None):
     """Shapes, dtypes and devices shared by ``reads_fwd`` and ``reads_bwd``; returns the sizes
-    ``(B, T, H, L, K, V, S, N)`` (``N``: the chunks, ``chunk_bounds``' rows when given)."""
+    ``(B, T, H, L, K, V, S, N)`` (``N``: the chunks, ``chunk_bounds``' rows when given).
+    ``states``: one ``[B, S, H, K, V]`` tensor or a ``StoredStates`` (its two allocations)."""
     if not isinstance(q, torch.Tensor):
         raise TypeError(f"q must be a torch.Tensor, got {type(q).__name__}")
     if q.dim() != 5:
@@ -249,10 +265,8 @@ def check_reads(q, r, o0, states, read_row, chunk_bounds=None):
     if q.dtype not in (torch.float32, torch.bfloat16):
         raise ValueError(f"q must have dtype in ['torch.float32', 'torch.bfloat16'], got {q.dtype}")
     B, T, H, L, K = q.shape
-    if not isinstance(states, torch.Tensor) or states.dim() != 5:
-        raise ValueError(f"states must have shape [B, S, H, K, V], got "
-                         f"{tuple(states.shape) if isinstance(states, torch.Tensor) else type(states).__name__}")
-    S, V = states.shape[1], states.shape[-1]
+    stored = as_stored(states)
+    S, V = stored.S, stored.lo.shape[-1]
     N = triton.cdiv(T, CHUNK)
     if chunk_bounds is not None:
         if B != 1:
@@ -264,7 +278,9 @@ def check_reads(q, r, o0, states, read_row, chunk_bounds=None):
         _expect("chunk_bounds", chunk_bounds, (N, 2), (torch.int32,), q.device)
     _expect("r", r, (B, T, H, L), (q.dtype,), q.device)
     _expect("o0", o0, (B, T, H, V), (q.dtype,), q.device)
-    _expect("states", states, (B, S, H, K, V), (torch.float32,), q.device)
+    _expect("states", stored.lo, (B, stored.S_lo, H, K, V), (torch.float32,), q.device)
+    if stored.hi is not None:
+        _expect("states (rows past level 1's)", stored.hi, (B, S - stored.S_lo, H, K, V), (torch.float32,), q.device)
     _expect("read_row", read_row, (L, N), (torch.int32,), q.device)
     if L > 1 and S == 0:
         raise ValueError("states has no rows, but the upper levels read some (L > 1)")
@@ -281,7 +297,8 @@ def reads_fwd(q: torch.Tensor, r: torch.Tensor, o0: torch.Tensor, states: torch.
     with ``p_t = softmax(r_t)`` and ``M_ℓ,j = states[read_row[ℓ, j]]`` (module docstring).
 
     ``q [B, T, H, L, K]``, ``r [B, T, H, L]``, ``o0 [B, T, H, V]`` (one dtype: float32 or
-    bfloat16); ``states [B, S, H, K, V]`` float32; ``read_row int32 [L, N]`` (valid rows of
+    bfloat16); ``states [B, S, H, K, V]`` float32, or a ``StoredStates`` (the same rows in two
+    allocations, ``optimized.nested.stored_states``); ``read_row int32 [L, N]`` (valid rows of
     ``states``; not checked: it lives on the device). ``block_v``: the V block (tests shrink
     it to reach several V blocks). ``chunk_bounds``: sequences packed in one row (``B = 1``):
     int32 ``[N, 2]``, each chunk's first token and one past its last (every sequence's chunks
@@ -293,9 +310,10 @@ def reads_fwd(q: torch.Tensor, r: torch.Tensor, o0: torch.Tensor, states: torch.
     if o.numel() == 0:
         return o
     grid = (triton.cdiv(V, BV), N, B * H)
+    lo, hi, S_lo = as_stored(states).kernel_args()
     reads_fwd_kernel[grid](
-        q.contiguous(), r.contiguous(), o0.contiguous(), states.contiguous(), read_row.contiguous(), chunk_bounds, o,
-        float(scale), T, N, S, L,
+        q.contiguous(), r.contiguous(), o0.contiguous(), lo, hi, read_row.contiguous(), chunk_bounds, o,
+        float(scale), T, N, S, S_lo, L,
         H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, BL=BL, SPLIT=q.dtype == torch.bfloat16,
         IS_VARLEN=chunk_bounds is not None, num_warps=num_warps(BK, BV))
     return o

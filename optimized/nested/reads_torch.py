@@ -9,6 +9,7 @@ import torch
 
 from optimized.level0 import CHUNK
 from optimized.nested.plan import add_in_rounds, add_rounds
+from optimized.nested.stored_states import as_stored
 
 
 def _token_groups(x: torch.Tensor, f: int, G: int) -> torch.Tensor:
@@ -79,12 +80,13 @@ def _unpacked(tables) -> None:
 
 def reads_router_fwd_torch(q, r, o0, states, plan, tables, scale, block_v=None):
     """``o = p_0 · o0 + Σ_{ℓ≥1} p_ℓ · read_ℓ`` with ``p = softmax(r)``, in q's dtype; ``states``
-    the ``[B, S, H, K, V]`` buffer of ``plan.device_tables``."""
+    the ``[B, S, H, K, V]`` rows of ``plan.device_tables`` (one tensor or a ``StoredStates``)."""
     _unpacked(tables)
     p = torch.softmax(r.float(), dim=-1)
     o = p[..., 0, None] * o0.float()
+    stored = as_stored(states)
     for ℓ in range(1, plan.L):
-        level = states[:, tables.level_rows(ℓ)]
+        level = stored.level(tables, ℓ)
         o = o + p[..., ℓ, None] * read_fwd(level, q[:, :, :, ℓ], plan.read_index[ℓ], plan.read_group[ℓ], scale)
     return o.to(q.dtype)
 
@@ -97,12 +99,14 @@ def reads_router_bwd_torch(do, q, r, o0, states, plan, tables, scale, dq, block_
     p = torch.softmax(r.float(), dim=-1)
     dp = torch.empty_like(p)
     dp[..., 0] = (do * o0.float()).sum(-1)
-    dstates = torch.zeros_like(states)
+    stored = as_stored(states)
+    dstates = stored.lo.new_zeros(stored.lo.shape[0], stored.S, *stored.lo.shape[2:])
     for ℓ in range(1, plan.L):
         rows = tables.level_rows(ℓ)
-        o_l = read_fwd(states[:, rows], q[:, :, :, ℓ], plan.read_index[ℓ], plan.read_group[ℓ], scale)
+        level = stored.level(tables, ℓ)
+        o_l = read_fwd(level, q[:, :, :, ℓ], plan.read_index[ℓ], plan.read_group[ℓ], scale)
         dp[..., ℓ] = (do * o_l).sum(-1)
-        dq[:, :, :, ℓ], dstates[:, rows] = read_bwd(states[:, rows], q[:, :, :, ℓ], p[..., ℓ, None] * do,
+        dq[:, :, :, ℓ], dstates[:, rows] = read_bwd(level, q[:, :, :, ℓ], p[..., ℓ, None] * do,
                                                     plan.read_index[ℓ], plan.read_group[ℓ], scale)
     dr = p * (dp - (p * dp).sum(-1, keepdim=True))
     return dr, p[..., 0, None] * do, dstates
