@@ -53,14 +53,6 @@ class Level0Saved:
         """fla's keyword arguments for packed sequences (none for one sequence per row)."""
         return fla_varlen(self.packed)
 
-    def tensors(self):
-        return [self.q, self.k, self.v, self.b, self.w, self.g_cumsum, self.Aqk, self.Akk, self.w_wy,
-                self.qg, self.kg, self.v_new, self.h]
-
-    @classmethod
-    def from_tensors(cls, tensors, scale, has_initial_state):
-        return cls(*tensors, scale=scale, has_initial_state=has_initial_state)
-
 
 def level0_fwd(q, k, v, g, b, w, scale: float, initial_state=None, packed=None):
     """GDN-2 over the whole sequence with fla's chunk kernels.

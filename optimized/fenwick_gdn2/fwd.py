@@ -131,16 +131,6 @@ class Saved:
     has_initial_state: bool
     packing: Packing | None = None
 
-    TENSORS = ("q", "k", "v", "b", "w", "lam", "gk", "v_st", "w_st", "own_masks", "Aqk", "Akk", "w_wy",
-               "qg", "kg", "h", "vn", "reads", "mtab")
-
-    def tensors(self):
-        return [getattr(self, n) for n in self.TENSORS]
-
-    @classmethod
-    def from_tensors(cls, tensors, **meta):
-        return cls(**dict(zip(cls.TENSORS, tensors)), **meta)
-
 
 def stacked_pass(q, k, v, g, b, w, lam, scale: float, initial_state, offset: int, J: int, own: torch.Tensor,
                  p: Packing | None = None):
