@@ -55,10 +55,10 @@ class NestedSaved:
             self.states.release_higher()
 
     def release_states(self) -> None:
-        """Drop the stored states (one buffer for every upper level) and level 0's output (read by
-        the reads' state gradients only), spent once level 1's reverse scan is done: level 1's
-        probe backward, where a step peaked once the probe outputs went (H200, L = 4, B = 8,
-        T = 4096, H = 16, K = V = 128: 6.58 GiB), runs without their 0.90 GiB.
+        """Drop the stored states (level 1's, and the higher levels' if still held) and level 0's
+        output (read by the reads' state gradients only), spent once level 1's reverse scan is
+        done: level 1's probe backward, where a step peaked once the probe outputs went (H200,
+        L = 4, B = 8, T = 4096, H = 16, K = V = 128: 6.58 GiB), runs without their 0.90 GiB.
         Only for a backward that does not keep the graph (which then drops the whole saved state:
         a second backward gets ``NestedGDN2Function``'s error)."""
         self.states = None
