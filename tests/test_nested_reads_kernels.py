@@ -41,6 +41,9 @@ CASES = {
     # K = 40: the backward's token kernel visits K in two key blocks of 32 (the second 8 wide);
     # ragged last chunk (100 = 64 + 36), V = 24 in two V blocks of 16; level 1's last row unread
     "L3_two_key_blocks": (1, 100, 2, 40, 24, 16, [[0, 1], [0, 0]], [3, 1], 1.0),
+    # B = 2, H = 2, two upper levels: the second allocation's batch and head strides when the
+    # stored rows are split at level 1's (test_rows_split_in_two_allocations_read_the_same)
+    "L3_batch2": (2, 150, 2, 24, 40, 16, [[0, 1, 1], [0, 0, 1]], [3, 2], 1.0),
 }
 if triton_mode.MODE == triton_mode.CUDA:
     # K = 128, V = 16: the [128, 16] float32 tile at 8 warps (optimized.warps), the shape at which
@@ -312,7 +315,7 @@ def split_run(name, mutant=False):
     return whole, parts
 
 
-@pytest.mark.parametrize("name", ["L4_extreme", "L3_two_key_blocks"])
+@pytest.mark.parametrize("name", ["L4_extreme", "L3_two_key_blocks", "L3_batch2"])
 def test_rows_split_in_two_allocations_read_the_same(name):
     """The reads kernels on the stored rows held as level 1's and the higher levels' allocations
     (the nested op's layout, ``optimized.nested.stored_states``) equal the one-buffer run bit for
