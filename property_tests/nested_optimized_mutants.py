@@ -139,7 +139,8 @@ def packed_tables_twin(kind: str):
       (``fire_offsets`` shifted by one sequence; the first has none);
     - ``snapshot_from_next_sequence``: a firing at a sequence's last (whole) chunk probes the
       next packed chunk's start (the next sequence's initial state), not the sequence's final
-      state (a state carried across the sequence boundary);
+      state (a state carried across the sequence boundary), in the gathered snapshots' tables
+      and in the in-place read's rows (``snap_rows``) alike;
     - ``state_grad_from_chunk_zero``: level 0's state-gradient kernel reads every sequence's
       chunks from the packed row's first (``chunk_offsets`` all 0).
     One sequence per row is left alone."""
@@ -169,6 +170,9 @@ def packed_tables_twin(kind: str):
             p = dataclasses.replace(p, end_pos=torch.cat([p.end_pos, p.final_pos[moved]]),
                                     end_chunk=torch.cat([p.end_chunk, next_first]),
                                     final_pos=p.final_pos[kept], final_seq=p.final_seq[kept])
+            level1 = tables.snap_rows[1].clone()        # the probe's in-place read: the same wrong rows
+            level1[tables.packed.final_pos[moved]] = next_first.to(torch.int32)
+            tables = dataclasses.replace(tables, snap_rows=(None, level1, *tables.snap_rows[2:]))
         else:
             p = dataclasses.replace(p, chunk_offsets=torch.zeros_like(p.chunk_offsets))
         return dataclasses.replace(tables, packed=p)

@@ -17,11 +17,11 @@ DEV = triton_mode.device()
 SHAPE = NestedShape(B=1, T=70, H=1, L=3, K=16, V=24)    # ragged last chunk; both levels fire
 
 
-def run(scheme, reduction, pieces):
-    x = nested_inputs(SHAPE, seed=3)
+def run(scheme, reduction, pieces, shape=SHAPE):
+    x = nested_inputs(shape, seed=3)
     acts = {n: x[n].to(DEV, torch.float32).requires_grad_() for n in NAMES}
-    levels = make_levels(SHAPE.L, SHAPE.H, SHAPE.K, SHAPE.V, scheme=scheme, intervals=[1, 1], reduction=reduction,
-                         query_counts=None if scheme == "merge" else [SHAPE.K, 8],
+    levels = make_levels(shape.L, shape.H, shape.K, shape.V, scheme=scheme, intervals=[1, 1], reduction=reduction,
+                         query_counts=None if scheme == "merge" else [shape.K, 8],
                          generator=torch.Generator().manual_seed(4))
     levels = [Level(lv.scheme, lv.interval, {n: (3.0 * p).to(DEV, torch.float32).requires_grad_()
                                              for n, p in lv.params.items()}, lv.reduction) for lv in levels]
@@ -52,6 +52,27 @@ def test_recomputed_preactivations_equal_kept_ones(scheme, reduction):
     gradients of ``Pieces(probe_keeps_preactivations=True)`` (it keeps them)."""
     kept, recomputed = run(scheme, reduction, Pieces(probe_keeps_preactivations=True)), run(scheme, reduction, Pieces())
     errors = {k: relative_error(recomputed[k], kept[k]) for k in kept}
+    bounds = {k: tolerance("nested_fused_probe", "gradients" if k.startswith("d") else "values", torch.float32)
+              for k in errors}
+    assert all(errors[k] <= bounds[k] for k in errors), {k: e for k, e in errors.items() if e > bounds[k]}
+
+
+def test_probe_reads_snapshot_rows_in_place(monkeypatch):
+    """The default op's fused probe reads ``ν = Q M`` and ``dQ`` from fla's chunk states and the
+    stored states in place (``optimized.nested.snapshot_reads``): no gathered snapshots in either
+    pass, and the values and gradients of ``Pieces(probe_reads_rows=False)``, which gathers them.
+    B = 2: the rows' batch offsets (the kernels' own test, tests/test_snapshot_reads.py, has H = 2)."""
+    from optimized.nested import bwd, fwd
+
+    shape = NestedShape(B=2, T=70, H=1, L=3, K=16, V=24)
+    gathered = run("learned", "mean", Pieces(probe_reads_rows=False), shape)
+
+    def no_gather(*args, **kwargs):
+        raise AssertionError("the snapshots were gathered")
+    monkeypatch.setattr(fwd, "_snapshots", no_gather)
+    monkeypatch.setattr(bwd, "_snapshots", no_gather)
+    in_place = run("learned", "mean", Pieces(), shape)
+    errors = {k: relative_error(in_place[k], gathered[k]) for k in gathered}
     bounds = {k: tolerance("nested_fused_probe", "gradients" if k.startswith("d") else "values", torch.float32)
               for k in errors}
     assert all(errors[k] <= bounds[k] for k in errors), {k: e for k, e in errors.items() if e > bounds[k]}

@@ -109,6 +109,11 @@ def test_level1_snapshots_from_the_cached_tables(T, intervals):
     want = torch.stack(want, 1) if want else h.new_zeros(2, 0, 3, 4, 5)
     assert got.dtype == torch.float32 and torch.equal(got, want)
     assert torch.equal(chunk_end_states(h, final, plan.sources[1]), want)   # the tensor-index path
+    # the in-place read's row table (snapshot_reads): row c + 1 of h, or -1 for the batch entry's final state
+    rows = tables.snap_rows[1].tolist()
+    by_rows = [torch.stack([h[b, r] if r >= 0 else final[b - 1 - r] for r in rows]) if rows else h.new_zeros(0, 3, 4, 5)
+               for b in range(2)]
+    assert torch.equal(torch.stack(by_rows), want)
 
 
 @pytest.mark.parametrize("retain_graph", [False, True], ids=["plain", "retain_graph"])

@@ -2,6 +2,7 @@
 
 Layout (fla's op shape): ``plan`` (the schedule), ``probe``, ``reads_torch`` / ``reads_fwd`` /
 ``reads_bwd`` (the upper levels' reads and the router), ``stored_states`` (the rows they read),
+``snapshot_reads`` (the probe's read of the level below, in place),
 ``probe_fused`` (the built-in schemes' probe with its hand-written backward), ``fwd`` and ``bwd``
 (launch functions),
 ``function`` (input checks and the autograd Function), ``pieces`` (the op's choices and
@@ -18,7 +19,10 @@ stage by stage, level by level (level ℓ depends only on level ℓ-1):
    schemes (``learned``, ``merge``, ``bounded_erase``) go through ``probe_fused``: one
    batched matmul against the stacked gate weights, the nonlinearities on slices, and a
    hand-written backward from the kept pre-activations (no replay); ``Pieces(fused_probe=
-   False)`` selects the generic path. Any other registered scheme: the forward runs its probe
+   False)`` selects the generic path. For the schemes with a query (``learned``,
+   ``bounded_erase``) the snapshots are not gathered: ``snapshot_reads`` reads ``ν = Q M`` and,
+   in the backward, ``dQ`` from the rows that hold them (fla's chunk states for level 1, the
+   stored states for ℓ ≥ 2). Any other registered scheme: the forward runs its probe
    without a graph, the backward replays it with gradients on and differentiates it.
 3. Update (``optimized.promote_scan``): a Triton scan over ℓ's firings, one stored
    state per firing; a hand-written reverse scan for the backward.

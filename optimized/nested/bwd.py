@@ -7,7 +7,7 @@ from torch.profiler import record_function
 from optimized.level0 import level0_bwd
 from optimized.nested.fwd import NestedSaved, scan_kwargs
 from optimized.nested.plan import add_in_rounds
-from optimized.nested.probe import _probe, _snapshots
+from optimized.nested.probe import _probe, _snapshots, snapshot_rows
 from optimized.nested.probe_fused import probe_bwd
 
 
@@ -71,9 +71,13 @@ def nested_bwd(saved: NestedSaved, do, dfinals, release: bool = False):
             if release and ℓ == 2:          # the scans of levels ≥ 2 are done: their stored states are spent
                 s.release_higher_states()
             # the snapshots only after the scan: not alive at its peak (level 1's are a float32
-            # copy of fla's h, 0.5 GiB at L = 4, where the step peaked in level 1's scan)
+            # copy of fla's h, 0.5 GiB at L = 4, where the step peaked in level 1's scan), or
+            # none at all: the rows that hold them, read in place by the probe's backward
             with record_function("nested.snapshots"):
-                snaps = _snapshots(plan, tables, ℓ, s.states, h, ht0)
+                if s.pieces.reads_rows(level.scheme):
+                    snaps = snapshot_rows(tables, ℓ, s.states, h, ht0)
+                else:
+                    snaps = _snapshots(plan, tables, ℓ, s.states, h, ht0)
             if release and ℓ == 1:          # every level's scan is done: the stored states are spent
                 dstates_of = None                           # (its closure holds them)
                 s.release_states()

@@ -9,7 +9,7 @@ from torch.profiler import record_function
 from optimized.level0 import Level0Saved, level0_fwd
 from optimized.nested.pieces import DEFAULT_PIECES, Pieces
 from optimized.nested.plan import DeviceTables, PackedPlan, Plan, device_tables, make_packed_plan
-from optimized.nested.probe import _probe, _snapshots
+from optimized.nested.probe import _probe, _snapshots, snapshot_rows
 from optimized.nested.probe_fused import FUSED_SCHEMES, probe_fwd
 from optimized.nested.stored_states import StoredStates, as_stored
 
@@ -106,12 +106,16 @@ def nested_fwd(q, k, v, g, b, w, r, levels, scale, initial_states, pieces: Piece
     params = [None] + [lv.params for lv in levels]
     probes = [None]
     for ℓ in range(1, L):
+        level = levels[ℓ - 1]
+        fused = pieces.fused_probe and level.scheme in FUSED_SCHEMES and plan.firings(ℓ) > 0
         with record_function("nested.snapshots"):
             p32 = {n: p.detach().float() for n, p in params[ℓ].items()}
-            snaps = _snapshots(plan, tables, ℓ, states, h, ht0)
-        level = levels[ℓ - 1]
+            if fused and pieces.reads_rows(level.scheme):       # read in place by the probe: no copy
+                snaps = snapshot_rows(tables, ℓ, states, h, ht0)
+            else:
+                snaps = _snapshots(plan, tables, ℓ, states, h, ht0)
         with record_function("nested.probe_fwd"):
-            if pieces.fused_probe and level.scheme in FUSED_SCHEMES and plan.firings(ℓ) > 0:
+            if fused:
                 # built-in scheme: fused probe; its outputs and intermediates kept for the hand backward
                 pairs, probe_saved = probe_fwd(level.scheme, snaps, p32, level.reduction,
                                                keep_preactivations=pieces.probe_keeps_preactivations,

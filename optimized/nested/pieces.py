@@ -108,9 +108,17 @@ class Pieces:
     #                                 (optimized.nested.probe_gates; learned and merge; bounded_erase keeps
     #                                 the PyTorch gates); "torch": the PyTorch gates
     scan_block_v: int | None = None  # the scans' V block alone (None: block_v; the reads keep block_v)
+    probe_reads_rows: bool = True   # the fused probe (learned, bounded_erase) reads ν = Q M and dQ from the
+    #                                 rows of fla's h and of the stored states (optimized.nested.snapshot_reads);
+    #                                 False: from a gathered float32 copy of the snapshots in each pass
     split_stored_states: bool = True  # level 1's stored states and the higher levels' in two allocations
     #                                   (optimized.nested.stored_states; the second freed after level 2's
     #                                   reverse scan); False: one allocation, alive until level 1's scan
+
+    def reads_rows(self, scheme: str) -> bool:
+        """Whether the fused probe of ``scheme`` reads its snapshots in place (``probe_reads_rows``;
+        merge's ν is the snapshots themselves)."""
+        return self.probe_reads_rows and scheme != "merge"
 
     def scan_block(self) -> int | None:
         """The V block of the promote scans: ``scan_block_v``, else ``block_v``."""

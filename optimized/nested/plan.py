@@ -156,6 +156,10 @@ class DeviceTables:
     ``add_rounds[ℓ]``: the deterministic rounds of ``dstates[ℓ-1][sources[ℓ]] += d_snaps``
     (each round a (targets, rows) pair with distinct targets).
     ``slots`` int32 ``[N]``: the level-0 injection slots of level 1's snapshots.
+    ``snap_rows[ℓ]`` int32 ``[F_ℓ]``: the row each of level ℓ's firings probes, for the probe's
+    in-place read (``snapshot_reads.SnapshotRows``): for ℓ = 1 a row of fla's ``h`` (``c + 1``
+    for an end of chunk c), or ``-1 - i`` for the final state ``i`` (one sequence per row:
+    ``-1``, the batch entry's own; packed: sequence i's); for ℓ ≥ 2 a row of level ℓ-1's states.
     ``packed``: a ``PackedPlan``'s extra tables (``PackedTables``), else None.
     """
     S: int
@@ -169,6 +173,7 @@ class DeviceTables:
     end_includes_final: bool
     add_rounds: tuple
     slots: object
+    snap_rows: tuple
     packed: PackedTables | None = None
 
     def level_rows(self, ℓ: int) -> slice:
@@ -253,7 +258,16 @@ def device_tables(plan: Plan | PackedPlan, device) -> DeviceTables:
         row_chunk_hi=hi, sources=tuple(sources),
         end_index=_as_slice(inner) or torch.tensor(inner, dtype=torch.long, device=device),
         end_includes_final=bool(ends) and ends[-1] == N - 1,
-        add_rounds=tuple(rounds), slots=injection_slots(N, ends, device))
+        add_rounds=tuple(rounds), slots=injection_slots(N, ends, device),
+        snap_rows=_snap_rows(inner + [-1] * (bool(ends) and ends[-1] == N - 1), plan.sources, L, device))
+
+
+def _snap_rows(level1: list, sources, L: int, device) -> tuple:
+    """``DeviceTables.snap_rows``: level 1's rows as given, level ℓ ≥ 2's its ``sources``."""
+    import torch
+
+    return (None,) + tuple(torch.tensor(level1 if ℓ == 1 else list(sources[ℓ]), dtype=torch.int32, device=device)
+                           for ℓ in range(1, L))
 
 
 def _packed_device_tables(plan: PackedPlan, device) -> DeviceTables:
@@ -280,16 +294,18 @@ def _packed_device_tables(plan: PackedPlan, device) -> DeviceTables:
         starts.append(starts[-1] + T_i)
     bounds = [(starts[i] + c * CHUNK, min(starts[i] + (c + 1) * CHUNK, starts[i + 1]))
               for i, p in enumerate(plan.plans) for c in range(p.N)]
-    end_pos, end_chunk, final_pos, final_seq = [], [], [], []
+    end_pos, end_chunk, final_pos, final_seq, level1 = [], [], [], [], []
     if L >= 2:
         for i, p in enumerate(plan.plans):
             for m, c in enumerate(p.sources[1]):
                 if c + 1 < p.N:
                     end_pos.append(fo[1][i] + m)
                     end_chunk.append(co[i] + c + 1)
+                    level1.append(co[i] + c + 1)
                 else:
                     final_pos.append(fo[1][i] + m)
                     final_seq.append(i)
+                    level1.append(-1 - i)
     cu_seqlens = torch.tensor(starts, **i64)
     packed = PackedTables(
         cu_seqlens=cu_seqlens, chunk_indices=prepare_chunk_indices(cu_seqlens, CHUNK),
@@ -302,4 +318,4 @@ def _packed_device_tables(plan: PackedPlan, device) -> DeviceTables:
         S=S, row_offset=tuple(row_offset), read_row=read_row, row_level=row_level, row_chunk_lo=lo,
         row_chunk_hi=hi, sources=tuple(sources), end_index=None, end_includes_final=False,
         add_rounds=tuple(rounds), slots=injection_slots(N, plan.sources[1] if L > 1 else (), device),
-        packed=packed)
+        snap_rows=_snap_rows(level1, plan.sources, L, device), packed=packed)

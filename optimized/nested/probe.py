@@ -4,8 +4,9 @@ from __future__ import annotations
 import torch
 
 from optimized.level0 import chunk_end_states
-from optimized.nested.stored_states import as_stored
 from optimized.nested.plan import Plan
+from optimized.nested.snapshot_reads import SnapshotRows
+from optimized.nested.stored_states import as_stored
 from reference.nested import Level
 from reference.schemes import get_scheme
 
@@ -34,6 +35,15 @@ def _snapshots(plan: Plan, tables, ℓ: int, states: torch.Tensor | None, h=None
     if not plan.sources[ℓ]:
         return below[:, :0]
     return below.index_select(1, tables.sources[ℓ])
+
+
+def snapshot_rows(tables, ℓ: int, states, h: torch.Tensor, ht0: torch.Tensor) -> SnapshotRows:
+    """What ``_snapshots`` gathers, as rows of the tensors that hold them (no copy): for ℓ = 1
+    fla's chunk states ``h`` and the final states ``ht0``, for ℓ ≥ 2 level ℓ-1's stored states
+    (``snapshot_reads``; the fused probe reads them in place)."""
+    if ℓ == 1:
+        return SnapshotRows(h, tables.snap_rows[1], ht0)
+    return SnapshotRows(as_stored(states).level(tables, ℓ - 1), tables.snap_rows[ℓ])
 
 
 def _packed_chunk_end_states(packed, h: torch.Tensor, ht0: torch.Tensor) -> torch.Tensor:

@@ -9,7 +9,8 @@ hand-written backward: no autograd graph, no replay.
 
 Forward (``Bt`` = product of the leading dims, rows ``r = (b, i)`` of one head)::
 
-    ν   = Q M                                   one batched matmul           (merge: ν = M)
+    ν   = Q M                                   one batched matmul           (merge: ν = M), or
+                                                read from the snapshots' rows in place (``SnapshotRows``)
     Z   = ν [W_K | W_β | W_ω | W_γ]             ONE bmm over H: [H, Bt·n, V] @ [H, V, C]
     κ   = l2norm(Z_K)                           (merge: κ = I)
     β   = σ(Z_β)                                (bounded_erase: mean_k σ(Z_β) / max(1, Σ_j |κ_i·κ_j|))
@@ -29,7 +30,7 @@ Backward, per row (``s = 1/sqrt(|Z_K|² + 1e-6)``)::
     dZ_γ = −(dγ / n or dγ) ⊙ softplus'(Z_γ)     softplus' = e/(1+e), 1 above torch's threshold 20
     dν'  = dν + dZ Wᵀ                           one bmm over H (ν is itself an output: dν adds)
     dW   = νᵀ dZ                                one bmm over H, summed over rows (B, F, pairs)
-    dQ   = Σ_lead dν' Mᵀ,  d_snaps = Qᵀ dν'      (merge: d_snaps = dν')
+    dQ   = Σ_lead dν' Mᵀ,  d_snaps = Qᵀ dν'      (merge: d_snaps = dν'; dQ read in place from ``SnapshotRows``)
 
 The five outputs are contiguous (``merge``'s ν is the snapshots themselves, as in the reference:
 no copy when they are contiguous; its κ is a materialised identity). The sigmoid and softplus
@@ -60,6 +61,7 @@ import torch
 import torch.nn.functional as F
 
 from optimized.nested.probe_gates import GATE_SCHEMES, probe_gates_bwd, probe_gates_fwd
+from optimized.nested.snapshot_reads import SnapshotRows, snapshot_read, snapshot_read_dq
 from reference.schemes import check_reduction
 
 FUSED_SCHEMES = ("learned", "merge", "bounded_erase")
@@ -121,42 +123,52 @@ def _check_gates(gates):
         raise ValueError(f"gates must be one of {GATES}, got {gates!r}")
 
 
-def probe_fwd(scheme: str, snaps: torch.Tensor, params: dict, reduction: str = "mean",
+def probe_fwd(scheme: str, snaps, params: dict, reduction: str = "mean",
               keep_preactivations: bool = True, precision: str = "ieee", gates: str = "torch"):
     """The scheme's five outputs ``(κ [..., H, n, K], ν [..., H, n, V], β [..., H, n, K],
     ω [..., H, n, V], γ [..., H, K])``, contiguous, and the ``FusedSaved`` of the backward
     (``keep_preactivations=False``: no pre-activations kept, the backward recomputes them).
-    ``precision``: of its float32 matmuls on CUDA (``float32_matmuls``). ``gates="triton"``:
-    κ, β, ω, γ from ``z`` in one kernel (``optimized.nested.probe_gates``; learned and merge,
-    bounded_erase keeps these PyTorch gates)."""
+    ``snaps``: the snapshots ``[..., H, K, V]`` float32, or (``learned``, ``bounded_erase``) a
+    ``snapshot_reads.SnapshotRows`` ``[B, F, H, K, V]``: ``ν = Q M`` read from the rows that hold
+    them, no gathered copy. ``precision``: of its float32 matmuls on CUDA (``float32_matmuls``)
+    and of the in-place read's dots. ``gates="triton"``: κ, β, ω, γ from ``z`` in one kernel
+    (``optimized.nested.probe_gates``; learned and merge, bounded_erase keeps these PyTorch gates)."""
     _check_gates(gates)
+    _check_rows(scheme, snaps)
     with float32_matmuls(precision):
-        return _probe_fwd(scheme, snaps, params, reduction, keep_preactivations, gates)
+        return _probe_fwd(scheme, snaps, params, reduction, keep_preactivations, gates, precision)
 
 
-def _probe_fwd(scheme, snaps, params, reduction, keep_preactivations, gates="torch"):
+def _check_rows(scheme, snaps):
+    if isinstance(snaps, SnapshotRows) and scheme == "merge":
+        raise ValueError("merge's ν is the snapshots themselves: pass them as a tensor, not as SnapshotRows")
+
+
+def _probe_fwd(scheme, snaps, params, reduction, keep_preactivations, gates="torch", precision="ieee"):
     _check_scheme(scheme)
     check_reduction(reduction)
     *lead, H, K, V = snaps.shape
     lead = tuple(lead)
     Bt = math.prod(lead)
-    snaps4 = snaps.reshape(Bt, H, K, V)
     if scheme == "merge":
         n = K
-        ν4 = snaps4.contiguous()
+        ν4 = snaps.reshape(Bt, H, K, V).contiguous()
+    elif isinstance(snaps, SnapshotRows):
+        n = params["Q"].shape[-2]
+        ν4 = snapshot_read(params["Q"], snaps, precision).view(Bt, H, n, V)   # read in place
     else:
         n = params["Q"].shape[-2]
-        ν4 = torch.matmul(params["Q"], snaps4)                     # [Bt, H, n, V]
+        ν4 = torch.matmul(params["Q"], snaps.reshape(Bt, H, K, V))  # [Bt, H, n, V]
     nu_h = ν4.transpose(0, 1).reshape(H, Bt * n, V)                # head-major copy
     _, W = _weights(scheme, params)
     z = torch.bmm(nu_h, W)                                         # [H, Bt·n, C]: the one matmul
     z4 = z.view(H, Bt, n, W.shape[-1])
 
-    new = snaps.new_empty
+    new = ν4.new_empty
     κ, β, ω, γ = new(Bt, H, n, K), new(Bt, H, n, K), new(Bt, H, n, V), new(Bt, H, K)
     κh, βh, ωh = κ.transpose(0, 1), β.transpose(0, 1), ω.transpose(0, 1)   # [H, Bt, n, *] views
     if scheme == "merge":
-        κ.copy_(torch.eye(K, dtype=snaps.dtype, device=snaps.device))
+        κ.copy_(torch.eye(K, dtype=ν4.dtype, device=ν4.device))
     if gates == "triton" and scheme in GATE_SCHEMES:
         probe_gates_fwd(scheme, z, Bt, H, n, K, V, reduction, None if scheme == "merge" else κ, β, ω, γ)
     else:
@@ -188,19 +200,21 @@ def _head_major(x, Bt, H, rows, last):
     return x.reshape(Bt, H, rows, last).transpose(0, 1)
 
 
-def probe_bwd(scheme: str, saved: FusedSaved, snaps: torch.Tensor, params: dict, reduction: str,
+def probe_bwd(scheme: str, saved: FusedSaved, snaps, params: dict, reduction: str,
               dκ=None, dν=None, dβ=None, dω=None, dγ=None, *, precision: str = "ieee",
               gates: str = "torch"):
     """Gradients of the snapshots and of every parameter from the gradients of the five outputs
-    (``None``: zero). Returns ``(d_snaps [..., H, K, V], {name: d_param})``. ``precision``: of
-    its float32 matmuls on CUDA (``float32_matmuls``). ``gates``: as in ``probe_fwd`` (the
-    gates' backward in one kernel)."""
+    (``None``: zero). Returns ``(d_snaps [..., H, K, V], {name: d_param})``. ``snaps``: as
+    given to ``probe_fwd`` (a tensor or ``SnapshotRows``: ``dQ`` then read from the rows in
+    place). ``precision``: of its float32 matmuls on CUDA (``float32_matmuls``) and the in-place
+    read's dots. ``gates``: as in ``probe_fwd`` (the gates' backward in one kernel)."""
     _check_gates(gates)
+    _check_rows(scheme, snaps)
     with float32_matmuls(precision):
-        return _probe_bwd(scheme, saved, snaps, params, reduction, dκ, dν, dβ, dω, dγ, gates)
+        return _probe_bwd(scheme, saved, snaps, params, reduction, dκ, dν, dβ, dω, dγ, gates, precision)
 
 
-def _probe_bwd(scheme, saved, snaps, params, reduction, dκ, dν, dβ, dω, dγ, gates="torch"):
+def _probe_bwd(scheme, saved, snaps, params, reduction, dκ, dν, dβ, dω, dγ, gates="torch", precision="ieee"):
     _check_scheme(scheme)
     check_reduction(reduction)
     if scheme != saved.scheme:
@@ -220,7 +234,7 @@ def _probe_bwd(scheme, saved, snaps, params, reduction, dκ, dν, dβ, dω, dγ,
     dz_rows = dz.view(H, Bt * n, C)
     dW = torch.bmm(nu_h.transpose(1, 2), dz_rows)                   # [H, V, C]
     back = torch.bmm(dz_rows, W.transpose(1, 2)).view(H, Bt, n, V).transpose(0, 1)   # [Bt, H, n, V] view
-    dνt = snaps.new_empty(Bt, H, n, V)
+    dνt = saved.nu.new_empty(Bt, H, n, V)
     if dν is None:
         dνt.copy_(back)
     else:
@@ -235,10 +249,13 @@ def _probe_bwd(scheme, saved, snaps, params, reduction, dκ, dν, dβ, dω, dγ,
     if scheme == "merge":
         d_snaps = dνt
     else:
-        snaps4 = snaps.reshape(Bt, H, K, V)
         Q = params["Q"]
         d_snaps = torch.matmul(Q.transpose(-1, -2), dνt)            # [Bt, H, K, V]
-        dparams["Q"] = torch.matmul(dνt, snaps4.transpose(-1, -2)).sum(0)   # [H, n, K], summed over lead
+        if isinstance(snaps, SnapshotRows):                         # [H, n, K], summed over (b, m)
+            dparams["Q"] = snapshot_read_dq(dνt.view(*lead, H, n, V), snaps, precision)
+        else:
+            snaps4 = snaps.reshape(Bt, H, K, V)
+            dparams["Q"] = torch.matmul(dνt, snaps4.transpose(-1, -2)).sum(0)   # [H, n, K], summed over lead
     return d_snaps.view(*lead, H, K, V), {k: dparams[k] for k in params}
 
 
