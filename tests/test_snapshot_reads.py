@@ -18,7 +18,7 @@ from property_tests.kernel_mutation import Plant, planted
 
 DEV = triton_mode.device()
 CUDA = triton_mode.MODE == triton_mode.CUDA
-MUTANT_MIN_ERROR = 1e-2     # a mutant misses by far more than any "snapshot_reads" tolerance
+MUTANT_MIN_ERROR = 0.1      # a mutant misses by far more than any "snapshot_reads" tolerance (≤ 5e-3)
 
 # name: (B, R, H, n, K, V, rows, finals, src dtype); finals: how many final states (0: none)
 CASES = {
