@@ -20,6 +20,7 @@ the Triton gates' backward kernel (``GATE_MUTANTS``) the float32 one.
 """
 from __future__ import annotations
 
+import contextlib
 from typing import NamedTuple
 
 import pytest
@@ -304,6 +305,72 @@ def test_triton_gates_mutant_fails(mutant):
     assert not failures(fused_vs_generic(d, torch.float32, gates="triton"))
     bad = failures(fused_vs_generic(d, torch.float32, mutant=mutant, log=False, gates="triton"))
     assert bad and max(e for e, _ in bad.values()) > 1e-4, bad
+
+
+# reads a block of z after writing dz's block there: right into a new buffer, wrong over z itself
+GATES_READ_AFTER_WRITE = Plant(
+    probe_gates_module, "probe_gates_bwd_kernel",
+    "                d_u = (d_k - kap * tl.sum(kap * d_k, axis=1)[:, None]) * s[:, None]",
+    """                tl.store(p_dz + o_k[None, :], d_k, mask=m_nk)
+                kap = tl.load(p_z + o_k[None, :], mask=m_nk, other=0.0) * s[:, None]
+                d_u = (d_k - kap * tl.sum(kap * d_k, axis=1)[:, None]) * s[:, None]""")
+
+
+def _gates_backward(scheme, overwrite: bool, plant=None):
+    """``probe_gates_bwd`` at n = 40, K = V = 128 (two row blocks, the last ragged), every gradient
+    given: ``(z before, z's storage after, dz)``."""
+    from optimized.nested.probe_gates import probe_gates_bwd
+
+    Bt, H, n, K, V = 2, 2, 40, 128, 128
+    C = 2 * K + V if scheme == "merge" else 3 * K + V
+    gen = torch.Generator().manual_seed(7)
+    z = (3 * torch.randn(H, Bt * n, C, generator=gen)).to(DEV)
+    grads = [torch.randn(*shape, generator=gen).to(DEV) for shape in ((Bt, H, n, K), (Bt, H, n, K),
+                                                                     (Bt, H, n, V), (Bt, H, K))]
+    if scheme == "merge":
+        grads[0] = None
+    before = z.clone()
+    with planted(plant) if plant is not None else contextlib.nullcontext():
+        dz = probe_gates_bwd(scheme, z, Bt, H, n, K, V, "mean", *grads, overwrite_z=overwrite)
+    return before, z, dz
+
+
+@pytest.mark.parametrize("scheme", GATE_SCHEMES)
+def test_triton_gates_backward_over_z_equals_a_new_buffer(scheme):
+    """``overwrite_z`` (the probe backward's recomputed ``z``, spent once read) gives ``dz`` bit for bit
+    in ``z``'s own storage; without it ``z`` is left as it was."""
+    before, z, dz_new = _gates_backward(scheme, overwrite=False)
+    assert torch.equal(z, before)
+    _, z_over, dz_over = _gates_backward(scheme, overwrite=True)
+    assert dz_over.data_ptr() == z_over.data_ptr() and torch.equal(dz_over, dz_new)
+
+
+@pytest.mark.parametrize("keep", [True, False], ids=["kept", "recomputed"])
+def test_probe_backward_leaves_kept_preactivations_intact(keep):
+    """The probe's backward writes the gates' gradient over ``z`` only when it recomputed ``z``
+    (``keep_preactivations=False``): kept pre-activations stay as the forward made them, so a second
+    backward (``retain_graph``) gives the first one's gradients bit for bit."""
+    d = ProbeDraw("learned", "mean", B=2, F=2, H=2, K=8, V=6, n=4, seed=3)
+    snaps, params, grads = probe_inputs(d)
+    f32 = lambda x: None if x is None else x.float().to(DEV)        # noqa: E731
+    snaps, params, grads = f32(snaps), {k: f32(p) for k, p in params.items()}, [f32(g) for g in grads]
+    _, saved = probe_fwd("learned", snaps, params, "mean", keep_preactivations=keep, gates="triton")
+    z = None if saved.z is None else saved.z.clone()
+    first = probe_bwd("learned", saved, snaps, params, "mean", *grads, gates="triton")
+    assert (saved.z is None) if not keep else torch.equal(saved.z, z)
+    second = probe_bwd("learned", saved, snaps, params, "mean", *grads, gates="triton")
+    assert torch.equal(first[0], second[0]) and all(torch.equal(first[1][k], second[1][k]) for k in first[1])
+
+
+@pytest.mark.mutation
+def test_gates_backward_over_z_catches_a_read_after_write():
+    """A kernel that reads a block of ``z`` after writing ``dz``'s there is right into a new buffer
+    and wrong over ``z``: the in-place property fails it."""
+    _, _, right = _gates_backward("learned", overwrite=False)
+    _, _, twin_new = _gates_backward("learned", overwrite=False, plant=GATES_READ_AFTER_WRITE)
+    _, _, twin_over = _gates_backward("learned", overwrite=True, plant=GATES_READ_AFTER_WRITE)
+    assert torch.allclose(twin_new, right, rtol=1e-6, atol=1e-6)
+    assert (twin_over - right).abs().max() > 1e-2
 
 
 def test_triton_gates_refuse_bounded_erase_and_bad_z():

@@ -48,7 +48,8 @@ Gram matrix, ν's head-major copy) is recomputed in the backward. Memory beyond 
 elements of the snapshots' dtype: ``H·B·F·n·(3K + V)`` for ``learned`` / ``bounded_erase`` and
 ``H·B·F·K·(2K + V)`` for ``merge`` (n = K), about as much as the outputs κ, β, ω; with
 ``keep_preactivations=False`` none, and the backward recomputes ``z`` (one more bmm, the
-forward's). The backward's transients: ``dz`` (as ``z``), ``ν``'s and ``dν'``'s head-major copies
+forward's). The backward's transients: ``dz`` (as ``z``; with the Triton gates written over a
+recomputed ``z``, which is spent once they have read it), ``ν``'s and ``dν'``'s head-major copies
 ``H·B·F·n·V`` each, and for bounded_erase the Gram matrix ``H·B·F·n²``.
 """
 from __future__ import annotations
@@ -226,7 +227,9 @@ def _probe_bwd(scheme, saved, snaps, params, reduction, dκ, dν, dβ, dω, dγ,
     nu_h = saved.nu.reshape(Bt, H, n, V).transpose(0, 1).reshape(H, Bt * n, V)   # head-major copy
     z = torch.bmm(nu_h, W) if saved.z is None else saved.z
     if gates == "triton" and scheme in GATE_SCHEMES:
-        dz = probe_gates_bwd(scheme, z, Bt, H, n, K, V, reduction, dκ, dβ, dω, dγ)
+        # a recomputed z is spent once the gates' backward has read it: dz goes over it (the
+        # probe backward's largest buffer, 0.25 GiB a level at L = 4, where the step peaks)
+        dz = probe_gates_bwd(scheme, z, Bt, H, n, K, V, reduction, dκ, dβ, dω, dγ, overwrite_z=saved.z is None)
     else:
         dz = _gates_bwd_torch(scheme, z, Bt, H, n, K, V, reduction, dκ, dβ, dω, dγ)
 

@@ -182,10 +182,15 @@ def probe_gates_fwd(scheme: str, z: torch.Tensor, Bt: int, H: int, n: int, K: in
 
 
 def probe_gates_bwd(scheme: str, z: torch.Tensor, Bt: int, H: int, n: int, K: int, V: int, reduction: str,
-                    dkappa=None, dbeta=None, domega=None, dgamma=None) -> torch.Tensor:
-    """``dz [H, Bt·n, C]`` float32 from the gates' gradients (any may be None)."""
+                    dkappa=None, dbeta=None, domega=None, dgamma=None, overwrite_z: bool = False) -> torch.Tensor:
+    """``dz [H, Bt·n, C]`` float32 from the gates' gradients (any may be None).
+
+    ``overwrite_z``: write ``dz`` over ``z`` (the caller's ``z`` is spent; no second buffer of its
+    size). Safe in place: a program reads each block of columns of its rows of ``z`` before it
+    writes the same block of ``dz``, the value written depends on the value read, and no program
+    reads another's rows."""
     C, off_b, BN, BK, BV = _sizes(scheme, z, Bt, H, n, K, V)
-    dz = torch.empty_like(z)
+    dz = z if overwrite_z else torch.empty_like(z)
     if Bt * H * n == 0:
         return dz
     grads = [None if x is None else x.float().contiguous() for x in (dkappa, dbeta, domega, dgamma)]
