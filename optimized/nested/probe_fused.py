@@ -154,12 +154,10 @@ def _probe_fwd(scheme, snaps, params, reduction, keep_preactivations, gates="tor
     if scheme == "merge":
         n = K
         ν4 = snaps.reshape(Bt, H, K, V).contiguous()
-    elif isinstance(snaps, SnapshotRows):
+    else:                                                           # [Bt, H, n, V]
         n = params["Q"].shape[-2]
-        ν4 = snapshot_read(params["Q"], snaps, precision).view(Bt, H, n, V)   # read in place
-    else:
-        n = params["Q"].shape[-2]
-        ν4 = torch.matmul(params["Q"], snaps.reshape(Bt, H, K, V))  # [Bt, H, n, V]
+        ν4 = (snapshot_read(params["Q"], snaps, precision).view(Bt, H, n, V) if isinstance(snaps, SnapshotRows)
+              else torch.matmul(params["Q"], snaps.reshape(Bt, H, K, V)))
     nu_h = ν4.transpose(0, 1).reshape(H, Bt * n, V)                # head-major copy
     _, W = _weights(scheme, params)
     z = torch.bmm(nu_h, W)                                         # [H, Bt·n, C]: the one matmul
