@@ -139,7 +139,7 @@ def _row(sweep, config, impl, queries, L, K, **ratios):
 
 
 def test_targets_are_judged_at_their_limits():
-    """Every target of the performance issue, judged on the right rows: at its limit it is met, just
+    """Every performance target, judged on the right rows: at its limit it is met, just
     above it not; the memory targets on the inputs-included ratio, the step's own shown beside it."""
     rows = [
         _row("depth", "depth-K128-L2", "nested", "ladder", 2, 128, fwd_vs_flat=0.9, fwdbwd_vs_flat=0.76),
