@@ -56,6 +56,17 @@ def nested_bwd(saved: NestedSaved, do, dfinals, release: bool = False):
     dparams = [None] * L
     d_ends = None
     h, ht0 = s.level0.h, s.h_final0
+
+    def release_spent_states(ℓ):
+        """Right after level ℓ's reverse scan, unless the graph is kept: the stored states of levels
+        ≥ 2 once level 2's is done, every level's (and level 0's output) once level 1's is done."""
+        nonlocal dstates_of
+        if release and ℓ == 2:
+            s.release_higher_states()
+        if release and ℓ == 1:
+            dstates_of = None                               # (its closure holds them)
+            s.release_states()
+
     for ℓ in range(L - 1, 0, -1):
         level = s.levels[ℓ - 1]
         if s.probes[ℓ] is not None:         # fused probe of a built-in scheme: hand-written backward
@@ -68,8 +79,7 @@ def nested_bwd(saved: NestedSaved, do, dfinals, release: bool = False):
                                                  precision=s.pieces.scan_precision(q.dtype, "bwd"),
                                                  **scan_kwargs(tables, ℓ))
             level_dstates[ℓ] = None                        # spent before the probe's backward
-            if release and ℓ == 2:          # the scans of levels ≥ 2 are done: their stored states are spent
-                s.release_higher_states()
+            release_spent_states(ℓ)         # (level ℓ's snapshots are level ℓ-1's rows or fla's h: kept)
             # the snapshots only after the scan: not alive at its peak (level 1's are a float32
             # copy of fla's h, 0.5 GiB at L = 4, where the step peaked in level 1's scan), or
             # none at all: the rows that hold them, read in place by the probe's backward
@@ -78,9 +88,6 @@ def nested_bwd(saved: NestedSaved, do, dfinals, release: bool = False):
                     snaps = snapshot_rows(tables, ℓ, s.states, h, ht0)
                 else:
                     snaps = _snapshots(plan, tables, ℓ, s.states, h, ht0)
-            if release and ℓ == 1:          # every level's scan is done: the stored states are spent
-                dstates_of = None                           # (its closure holds them)
-                s.release_states()
             with record_function("nested.probe_bwd"):
                 d_snaps, d_p = probe_bwd(level.scheme, probe_saved, snaps, p32, level.reduction, *d_pairs,
                                          precision=s.pieces.probe_precision(q.dtype), gates=s.pieces.probe_gates)
@@ -91,11 +98,7 @@ def nested_bwd(saved: NestedSaved, do, dfinals, release: bool = False):
         else:                               # generic: replay the scheme's probe under autograd
             with record_function("nested.generic_probe_bwd"):
                 dM0, dparams[ℓ], d_snaps = _generic_probe_bwd(s, plan, tables, ℓ, level, level_dstates[ℓ], H, K, V)
-            if release and ℓ == 2:
-                s.release_higher_states()
-            if release and ℓ == 1:
-                dstates_of = None
-                s.release_states()
+            release_spent_states(ℓ)
         dinit[ℓ] = dM0 if s.has_initial[ℓ] else None
         level_dstates[ℓ] = d_pairs = None                  # spent (dM0 may still view it)
         if ℓ == 1:
