@@ -31,6 +31,9 @@ heads. Variants (``--variants``, default all):
 - ``snapshot-copies``: the default op with the fused probe reading a gathered float32 copy of its
   snapshots in each pass (``Pieces(probe_reads_rows=False)``; the default reads ``ν = Q M`` and
   ``dQ`` from fla's chunk states and the stored states in place, ``optimized.nested.snapshot_reads``);
+- ``dz-new-buffer``: the default op with the Triton gates' backward writing ``dz`` into a new buffer
+  (``Pieces(gates_dz_over_z=False)``; the default writes it over the ``z`` the probe's backward
+  recomputed);
 - ``gates-triton``: the default op with the fused probe's gates (l2norm, sigmoids, softplus and its
   reduction, and their backward) in one Triton kernel per pass (``optimized.nested.probe_gates``).
 
@@ -113,7 +116,7 @@ def _floor_ms(name, B, T, H, K, L, dtype, rates) -> tuple[float, float]:
 
 VARIANTS = ("torch", "generic", "fused-ieee", "scan-tf32", "triton", "triton+check", "bv16", "bv64", "keep-z", "scan-2phase",
             "scan-bv16", "bn16", "bn64", "gates-triton", "gates-torch", "scan-2phase-bn16", "rstates-bv32",
-            "rstates-bv64", "states-one-buffer", "snapshot-copies")
+            "rstates-bv64", "states-one-buffer", "snapshot-copies", "dz-new-buffer")
 
 
 def _ops(B, T, H, K, V, L, dtype, seed, names=VARIANTS, device="cuda"):
@@ -164,6 +167,7 @@ def _ops(B, T, H, K, V, L, dtype, seed, names=VARIANTS, device="cuda"):
         # (the default splits off the levels ≥ 2, freed after level 2's scan)
         "states-one-buffer": Pieces(split_stored_states=False),
         "snapshot-copies": Pieces(probe_reads_rows=False),
+        "dz-new-buffer": Pieces(gates_dz_over_z=False),
     }
     for name in names:
         if name == "flat":

@@ -90,7 +90,8 @@ def nested_bwd(saved: NestedSaved, do, dfinals, release: bool = False):
                     snaps = _snapshots(plan, tables, ℓ, s.states, h, ht0)
             with record_function("nested.probe_bwd"):
                 d_snaps, d_p = probe_bwd(level.scheme, probe_saved, snaps, p32, level.reduction, *d_pairs,
-                                         precision=s.pieces.probe_precision(q.dtype), gates=s.pieces.probe_gates)
+                                         precision=s.pieces.probe_precision(q.dtype), gates=s.pieces.probe_gates,
+                                         dz_over_z=s.pieces.gates_dz_over_z)
             dparams[ℓ] = {n: d_p[n] for n in p32}
             if release:                     # this level's probe outputs and intermediates are spent
                 s.release_probe(ℓ)          # (H200, L = 6: the peak was level 2's probe backward with

@@ -114,6 +114,8 @@ class Pieces:
     split_stored_states: bool = True  # level 1's stored states and the higher levels' in two allocations
     #                                   (optimized.nested.stored_states; the second freed after level 2's
     #                                   reverse scan); False: one allocation, alive until level 1's scan
+    gates_dz_over_z: bool = True    # the Triton gates' backward writes dz over the z the probe's backward
+    #                                 recomputed (never over kept z); False: dz in a new buffer
 
     def reads_rows(self, scheme: str) -> bool:
         """Whether the fused probe of ``scheme`` reads its snapshots in place (``probe_reads_rows``;

@@ -201,19 +201,22 @@ def _head_major(x, Bt, H, rows, last):
 
 def probe_bwd(scheme: str, saved: FusedSaved, snaps, params: dict, reduction: str,
               dκ=None, dν=None, dβ=None, dω=None, dγ=None, *, precision: str = "ieee",
-              gates: str = "torch"):
+              gates: str = "torch", dz_over_z: bool = True):
     """Gradients of the snapshots and of every parameter from the gradients of the five outputs
     (``None``: zero). Returns ``(d_snaps [..., H, K, V], {name: d_param})``. ``snaps``: as
     given to ``probe_fwd`` (a tensor or ``SnapshotRows``: ``dQ`` then read from the rows in
     place). ``precision``: of its float32 matmuls on CUDA (``float32_matmuls``) and the in-place
-    read's dots. ``gates``: as in ``probe_fwd`` (the gates' backward in one kernel)."""
+    read's dots. ``gates``: as in ``probe_fwd`` (the gates' backward in one kernel). ``dz_over_z``:
+    with the Triton gates, write the pre-activations' gradient over the pre-activations this
+    backward recomputed (never over kept ones); False: into a new buffer."""
     _check_gates(gates)
     _check_rows(scheme, snaps)
     with float32_matmuls(precision):
-        return _probe_bwd(scheme, saved, snaps, params, reduction, dκ, dν, dβ, dω, dγ, gates, precision)
+        return _probe_bwd(scheme, saved, snaps, params, reduction, dκ, dν, dβ, dω, dγ, gates, precision, dz_over_z)
 
 
-def _probe_bwd(scheme, saved, snaps, params, reduction, dκ, dν, dβ, dω, dγ, gates="torch", precision="ieee"):
+def _probe_bwd(scheme, saved, snaps, params, reduction, dκ, dν, dβ, dω, dγ, gates="torch", precision="ieee",
+               dz_over_z=True):
     _check_scheme(scheme)
     check_reduction(reduction)
     if scheme != saved.scheme:
@@ -227,7 +230,8 @@ def _probe_bwd(scheme, saved, snaps, params, reduction, dκ, dν, dβ, dω, dγ,
     if gates == "triton" and scheme in GATE_SCHEMES:
         # a recomputed z is spent once the gates' backward has read it: dz goes over it (the
         # probe backward's largest buffer, 0.25 GiB a level at L = 4, where the step peaks)
-        dz = probe_gates_bwd(scheme, z, Bt, H, n, K, V, reduction, dκ, dβ, dω, dγ, overwrite_z=saved.z is None)
+        dz = probe_gates_bwd(scheme, z, Bt, H, n, K, V, reduction, dκ, dβ, dω, dγ,
+                             overwrite_z=dz_over_z and saved.z is None)
     else:
         dz = _gates_bwd_torch(scheme, z, Bt, H, n, K, V, reduction, dκ, dβ, dω, dγ)
 
