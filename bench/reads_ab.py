@@ -20,8 +20,9 @@ heads. Variants (``--variants``, default all):
   H200 2026-11-30: slower, 37.45 against 35.46 ms at L = 4);
 - ``scan-bv16``: the default op with V blocks of 16 in the scans only (``Pieces.scan_block_v``; the
   reads keep 32): twice the programs for the scans' sequential chains;
-- ``bn16``, ``bn64``: the default op with pair blocks of 16 / 64 in the scans (default 32 at
-  K ≤ 128): the ladder's upper levels (n = 64, 128) run n / BN pair blocks one after another per firing;
+- ``bn32``, ``bn64``: the default op with pair blocks of 32 / 64 in the scans (default 16; 32 until
+  2026-12-02, when the default's 16 was the variant ``bn16``): the ladder's upper levels (n = 64, 128)
+  run n / BN pair blocks one after another per firing, but blocks over 16 spill registers at K = 128;
 - ``rstates-bv32``, ``rstates-bv64``: the default op with V blocks of 32 / 64 in the reads'
   state-gradient kernel alone (``reads_router_bwd(states_block_v=…)``; default 128 at K ≤ 128,
   ``reads_bwd.states_block_v``; 32 until 2026-12-02);
@@ -115,7 +116,7 @@ def _floor_ms(name, B, T, H, K, L, dtype, rates) -> tuple[float, float]:
 
 
 VARIANTS = ("torch", "generic", "fused-ieee", "scan-tf32", "triton", "triton+check", "bv16", "bv64", "keep-z", "scan-2phase",
-            "scan-bv16", "bn16", "bn64", "gates-triton", "gates-torch", "scan-2phase-bn16", "rstates-bv32",
+            "scan-bv16", "bn32", "bn64", "gates-triton", "gates-torch", "rstates-bv32",
             "rstates-bv64", "states-one-buffer", "snapshot-copies", "dz-new-buffer")
 
 
@@ -153,12 +154,10 @@ def _ops(B, T, H, K, V, L, dtype, seed, names=VARIANTS, device="cuda"):
         "keep-z": Pieces(probe_keeps_preactivations=True),
         "scan-2phase": Pieces(scan_bwd=scan_bwd_two_phase),
         "scan-bv16": Pieces(scan_block_v=16),
-        "bn16": Pieces(block_n=16),
+        "bn32": Pieces(block_n=32),
         "bn64": Pieces(block_n=64),
         "gates-triton": Pieces(probe_gates="triton"),   # the default
         "gates-torch": Pieces(probe_gates="torch"),
-        # pair blocks of 16: neither reverse-scan kernel spills at K = 128 (scripts/kernel_resources.py)
-        "scan-2phase-bn16": Pieces(scan_bwd=scan_bwd_two_phase, block_n=16),
         # the reads' state-gradient kernel alone with V blocks of 32 / 64 (default 128 at K ≤ 128: one
         # program per stored row and head; at 32, four, each recomputing the router and p ⊙ q)
         "rstates-bv32": Pieces(reads_bwd=partial(reads_router_bwd, states_block_v=32)),

@@ -67,15 +67,15 @@ def _variants() -> dict:
 
     return {
         "fwd": fwd(), "fwd-s1": fwd(num_stages=1), "fwd-s2": fwd(num_stages=2),
-        "fwd-bn16": fwd(block_n=16), "fwd-tf32": fwd(precision="tf32"),
+        "fwd-bn32": fwd(block_n=32), "fwd-tf32": fwd(precision="tf32"),
         "fwd-tf32-s2": fwd(precision="tf32", num_stages=2), "fwd-tf32-w4-s2": fwd(precision="tf32", num_warps=4,
                                                                                  num_stages=2),
         "fwd-tf32-bv64-s2": fwd(precision="tf32", block_v=64, num_stages=2),
         "bwd": bwd(), "bwd-s1": bwd(num_stages=1), "bwd-s2": bwd(num_stages=2),
-        "bwd-bn16": bwd(block_n=16), "bwd-bn16-s1": bwd(block_n=16, num_stages=1),
-        "bwd-bn16-s2": bwd(block_n=16, num_stages=2),
-        "2phase": two(), "2phase-bn16": two(block_n=16), "2phase-bn16-s1": two(block_n=16, num_stages=1),
-        "2phase-bn16-w4": two(block_n=16, num_warps=4),
+        "bwd-bn32": bwd(block_n=32), "bwd-bn32-s1": bwd(block_n=32, num_stages=1),
+        "bwd-bn32-s2": bwd(block_n=32, num_stages=2),
+        "2phase": two(), "2phase-bn32": two(block_n=32), "2phase-s1": two(num_stages=1),
+        "2phase-w4": two(num_warps=4),
     }
 
 

@@ -21,7 +21,8 @@ Every bucket covers every blocking path of the kernels it reaches (``covered_pat
 ``tests/test_compile_buckets.py`` asserts it): more than one block and a ragged last block along
 V (our ``BV = 32``; fla's V blocks), K not a power of two (masked columns; fla's K blocks of 64
 at ``K > 64``), a ragged last chunk, and room for a ``learned`` firing with more pairs than one
-pair block (``n > BN = 32``, ragged). Every scheme is drawn in every bucket.
+pair block, the last ragged (``n > BN = 16``, ``covering_pairs``). Every scheme is drawn in every
+bucket.
 
 Under the interpreter nothing compiles: one bucket, ``cpu``, means "the CPU menu" (small
 sizes, drawn freely), and the covering cases shrink the block sizes instead (``BV = BN = 16``).
@@ -106,6 +107,13 @@ def on_bucket(shape, family: str = "level0", index: int = 0):
 def per_bucket(budget: int, family: str) -> int:
     """A test's example budget split over the family's buckets (at least 2 per bucket)."""
     return max(2, -(-budget // len(buckets(family))))
+
+
+def covering_pairs(K: int, BN: int = 16) -> int:
+    """The most pairs a ``learned`` firing with key width ``K`` can have whose last pair block of
+    ``BN`` is ragged: ``K``, or ``K − 4`` where ``K`` is a multiple of ``BN`` (the buckets' K = 48
+    and 112 are)."""
+    return K - 4 if K % BN == 0 and K > BN + 4 else K
 
 
 def covered_paths(V: int, BV: int, n: int, BN: int, T: int, K: int) -> dict:

@@ -90,7 +90,7 @@ def warm(unit: str, require_cuda: bool = True) -> None:
         from ngdn.nested_inputs import NestedShape
 
         shape = NestedShape(B=1, T=130, H=H, L=3, K=K, V=V)
-        # pair blocks of 32 (n = K) and of 16 (n ≤ 16); with and without initial states
+        # several pair blocks (n = K) and one (n ≤ 16); with and without initial states
         checks.optimized_vs_reference(checks.OptCase(shape, seed=0, scheme=("learned", "merge"), intervals=(1, 1),
                                                      query_counts=(K, K)), dtype, log=False)
         checks.optimized_vs_reference(checks.OptCase(shape, seed=1, intervals=(1, 1), query_counts=(8, 16),

@@ -197,11 +197,12 @@ def promote_scan_bwd_kernel(
 
 def block_sizes(K: int, V: int, n: int, block_v: int | None = None,
                 block_n: int | None = None) -> tuple[int, int, int]:
-    """``BK`` covers all of K (≥ 16 for ``tl.dot``); pairs go in blocks of ``BN``; ``BV`` splits V
-    across programs."""
+    """``BK`` covers all of K (≥ 16 for ``tl.dot``); pairs go in blocks of ``BN`` (16 by default:
+    at 32 the reverse scan's float32 pair tiles spill registers at K = 128, at 16 neither scan
+    does); ``BV`` splits V across programs."""
     BK = max(16, triton.next_power_of_2(K))
     if block_n is None:
-        block_n = 32 if BK <= 128 else 16
+        block_n = 16
     BN = max(16, min(triton.next_power_of_2(block_n), triton.next_power_of_2(n)))
     if block_v is None:
         block_v = 32 if BK <= 128 else 16

@@ -27,7 +27,8 @@ import nested_optimized_mutants as mutants
 from ngdn.checks.nested_optimized import LARGE_GATES
 from ngdn.inputs import REGIMES, GDN2Shape
 from ngdn.nested_inputs import NestedShape, bounded_query_counts
-from ngdn.compile_buckets import CPU_BLOCK, LEVEL0, bucket_params, buckets, covered_paths, on_bucket
+from ngdn.compile_buckets import (CPU_BLOCK, LEVEL0, bucket_params, buckets, covered_paths, covering_pairs,
+                                  on_bucket)
 from ngdn.strategies import examples, seeds
 from ngdn.testing import kernel_dtypes, requires_cuda
 from ngdn.tolerances import assert_passes, failures, relative_error
@@ -102,13 +103,15 @@ def level0_shapes(bucket=None):
 
 def covering_case(bucket=None):
     """One case per bucket that reaches every blocking path of the scan and the reads (asserted
-    by ``tests/test_compile_buckets.py``): level 1 ``learned`` with n = K pairs (keys overlapping
-    across pair blocks, the last ragged), level 2 ``merge``, V over three or more blocks with a
+    by ``tests/test_compile_buckets.py``): level 1 ``learned`` with ``covering_pairs(K)`` pairs (K,
+    or K − 4 where K is a multiple of the pair block: keys overlapping across pair blocks, the
+    last ragged), level 2 ``merge``, V over three or more blocks with a
     ragged last one, K not a power of two, 3 chunks (the last ragged), large gates. Under the
     interpreter the scan's blocks shrink to 16 (``covering_pieces``) to keep the sizes small."""
     H, K, V = (bucket.H, bucket.K, bucket.V) if bucket is not None else (1, 20, 40)
     return Case(NestedShape(B=1, T=130, H=H, L=3, K=K, V=V), seed=5, scheme=("learned", "merge"),
-                intervals=(1, 1), query_counts=(K, K), reduction=("sum", "mean"), gate_scale=LARGE_GATES)
+                intervals=(1, 1), query_counts=(covering_pairs(K), K), reduction=("sum", "mean"),
+                gate_scale=LARGE_GATES)
 
 
 def covering_pieces(bucket=None) -> Pieces:
@@ -168,7 +171,7 @@ def test_two_phase_reverse_scan_in_the_op(bucket):
 
 def covering_paths(bucket) -> dict:
     case, pieces = covering_case(bucket), covering_pieces(bucket)
-    K, V, n = case.shape.K, case.shape.V, max(case.query_counts)
+    K, V, n = case.shape.K, case.shape.V, case.query_counts[0]
     _, BN, BV = scan_block_sizes(K, V, n, pieces.block_v, pieces.block_n)
     return covered_paths(V=V, BV=BV, n=n, BN=BN, T=case.shape.T, K=K)
 

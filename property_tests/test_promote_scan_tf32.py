@@ -18,8 +18,9 @@ from optimized.promote_scan import promote_scan_bwd, promote_scan_fwd
 from optimized.promote_scan_two_phase import promote_scan_bwd_two_phase
 
 Draw = checks.ScanDraw
-# CUDA's default blocks are BV = BN = 32: V = 80 is three V blocks (ragged), n = 48 two pair blocks.
-DRAWS = [Draw(B=2, F=6, H=2, K=48, V=80, n=48, scheme="learned", seed=1),
+# CUDA's default blocks are BV = 32, BN = 16: V = 80 is three V blocks (ragged), n = 44 three pair
+# blocks (the last ragged), n = 112 seven.
+DRAWS = [Draw(B=2, F=6, H=2, K=48, V=80, n=44, scheme="learned", seed=1),
          Draw(B=1, F=5, H=2, K=112, V=112, n=112, scheme="merge", reduction="sum", seed=2),
          Draw(B=1, F=4, H=1, K=80, V=48, n=40, scheme="bounded_erase", seed=3)]
 cuda_only = pytest.mark.skipif(not on_cuda(), reason="the interpreter computes every dot in float32")

@@ -42,11 +42,11 @@ def _kernels():
     f32 = "*fp32"
     scan_sizes = dict(H=16, K=128, V=128, BK=128)
     rows = []
-    # the default blocks (BN = 32 at K = 128; a level with n = 16 runs BN = 16), and reads_ab's variants
+    # the default blocks (BN = 16; 32 until 2026-12-02, reads_ab's bn32), and reads_ab's variants
     # ... and packed sequences (IS_VARLEN: per-sequence firing offsets), at the default blocks
-    for name, BN, BV, prec, varlen in (("", 32, 32, "tf32", False), (" bn16", 16, 32, "tf32", False),
-                                       (" bv16", 32, 16, "tf32", False), (" bn64", 64, 32, "tf32", False),
-                                       (" packed", 32, 32, "tf32", True)):
+    for name, BN, BV, prec, varlen in (("", 16, 32, "tf32", False), (" bn32", 32, 32, "tf32", False),
+                                       (" bv16", 16, 16, "tf32", False), (" bn64", 64, 32, "tf32", False),
+                                       (" packed", 16, 32, "tf32", True)):
         warps = num_warps(128, BV)      # as the scans' launchers pick them
         c = dict(scan_sizes, BN=BN, BV=BV, IS_VARLEN=varlen)
         offsets = {"fire_offsets": "*i32"}

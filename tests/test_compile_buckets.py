@@ -10,11 +10,13 @@ from optimized.state_grad import block_sizes as state_grad_block_sizes
 
 def level0_paths(bucket) -> dict:
     """Blocking paths one draw of this bucket can reach in our kernels, at their default blocks:
-    the scan (V blocks, pair blocks for a learned firing with n = K) and the state gradient (V blocks)."""
-    _, BN, BV = scan_block_sizes(bucket.K, bucket.V, bucket.K)
+    the scan (V blocks, pair blocks for a learned firing with ``covering_pairs(K)`` pairs) and the
+    state gradient (V blocks)."""
+    n = cb.covering_pairs(bucket.K)
+    _, BN, BV = scan_block_sizes(bucket.K, bucket.V, n)
     _, BV_state, _ = state_grad_block_sizes(bucket.K, bucket.V)
     ragged_T = max(t for t in bucket.seq_lens if t % 64)
-    paths = cb.covered_paths(V=bucket.V, BV=BV, n=bucket.K, BN=BN, T=ragged_T, K=bucket.K)
+    paths = cb.covered_paths(V=bucket.V, BV=BV, n=n, BN=BN, T=ragged_T, K=bucket.K)
     paths["state gradient: three or more V blocks, the last ragged"] = (
         -(-bucket.V // BV_state) >= 3 and bucket.V % BV_state != 0)
     paths["lengths: one token, below a chunk, whole chunks, a ragged last chunk"] = (
