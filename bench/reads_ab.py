@@ -35,6 +35,10 @@ heads. Variants (``--variants``, default all):
 - ``dz-new-buffer``: the default op with the Triton gates' backward writing ``dz`` into a new buffer
   (``Pieces(gates_dz_over_z=False)``; the default writes it over the ``z`` the probe's backward
   recomputed);
+- ``l0-keep``, ``l0-recompute-wy``: the default op with level 0's backward keeping every fla
+  intermediate from the forward (``Pieces(level0_recompute="none")``), or making again the WY keys
+  and gated q, k besides the gates' chunk cumsum (``"cumsum+wy"``); the default makes again only
+  the cumsum (``"cumsum"``);
 - ``gates-triton``: the default op with the fused probe's gates (l2norm, sigmoids, softplus and its
   reduction, and their backward) in one Triton kernel per pass (``optimized.nested.probe_gates``).
 
@@ -117,7 +121,8 @@ def _floor_ms(name, B, T, H, K, L, dtype, rates) -> tuple[float, float]:
 
 VARIANTS = ("torch", "generic", "fused-ieee", "scan-tf32", "triton", "triton+check", "bv16", "bv64", "keep-z", "scan-2phase",
             "scan-bv16", "bn32", "bn64", "gates-triton", "gates-torch", "rstates-bv32",
-            "rstates-bv64", "states-one-buffer", "snapshot-copies", "dz-new-buffer")
+            "rstates-bv64", "states-one-buffer", "snapshot-copies", "dz-new-buffer", "l0-keep",
+            "l0-recompute-wy")
 
 
 def _ops(B, T, H, K, V, L, dtype, seed, names=VARIANTS, device="cuda"):
@@ -167,6 +172,8 @@ def _ops(B, T, H, K, V, L, dtype, seed, names=VARIANTS, device="cuda"):
         "states-one-buffer": Pieces(split_stored_states=False),
         "snapshot-copies": Pieces(probe_reads_rows=False),
         "dz-new-buffer": Pieces(gates_dz_over_z=False),
+        "l0-keep": Pieces(level0_recompute="none"),
+        "l0-recompute-wy": Pieces(level0_recompute="cumsum+wy"),
     }
     for name in names:
         if name == "flat":

@@ -29,20 +29,28 @@ def fla_varlen(packed) -> dict:
     return {} if packed is None else dict(cu_seqlens=packed.cu_seqlens, chunk_indices=packed.chunk_indices)
 
 
+RECOMPUTE = ("none", "cumsum", "cumsum+wy")
+
+
 @dataclass
 class Level0Saved:
-    """What the backward needs from the forward (fla's intermediates, kept: no recompute)."""
+    """What the backward needs from the forward: fla's intermediates, kept, except those
+    ``recompute`` names (``RECOMPUTE``): ``"cumsum"`` drops the gates' chunk cumsum
+    ``g_cumsum`` (float32, ``[B, T, H, K]``), ``"cumsum+wy"`` also the WY keys ``w_wy`` and the
+    gated ``qg``, ``kg``; the backward makes them again from the inputs with the same fla
+    functions the forward ran (the same values, bit for bit)."""
     q: torch.Tensor
     k: torch.Tensor
     v: torch.Tensor
+    g: torch.Tensor                 # the gates as given (an input of the op: kept alive anyway)
     b: torch.Tensor
     w: torch.Tensor
-    g_cumsum: torch.Tensor
+    g_cumsum: torch.Tensor | None
     Aqk: torch.Tensor
     Akk: torch.Tensor
-    w_wy: torch.Tensor              # (fla's u, the WY values, is not kept: the backward reads v_new)
-    qg: torch.Tensor
-    kg: torch.Tensor
+    w_wy: torch.Tensor | None       # (fla's u, the WY values, is not kept: the backward reads v_new)
+    qg: torch.Tensor | None
+    kg: torch.Tensor | None
     v_new: torch.Tensor
     h: torch.Tensor
     scale: float
@@ -53,8 +61,26 @@ class Level0Saved:
         """fla's keyword arguments for packed sequences (none for one sequence per row)."""
         return fla_varlen(self.packed)
 
+    def gate_cumsum(self) -> torch.Tensor:
+        """``g_cumsum``, kept or made again (fla's ``chunk_local_cumsum``, as in the forward)."""
+        if self.g_cumsum is not None:
+            return self.g_cumsum
+        from fla.ops.utils import chunk_local_cumsum
+        from fla.ops.utils.constant import RCP_LN2
+        return chunk_local_cumsum(g=self.g, scale=RCP_LN2, chunk_size=CHUNK, **self.varlen())
 
-def level0_fwd(q, k, v, g, b, w, scale: float, initial_state=None, packed=None):
+    def wy(self, g_cumsum: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(w_wy, qg, kg)``, kept or made again (fla's ``recompute_w_u_fwd_gdn2``, the
+        function the forward's intra piece ends with)."""
+        if self.w_wy is not None:
+            return self.w_wy, self.qg, self.kg
+        from fla.ops.gdn2.wy_fast import recompute_w_u_fwd_gdn2
+        w_wy, _, qg, kg = recompute_w_u_fwd_gdn2(k=self.k, v=self.v, b=self.b, w_gate=self.w, A=self.Akk, q=self.q,
+                                                 gk=g_cumsum, **self.varlen())
+        return w_wy, qg, kg
+
+
+def level0_fwd(q, k, v, g, b, w, scale: float, initial_state=None, packed=None, recompute: str = "none"):
     """GDN-2 over the whole sequence with fla's chunk kernels.
 
     Args: ``q, k, g, b [B, T, H, K]``, ``v, w [B, T, H, V]`` (one dtype, contiguous),
@@ -65,14 +91,21 @@ def level0_fwd(q, k, v, g, b, w, scale: float, initial_state=None, packed=None):
 
     Returns ``(o [B, T, H, V] in v's dtype, final_state [B, H, K, V] float32, h, saved)``:
     ``h [B, N, H, K, V]`` the state at the start of each chunk (fla keeps it in the
-    inputs' dtype) and ``saved`` for ``level0_bwd``.
+    inputs' dtype) and ``saved`` for ``level0_bwd``, without the intermediates ``recompute``
+    names (``Level0Saved``; the backward makes them again).
     """
     from fla.ops.gdn2.chunk_fwd import chunk_gdn2_fwd
 
+    if recompute not in RECOMPUTE:
+        raise ValueError(f"recompute must be one of {RECOMPUTE}, got {recompute!r}")
     (o, final_state, g_cumsum, Aqk, Akk, w_wy, _, qg, kg, v_new, h, _) = chunk_gdn2_fwd(
         q=q, k=k, v=v, g=g, b=b, w_gate=w, scale=scale, initial_state=initial_state,
         output_final_state=True, chunk_size=CHUNK, disable_recompute=True, **fla_varlen(packed))
-    saved = Level0Saved(q, k, v, b, w, g_cumsum, Aqk, Akk, w_wy, qg, kg, v_new, h, scale,
+    if recompute != "none":
+        g_cumsum = None
+    if recompute == "cumsum+wy":
+        w_wy = qg = kg = None
+    saved = Level0Saved(q, k, v, g, b, w, g_cumsum, Aqk, Akk, w_wy, qg, kg, v_new, h, scale,
                         initial_state is not None, packed)
     return o, final_state, h, saved
 
@@ -154,17 +187,20 @@ def level0_bwd(saved: Level0Saved, do, dht=None, d_ends=None, end_chunks=None, s
                                  **varlen)
     if release:
         s.Aqk = None
-    dh, dh0, dv = state_grad(s.qg, s.kg, s.w_wy, s.g_cumsum, do, dv, s.scale, dht=dht, ds=d_ends,
+    g_cumsum = s.gate_cumsum()              # kept, or made again here (``Level0Saved``)
+    w_wy, qg, kg = s.wy(g_cumsum)
+    dh, dh0, dv = state_grad(qg, kg, w_wy, g_cumsum, do, dv, s.scale, dht=dht, ds=d_ends,
                              slots=slots, want_dh0=s.has_initial_state, **packed_grad)
+    del w_wy, qg, kg
     if release:
         s.qg = s.kg = s.w_wy = None
     dq, dk, dv, db, dw, dg, dAkk = chunk_gdn2_bwd_wy_dqkg_fused(
-        q=s.q, k=s.k, v=s.v, v_new=s.v_new, g=s.g_cumsum, b=s.b, w_gate=s.w, A=s.Akk, h=s.h, do=do,
+        q=s.q, k=s.k, v=s.v, v_new=s.v_new, g=g_cumsum, b=s.b, w_gate=s.w, A=s.Akk, h=s.h, do=do,
         dh=dh, dv=dv, scale=s.scale, chunk_size=CHUNK, **varlen)
     del dh                      # spent (the state gradients, [B, N, H, K, V])
     if release:
         s.h = s.v_new = s.Akk = None
-    dq, dk, db, dg = chunk_gdn2_bwd_intra(q=s.q, k=s.k, g=s.g_cumsum, b=s.b, dAqk=dAqk, dAkk=dAkk,
+    dq, dk, db, dg = chunk_gdn2_bwd_intra(q=s.q, k=s.k, g=g_cumsum, b=s.b, dAqk=dAqk, dAkk=dAkk,
                                           dq=dq, dk=dk, db=db, dg=dg, chunk_size=CHUNK, **varlen)
     dg = chunk_local_cumsum(dg, chunk_size=CHUNK, reverse=True, **varlen)
     return dq, dk, dv, dg, db, dw, dh0

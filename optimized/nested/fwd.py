@@ -100,7 +100,7 @@ def nested_fwd(q, k, v, g, b, w, r, levels, scale, initial_states, pieces: Piece
     # record_function ranges: the profiler's table gives each stage's device time (bench.reads_ab --profile)
     with record_function("nested.level0_fwd"):
         o0, ht0, h, saved0 = level0_fwd(q[:, :, :, 0].contiguous(), k, v, g, b, w, scale, initial_states[0],
-                                        packed=tables.packed)
+                                        packed=tables.packed, recompute=pieces.level0_recompute)
     split = pieces.split_stored_states and L > 1
     states = StoredStates.empty(B, tables.S, tables.level_rows(1).stop if split else tables.S, H, K, V, q.device)
     params = [None] + [lv.params for lv in levels]

@@ -116,6 +116,10 @@ class Pieces:
     #                                   reverse scan); False: one allocation, alive until level 1's scan
     gates_dz_over_z: bool = True    # the Triton gates' backward writes dz over the z the probe's backward
     #                                 recomputed (never over kept z); False: dz in a new buffer
+    level0_recompute: str = "cumsum"  # level 0's intermediates its backward makes again instead of keeping
+    #                                   through the upper levels' backward (optimized.level0.RECOMPUTE:
+    #                                   "none", "cumsum" the gates' float32 chunk cumsum, "cumsum+wy" also
+    #                                   fla's WY keys and gated q, k)
 
     def reads_rows(self, scheme: str) -> bool:
         """Whether the fused probe of ``scheme`` reads its snapshots in place (``probe_reads_rows``;
