@@ -184,6 +184,17 @@ def _ops(B, T, H, K, V, L, dtype, seed, names=VARIANTS, device="cuda"):
     return ops
 
 
+def inputs_gib(tensors) -> float:
+    """GiB held by an op's own inputs (each storage counted once): a step's peak with its inputs
+    included is its own peak plus these, as ``ngdn bench`` measures it with only that op's
+    inputs allocated. (Every op's inputs are built before the first step, so the allocator's
+    absolute peak counts the other ops' inputs too.)"""
+    seen = {}
+    for t in tensors:
+        seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+    return sum(seen.values()) / 2 ** 30
+
+
 def _write(out: Path, rows: list, B, T, H, K, dtype: str):
     """``reads_ab.csv`` and ``reads_ab.md`` from the rows so far (rewritten after every depth)."""
     import triton
@@ -192,11 +203,12 @@ def _write(out: Path, rows: list, B, T, H, K, dtype: str):
     for r in rows:
         f = flat.get(r["L"])
         if f is None:           # --no-flat: no ratios
-            r["fwd_vs_flat"] = r["fwdbwd_vs_flat"] = r["peak_vs_flat"] = ""
+            r["fwd_vs_flat"] = r["fwdbwd_vs_flat"] = r["peak_vs_flat"] = r["peak_incl_vs_flat"] = ""
             continue
         r["fwd_vs_flat"] = round(r["fwd_ms"] / f["fwd_ms"], 3)
         r["fwdbwd_vs_flat"] = round(r["fwdbwd_ms"] / f["fwdbwd_ms"], 3)
         r["peak_vs_flat"] = round(r["peak_extra_gib"] / f["peak_extra_gib"], 3) if f["peak_extra_gib"] else ""
+        r["peak_incl_vs_flat"] = round(r["peak_gib"] / f["peak_gib"], 3) if f["peak_gib"] else ""
     with open(out / "reads_ab.csv", "w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=list(rows[0]))
         w.writeheader()
@@ -204,13 +216,14 @@ def _write(out: Path, rows: list, B, T, H, K, dtype: str):
     lines = [f"# Nested op variants beside flat GDN-2 ({torch.cuda.get_device_name()}, "
              f"torch {torch.__version__}, triton {triton.__version__})", "",
              f"B={B}, T={T}, H={H} per level (flat: L·H heads), K=V={K}, {dtype}; do_bench medians; "
-             f"finiteness check off except `triton+check`; `peak` = memory one step allocates on top of its inputs.",
+             f"finiteness check off except `triton+check`; `peak` = memory one step allocates on top of its inputs; "
+             f"`peak incl. inputs` adds the op's own inputs (the targets' measure, as `ngdn bench`'s).",
              "", "| L | op | fwd ms | fwd+bwd ms | fwd / flat | fwd+bwd / flat | fwd+bwd floor ms | × floor | "
-                 "peak GiB | peak / flat | peak incl. inputs GiB |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+                 "peak GiB | peak / flat | peak incl. inputs GiB | incl. inputs / flat |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     lines += [f"| {r['L']} | {r['op']} | {r['fwd_ms']} | {r['fwdbwd_ms']} | {r['fwd_vs_flat']} | "
               f"{r['fwdbwd_vs_flat']} | {r['fwdbwd_floor_ms']} | {r['fwdbwd_x_floor']} | {r['peak_extra_gib']} | "
-              f"{r['peak_vs_flat']} | {r['peak_gib']} |" for r in rows]
+              f"{r['peak_vs_flat']} | {r['peak_gib']} | {r['peak_incl_vs_flat']} |" for r in rows]
     (out / "reads_ab.md").write_text("\n".join(lines) + "\n")
     return lines
 
@@ -278,8 +291,8 @@ def main(argv=None) -> int:
                     base = torch.cuda.memory_allocated()
                     step()
                     torch.cuda.synchronize()
-                    peak_total = torch.cuda.max_memory_allocated() / 2 ** 30
-                    peak = peak_total - base / 2 ** 30
+                    peak = (torch.cuda.max_memory_allocated() - base) / 2 ** 30
+                    peak_total = peak + inputs_gib([*leaves, do])
                     for t in leaves:
                         t.grad = None
                     if args.memory_at_peak and not check:

@@ -529,3 +529,9 @@ def test_reads_ab_builds_every_variant_off_the_gpu():
     for name, (leaves, forward, do) in ops.items():
         assert callable(forward) and do.shape == (1, 64, (3 if name == "flat" else 1), 16), name
         assert all(t.requires_grad and t.device.type == "cpu" for t in leaves), name
+    # a step's peak with inputs counts its own inputs only (not flat's, built beside the nested
+    # op's), each storage once: the nested variants share one input set
+    nested = ops["triton"][0] + [ops["triton"][2]]
+    want = sum(t.numel() * t.element_size() for t in nested) / 2 ** 30
+    assert reads_ab.inputs_gib(nested + [nested[0].view(-1)]) == want
+    assert reads_ab.inputs_gib(ops["flat"][0] + [ops["flat"][2]]) != want
