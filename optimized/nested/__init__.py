@@ -12,7 +12,9 @@ Computes exactly what ``reference.nested.naive_nested_gdn2`` computes (chunk siz
 stage by stage, level by level (level ℓ depends only on level ℓ-1):
 
 1. Level 0 (``optimized.level0``): fla-core's chunked GDN-2 on ``q[..., 0, :]``; keeps
-   the state at the end of every chunk (the snapshots level 1 probes).
+   the state at the end of every chunk (the snapshots level 1 probes), and fla's intermediates
+   for its backward but the gates' chunk cumsum, which that backward makes again
+   (``Pieces.level0_recompute``: the upper levels' backward, where the step peaks, runs without it).
 2. Probe (plain PyTorch, cuBLAS): for level ℓ ≥ 1 gather the snapshots of level ℓ-1
    at all of ℓ's firings and run the registered scheme's probe on all of them at once
    (``reference.schemes.get_scheme(name).probe`` on ``[B, F, H, K, V]``). The built-in
