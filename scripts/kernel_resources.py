@@ -95,7 +95,7 @@ def _fenwick_states_kernels():
                                                                "chunk_offsets": "*i64"}
     fwd = dict.fromkeys(("kg", "wy", "u", "gk", "h", "vn"), bf16) | {"h0": f32, "final": f32} | ints
     bwd = (dict.fromkeys(("qg", "kg", "wy", "gk", "do", "dv", "dh", "dv2"), bf16)
-           | {"dfinal": f32, "dpre": f32, "scale": "fp32"} | ints)
+           | {"dfinal": f32, "dcarry": f32, "dpre": f32, "scale": "fp32"} | ints)
     rows = []
     for NB in (7, 11, 2):
         BK, NBP, BV = block_sizes(128, 128, NB)
@@ -103,7 +103,8 @@ def _fenwick_states_kernels():
         name = f"NB = {NB}: [{BK}, {NBP} x {BV}]"
         opts = launch_options(BK, NBP, BV, None)
         rows.append((f"fenwick_states_fwd ({name})", fenwick_states_fwd_kernel, fwd, c, opts))
-        rows.append((f"fenwick_states_bwd ({name})", fenwick_states_bwd_kernel, bwd, c | dict(HAS_DFINAL=True), opts))
+        rows.append((f"fenwick_states_bwd ({name})", fenwick_states_bwd_kernel, bwd,
+                     c | dict(HAS_DFINAL=True, HAS_DCARRY=False), opts))
     from optimized.fenwick_gdn2.router import OWN_LEVELS, fenwick_router_bwd_kernel, fenwick_router_fwd_kernel
     from optimized.fenwick_gdn2.router import launch_blocks as router_launch
     from optimized.warps import num_warps

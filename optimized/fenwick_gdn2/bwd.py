@@ -10,6 +10,11 @@ Hand-written, no autograd inside:
    chunk's end states ``dh``, the full ``dvn``, and the first chunk's pre-state gradient.
 4. fla: ``chunk_gdn2_bwd_wy_dqkg_fused`` (WY backward on the stacked values); torch: unstack
    ``dv``, ``dw`` (own-level masks).
+
+   2–4 run on one row in time pieces (``time_pieces``), last piece first, the reverse scan of a
+   piece starting from the pre-state gradient the later piece ended with: fla's pieces work
+   chunk by chunk, so the values are those of one call, and the stacked gradients (``dh``,
+   ``dvn``, fla's all-block ``dv``, ``dw``) are alive for one piece at a time.
 5. ours (Triton, ``intra.py``): the intra-chunk read's ``d(w ⊙ v)``, ``dλ[0..6]``, its
    ``dAqk`` and its ``dL`` (through the WY inverse), added to ``dv``, ``dw``; run after the
    stacked pieces, so that its per-token outputs are not alive where the step peaks (4).
@@ -25,6 +30,10 @@ from optimized.fenwick_gdn2.intra import INTRA_LEVELS, intra_bwd
 from optimized.fenwick_gdn2.precision import dot_precision
 from optimized.fenwick_gdn2.router import router_bwd
 from optimized.fenwick_gdn2.states import CHUNK, OWN_LEVELS, states_bwd
+
+# One row's backward in up to this many time pieces (``time_pieces``): the step peaked in fla's WY
+# backward with every stacked gradient alive (bench/NOTES.md, Fenwick GDN-2, "split along time").
+TIME_PIECES = 8
 
 
 def fenwick_gdn2_bwd(s: Saved, do: torch.Tensor, dfinal: torch.Tensor | None, release: bool = False):
@@ -59,25 +68,41 @@ def fenwick_gdn2_bwd(s: Saved, do: torch.Tensor, dfinal: torch.Tensor | None, re
     else:
         do_st = torch.zeros(B, T, H, NB * V, device=do.device, dtype=s.q.dtype)
 
-    dAqk, dv_intra = chunk_kda_bwd_dAv(q=s.q, k=s.k, v=s.vn, do=do_st, A=s.Aqk, scale=s.scale, chunk_size=CHUNK,
-                                       **fla)
+    del do                    # do's float copy: read by the router's backward only
     dfinal = None if dfinal is None else dfinal.float().contiguous()
-    dh, dvn, dpre0 = states_bwd(s.qg, s.kg, s.w_wy, s.gk, do_st, dv_intra, dfinal, s.mtab, s.scale, N, J, L, V,
-                                n_own, precision=precision, dtype=s.q.dtype, p=p)
-    del dv_intra, do          # the stacked dv_intra and do's float copy: not alive in fla's WY backward
-    if release:               # read by the reverse scan only
-        s.qg = s.kg = s.w_wy = None
-    dq, dk, dv_st, db, dw_st, dg, dL = chunk_gdn2_bwd_wy_dqkg_fused(
-        q=s.q, k=s.k, v=s.v_st, v_new=s.vn, g=s.gk, b=s.b, w_gate=s.w_st, A=s.Akk,
-        h=s.h, do=do_st, dh=dh, dv=dvn, scale=s.scale, chunk_size=CHUNK, **fla)
-    del dh, dvn, do_st        # spent: the stacked tensors of the backward are not alive in fla's intra backward
-    if release:               # and the forward's: only the own blocks' masks are read from here on
-        s.h = s.vn = s.v_st = s.w_st = None
-
-    own = s.own_masks[None, :, None, :, None]                                 # [1, T, 1, 7, 1]
-    dv = (dv_st.view(B, T, H, NB, V)[:, :, :, J:].float() * own).sum(3)     # own blocks only
-    dw = dw_st.view(B, T, H, NB, V)[:, :, :, J:].float().sum(3)
-    del dv_st, dw_st          # the stacked value gradients, all blocks: only the own blocks' are used
+    out, dpre0 = {}, None
+    pieces = time_pieces(B, N, p)
+    for i in range(len(pieces) - 1, -1, -1):               # last piece first: the reverse scan's carry
+        c0, c1 = pieces[i]
+        t0, t1 = c0 * CHUNK, min(c1 * CHUNK, T)
+        tok = lambda x: x[:, t0:t1]                        # noqa: E731  (a row's views: contiguous)
+        dAqk, dv_intra = chunk_kda_bwd_dAv(q=tok(s.q), k=tok(s.k), v=tok(s.vn), do=tok(do_st), A=tok(s.Aqk),
+                                           scale=s.scale, chunk_size=CHUNK, **fla)
+        dh, dvn, dpre0 = states_bwd(tok(s.qg), tok(s.kg), tok(s.w_wy), tok(s.gk), tok(do_st), dv_intra,
+                                    dfinal if c1 == N else None, s.mtab[c0:], s.scale, c1 - c0, J, L, V, n_own,
+                                    precision=precision, dtype=s.q.dtype, p=p, dcarry=dpre0)
+        del dv_intra              # the stacked dv_intra: not alive in fla's WY backward
+        if release and i == 0:    # read by the reverse scan only
+            s.qg = s.kg = s.w_wy = None
+        dq, dk, dv_st, db, dw_st, dg, dL = chunk_gdn2_bwd_wy_dqkg_fused(
+            q=tok(s.q), k=tok(s.k), v=tok(s.v_st), v_new=tok(s.vn), g=tok(s.gk), b=tok(s.b), w_gate=tok(s.w_st),
+            A=tok(s.Akk), h=s.h[:, c0:c1], do=tok(do_st), dh=dh, dv=dvn, scale=s.scale, chunk_size=CHUNK, **fla)
+        del dh, dvn               # spent: the stacked gradients of the piece
+        if release and i == 0:    # the forward's stacked tensors: only the own blocks' masks are read
+            s.h = s.vn = s.v_st = s.w_st = None             # from here on
+        own = s.own_masks[None, t0:t1, None, :, None]                         # [1, Tp, 1, 7, 1]
+        dv = (dv_st.view(B, t1 - t0, H, NB, V)[:, :, :, J:].float() * own).sum(3)     # own blocks only
+        dw = dw_st.view(B, t1 - t0, H, NB, V)[:, :, :, J:].float().sum(3)
+        del dv_st, dw_st          # the stacked value gradients, all blocks: only the own blocks' are used
+        for name, x in (("dAqk", dAqk), ("dq", dq), ("dk", dk), ("db", db), ("dg", dg), ("dL", dL), ("dv", dv),
+                        ("dw", dw)):
+            if len(pieces) == 1:
+                out[name] = x
+            else:
+                out.setdefault(name, x.new_empty(B, T, *x.shape[2:]))[:, t0:t1] = x
+        del dAqk, dq, dk, db, dg, dL, dv, dw
+    del do_st
+    dAqk, dq, dk, db, dg, dL, dv, dw = (out.pop(n) for n in ("dAqk", "dq", "dk", "db", "dg", "dL", "dv", "dw"))
 
     # the intra read's backward after the stacked pieces: its four per-token outputs are not
     # alive at their peak (fla's WY backward)
@@ -98,6 +123,17 @@ def fenwick_gdn2_bwd(s: Saved, do: torch.Tensor, dfinal: torch.Tensor | None, re
         dh0 = (initial_state_grad(dpre0[:, :, :, : J * V], s.offset, L, V) if J > 0
                else dpre0.new_zeros(B, H, L, K, V))
     return dq, dk, dv, dg, db, dw, dlam, dh0
+
+
+def time_pieces(B: int, N: int, p) -> list[tuple[int, int]]:
+    """The chunk ranges ``[(c0, c1), …]`` the backward runs fla's pieces and the reverse carry scan
+    on, one after another: up to ``TIME_PIECES`` for one row (B = 1, not packed), so that the
+    stacked gradients (``dh``, ``dvn``, the WY backward's all-block ``dv``, ``dw``) are alive
+    for one piece at a time; one piece otherwise (the rows of a batch run side by side)."""
+    if B != 1 or p is not None or N < 2:
+        return [(0, N)]
+    per = -(-N // min(TIME_PIECES, N))
+    return [(c, min(c + per, N)) for c in range(0, N, per)]
 
 
 def fenwick_gdn2_bwd_with_tail(s: Saved, tail: Saved | None, do: torch.Tensor, dfinal: torch.Tensor | None,

@@ -143,10 +143,10 @@ def fenwick_states_fwd_kernel(
 
 @triton.jit(do_not_specialize=["T", "N", "J", "L", "NB"])
 def fenwick_states_bwd_kernel(
-    qg, kg, wy, gk, do, dv, dfinal, mtab, dh, dv2, dpre, cu_seqlens, chunk_offsets, scale, T, N, J, L, NB,
+    qg, kg, wy, gk, do, dv, dfinal, dcarry, mtab, dh, dv2, dpre, cu_seqlens, chunk_offsets, scale, T, N, J, L, NB,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, NBP: tl.constexpr, BV: tl.constexpr, HAS_DFINAL: tl.constexpr,
-    DOT: tl.constexpr, IS_VARLEN: tl.constexpr,
+    HAS_DCARRY: tl.constexpr, DOT: tl.constexpr, IS_VARLEN: tl.constexpr,
 ):
     i_v, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
@@ -159,7 +159,11 @@ def fenwick_states_bwd_kernel(
     m_kc = m_k[:, None] & m_c[None, :]
     p_kc = o_k[:, None] * NBV + col[None, :]
     lvl = tl.where(own, blk - J, blk + 7)
-    b_g = tl.zeros([BK, NBP * BV], dtype=tl.float32)     # the next chunk's pre-state gradient
+    p_pre = (i_b.to(tl.int64) * H + i_h) * K * JV + o_k[:, None] * JV + col[None, :]
+    if HAS_DCARRY:            # the pre-state gradient of the chunk after the last (a later piece's)
+        b_g = tl.load(dcarry + p_pre, mask=m_kc & (blk < J)[None, :], other=0.0)
+    else:
+        b_g = tl.zeros([BK, NBP * BV], dtype=tl.float32)  # the next chunk's pre-state gradient
     for c in range(N - 1, -1, -1):
         o_t = c * BT + tl.arange(0, BT)
         m_t = o_t < T
@@ -189,8 +193,7 @@ def fenwick_states_bwd_kernel(
         b_do = tl.load(do + p_tc, mask=m_tc, other=0.0)
         b_g = (b_dh * b_gl[:, None] + scale * tl.dot(tl.trans(b_qg), b_do.to(b_qg.dtype), input_precision=DOT)
                - tl.dot(tl.trans(b_w), b_dv.to(b_w.dtype), input_precision=DOT))
-    p_pre = dpre + (i_b.to(tl.int64) * H + i_h) * K * JV + o_k[:, None] * JV + col[None, :]
-    tl.store(p_pre, b_g, mask=m_kc & (blk < J)[None, :])
+    tl.store(dpre + p_pre, b_g, mask=m_kc & (blk < J)[None, :])
 
 
 def block_sizes(K: int, V: int, NB: int, width: int | None = None, block_k: int | None = None
@@ -273,15 +276,27 @@ def states_fwd(kg, wy, u, gk, mtab, h0, N: int, J: int, L: int, V: int, n_own: i
 
 def states_bwd(qg, kg, wy, gk, do, dv, dfinal, mtab, scale: float, N: int, J: int, L: int, V: int,
                n_own: int = OWN_LEVELS, precision: str = "ieee", dtype: torch.dtype = torch.float32, p=None,
-               width: int | None = None, num_stages: int | None = None, block_k: int | None = None):
+               width: int | None = None, num_stages: int | None = None, block_k: int | None = None,
+               dcarry: torch.Tensor | None = None):
     """Returns ``dh [B, N, H, K, NB·V]`` (gradient of every chunk's end states) and ``dv2`` (the
     gradient of ``vn``), both in ``dtype`` (what fla's pieces read), and ``dpre0 [S, H, K,
     max(J,1)·V]`` float32, the gradient of each sequence's first bucket pre-state. ``N``, ``p``
-    as in ``states_fwd``; ``dfinal [S, H, L, K, V]`` or None; ``width``, ``num_stages`` as there."""
+    as in ``states_fwd``; ``dfinal [S, H, L, K, V]`` or None; ``width``, ``num_stages`` as there.
+
+    ``dcarry``: the rows are the first chunks of longer sequences, and this is the gradient of
+    the bucket pre-state of the chunk after their last (a later piece's ``dpre0``, same shape;
+    ``mtab`` then starts at the piece's first chunk): the reverse scan runs piece by piece,
+    last piece first, with the same values as in one call."""
     B, T, H, K = kg.shape
     S, cu_seqlens, chunk_offsets = _rows(kg, p)
     if dfinal is not None and tuple(dfinal.shape) != (S, H, L, K, V):
         raise ValueError(f"dfinal must be [S, H, L, K, V] = {(S, H, L, K, V)}, got {tuple(dfinal.shape)}")
+    if dcarry is not None:
+        want = (S, H, K, max(J, 1) * V)
+        if tuple(dcarry.shape) != want or dcarry.dtype != torch.float32 or not dcarry.is_contiguous():
+            raise ValueError(f"dcarry must be contiguous float32 {want}, got {tuple(dcarry.shape)} {dcarry.dtype}")
+        if p is not None:
+            raise ValueError("dcarry (a piece of longer sequences) is not supported in a packed row")
     NB = J + n_own
     BK, NBP, BV = block_sizes(K, V, NB, width, block_k)
     opts = launch_options(BK, NBP, BV, num_stages)
@@ -289,7 +304,8 @@ def states_bwd(qg, kg, wy, gk, do, dv, dfinal, mtab, scale: float, N: int, J: in
     dv2 = torch.empty(B, T, H, NB * V, device=kg.device, dtype=dtype)
     dpre = torch.zeros(S, H, K, max(J, 1) * V, device=kg.device, dtype=torch.float32)
     grid = (triton.cdiv(V, BV), S * H)
-    fenwick_states_bwd_kernel[grid](qg, kg, wy, gk, do, dv, dfinal, mtab, dh, dv2, dpre, cu_seqlens, chunk_offsets,
-                                    scale, T, N, J, L, NB, H=H, K=K, V=V, BT=CHUNK, BK=BK, NBP=NBP, BV=BV,
-                                    HAS_DFINAL=dfinal is not None, DOT=precision, IS_VARLEN=p is not None, **opts)
+    fenwick_states_bwd_kernel[grid](qg, kg, wy, gk, do, dv, dfinal, dcarry, mtab, dh, dv2, dpre, cu_seqlens,
+                                    chunk_offsets, scale, T, N, J, L, NB, H=H, K=K, V=V, BT=CHUNK, BK=BK, NBP=NBP,
+                                    BV=BV, HAS_DFINAL=dfinal is not None, HAS_DCARRY=dcarry is not None,
+                                    DOT=precision, IS_VARLEN=p is not None, **opts)
     return dh, dv2, dpre

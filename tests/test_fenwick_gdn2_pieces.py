@@ -1,0 +1,95 @@
+"""``chunk_fenwick_gdn2``'s backward on one row in time pieces (``bwd.time_pieces``): fla's pieces
+and the reverse carry scan run piece by piece, last piece first, the scan carrying its pre-state
+gradient from one piece to the one before (``states_bwd(dcarry=...)``), so that the stacked
+gradients are alive one piece at a time. fla's pieces work chunk by chunk and the carry is the
+scan's own float32 state, so every gradient equals the one-piece backward's bit for bit."""
+import pytest
+import torch
+
+import optimized.fenwick_gdn2.bwd as fenwick_bwd
+from optimized import triton_mode
+from optimized.fenwick_gdn2 import chunk_fenwick_gdn2
+
+DEV = triton_mode.device()
+NAMES = ("q", "k", "v", "g", "b", "w", "level_scales")
+
+
+def inputs(T, L, H=2, K=16, V=16, seed=0):
+    """One row (B = 1: pieces only split a single row), two heads, an initial state."""
+    gen = torch.Generator().manual_seed(seed)
+    x = {"q": torch.randn(1, T, H, K, generator=gen), "k": torch.randn(1, T, H, K, generator=gen),
+         "v": torch.randn(1, T, H, V, generator=gen), "g": -torch.rand(1, T, H, K, generator=gen),
+         "b": torch.rand(1, T, H, K, generator=gen), "w": torch.rand(1, T, H, V, generator=gen),
+         "level_scales": torch.rand(1, T, H, L, generator=gen)}
+    x = {n: t.to(DEV) for n, t in x.items()}
+    x["k"] = torch.nn.functional.normalize(x["k"], dim=-1)
+    x = {n: t.requires_grad_() for n, t in x.items()}
+    x["initial_state"] = torch.randn(1, H, L, K, V, generator=gen).mul_(0.1).to(DEV).requires_grad_()
+    return x
+
+
+def grads(x, offset):
+    """Every input gradient (the initial state's too) with output and final-state gradients."""
+    o, final = chunk_fenwick_gdn2(**x, output_final_state=True, offset=offset)
+    gen = torch.Generator().manual_seed(7)
+    do, dfinal = (torch.randn(t.shape, generator=gen).to(DEV) for t in (o, final))
+    leaves = [x[n] for n in (*NAMES, "initial_state")]
+    return torch.autograd.grad((o, final), leaves, (do, dfinal))
+
+
+# 6 chunks, the last ragged (T = 337): three pieces of 2 chunks, (0, 2), (2, 4), (4, 6); offset 128 and an
+# initial state: the first piece's pre-state gradient is the initial state's
+T, L, OFFSET = 337, 11, 128
+
+
+def test_time_pieces_split_one_row_only(monkeypatch):
+    monkeypatch.setattr(fenwick_bwd, "TIME_PIECES", 4)
+    assert fenwick_bwd.time_pieces(1, 6, None) == [(0, 2), (2, 4), (4, 6)]
+    assert fenwick_bwd.time_pieces(1, 9, None) == [(0, 3), (3, 6), (6, 9)]
+    assert fenwick_bwd.time_pieces(1, 16, None) == [(0, 4), (4, 8), (8, 12), (12, 16)]
+    assert fenwick_bwd.time_pieces(1, 1, None) == [(0, 1)]
+    assert fenwick_bwd.time_pieces(2, 6, None) == [(0, 6)]         # rows of a batch run side by side
+    assert fenwick_bwd.time_pieces(1, 6, object()) == [(0, 6)]     # a packed row: one piece
+
+
+def test_backward_in_time_pieces_equals_one_piece(monkeypatch):
+    calls = []
+    scan = fenwick_bwd.states_bwd
+
+    def spy(*a, **kw):
+        calls.append(kw.get("dcarry") is not None)
+        return scan(*a, **kw)
+
+    monkeypatch.setattr(fenwick_bwd, "states_bwd", spy)
+    monkeypatch.setattr(fenwick_bwd, "TIME_PIECES", 3)
+    x = inputs(T, L)
+    pieces = grads(x, OFFSET)
+    # the main pass in three pieces (the first without a carry-in), then the split pass's one
+    assert calls == [False, True, True, False]
+    monkeypatch.setattr(fenwick_bwd, "TIME_PIECES", 1)
+    one = grads(x, OFFSET)
+    for name, a, b in zip((*NAMES, "initial_state"), pieces, one):
+        assert torch.equal(a, b), name
+
+
+def test_pieces_property_catches_a_dropped_carry(monkeypatch):
+    """The property above on a broken twin: each piece's reverse scan starts from a zero
+    pre-state gradient (the carry from the later piece dropped)."""
+    x = inputs(T, L, seed=1)
+    monkeypatch.setattr(fenwick_bwd, "TIME_PIECES", 1)
+    want = grads(x, OFFSET)
+    monkeypatch.setattr(fenwick_bwd, "TIME_PIECES", 3)
+    scan = fenwick_bwd.states_bwd
+    monkeypatch.setattr(fenwick_bwd, "states_bwd", lambda *a, dcarry=None, **kw: scan(*a, **kw))
+    got = grads(x, OFFSET)
+    assert not all(torch.equal(a, b) for a, b in zip(want, got))
+
+
+def test_states_bwd_refuses_a_bad_carry():
+    from optimized.fenwick_gdn2.states import states_bwd
+
+    kg = torch.zeros(1, 64, 1, 16, device=DEV)
+    mtab = torch.zeros(1, dtype=torch.int32, device=DEV)
+    with pytest.raises(ValueError, match="dcarry must be contiguous float32"):
+        states_bwd(kg, kg, kg, kg, torch.zeros(1, 64, 1, 32, device=DEV), torch.zeros(1, 64, 1, 32, device=DEV),
+                   None, mtab, 1.0, 1, 1, 8, 16, n_own=1, dcarry=torch.zeros(1, 1, 16, 8, device=DEV))
