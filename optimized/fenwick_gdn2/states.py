@@ -159,9 +159,9 @@ def fenwick_states_bwd_kernel(
     m_kc = m_k[:, None] & m_c[None, :]
     p_kc = o_k[:, None] * NBV + col[None, :]
     lvl = tl.where(own, blk - J, blk + 7)
-    p_pre = (i_b.to(tl.int64) * H + i_h) * K * JV + o_k[:, None] * JV + col[None, :]
     if HAS_DCARRY:            # the pre-state gradient of the chunk after the last (a later piece's)
-        b_g = tl.load(dcarry + p_pre, mask=m_kc & (blk < J)[None, :], other=0.0)
+        p_c = dcarry + (i_b.to(tl.int64) * H + i_h) * K * JV + o_k[:, None] * JV + col[None, :]
+        b_g = tl.load(p_c, mask=m_kc & (blk < J)[None, :], other=0.0)
     else:
         b_g = tl.zeros([BK, NBP * BV], dtype=tl.float32)  # the next chunk's pre-state gradient
     for c in range(N - 1, -1, -1):
@@ -193,7 +193,9 @@ def fenwick_states_bwd_kernel(
         b_do = tl.load(do + p_tc, mask=m_tc, other=0.0)
         b_g = (b_dh * b_gl[:, None] + scale * tl.dot(tl.trans(b_qg), b_do.to(b_qg.dtype), input_precision=DOT)
                - tl.dot(tl.trans(b_w), b_dv.to(b_w.dtype), input_precision=DOT))
-    tl.store(dpre + p_pre, b_g, mask=m_kc & (blk < J)[None, :])
+    # (the offsets made again here, as for the carry: no int64 tile held through the loop)
+    p_pre = dpre + (i_b.to(tl.int64) * H + i_h) * K * JV + o_k[:, None] * JV + col[None, :]
+    tl.store(p_pre, b_g, mask=m_kc & (blk < J)[None, :])
 
 
 def block_sizes(K: int, V: int, NB: int, width: int | None = None, block_k: int | None = None
