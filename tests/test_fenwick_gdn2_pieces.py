@@ -9,21 +9,15 @@ import torch
 import optimized.fenwick_gdn2.bwd as fenwick_bwd
 from optimized import triton_mode
 from optimized.fenwick_gdn2 import chunk_fenwick_gdn2
+from tests.test_fenwick_gdn2_release import NAMES, inputs as row_inputs
 
 DEV = triton_mode.device()
-NAMES = ("q", "k", "v", "g", "b", "w", "level_scales")
 
 
-def inputs(T, L, H=2, K=16, V=16, seed=0):
+def inputs(T, L, seed=0, H=2, K=16, V=16):
     """One row (B = 1: pieces only split a single row), two heads, an initial state."""
-    gen = torch.Generator().manual_seed(seed)
-    x = {"q": torch.randn(1, T, H, K, generator=gen), "k": torch.randn(1, T, H, K, generator=gen),
-         "v": torch.randn(1, T, H, V, generator=gen), "g": -torch.rand(1, T, H, K, generator=gen),
-         "b": torch.rand(1, T, H, K, generator=gen), "w": torch.rand(1, T, H, V, generator=gen),
-         "level_scales": torch.rand(1, T, H, L, generator=gen)}
-    x = {n: t.to(DEV) for n, t in x.items()}
-    x["k"] = torch.nn.functional.normalize(x["k"], dim=-1)
-    x = {n: t.requires_grad_() for n, t in x.items()}
+    x = row_inputs(B=1, T=T, H=H, K=K, V=V, L=L, seed=seed)
+    gen = torch.Generator().manual_seed(seed + 100)
     x["initial_state"] = torch.randn(1, H, L, K, V, generator=gen).mul_(0.1).to(DEV).requires_grad_()
     return x
 
