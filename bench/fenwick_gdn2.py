@@ -93,10 +93,31 @@ def _timer(device):
     return cpu
 
 
-OPS = ("flat", "fenwick_gdn2")
+OPS = ("flat", "fenwick_gdn2", "fenwick_gdn2_one_piece")
+DEFAULT_OPS = ("flat", "fenwick_gdn2")
 
 
-def measure(T, B, H, K, V, dtype, device, seed=0, warmup_only=False, profile_dir=None, wanted=OPS):
+def _one_piece(forward):
+    """``forward`` whose backward runs as one time piece (``optimized.fenwick_gdn2.bwd.TIME_PIECES
+    = 1``, the backward before it was split along time): the op ``fenwick_gdn2_one_piece``, for a
+    side-by-side of the time pieces' cost and peak. Only one-row steps (B = 1) differ."""
+    from optimized.fenwick_gdn2 import bwd
+
+    class Output:
+        def __init__(self, y):
+            self.y = y
+
+        def backward(self, grad):
+            old, bwd.TIME_PIECES = bwd.TIME_PIECES, 1
+            try:
+                self.y.backward(grad)
+            finally:
+                bwd.TIME_PIECES = old
+
+    return lambda: Output(forward())
+
+
+def measure(T, B, H, K, V, dtype, device, seed=0, warmup_only=False, profile_dir=None, wanted=DEFAULT_OPS):
     """Rows for flat GDN-2 and the Fenwick GDN-2 memory at one T (``warmup_only``: one step per
     op, nothing timed, rows with status ``warm``; ``profile_dir``: also the kernel tables of one
     forward and one forward+backward per op, before the timing; ``wanted``: which of ``OPS``; without
@@ -108,6 +129,7 @@ def measure(T, B, H, K, V, dtype, device, seed=0, warmup_only=False, profile_dir
     x, lam, do = _inputs(B, T, H, K, V, L, dtype, device, seed)
     ops = {"flat": (list(x.values()), lambda: chunk_gdn2(**x)[0]),
            "fenwick_gdn2": (list(x.values()) + [lam], lambda: chunk_fenwick_gdn2(**x, level_scales=lam)[0])}
+    ops["fenwick_gdn2_one_piece"] = (ops["fenwick_gdn2"][0], _one_piece(ops["fenwick_gdn2"][1]))
     ops = {name: op for name, op in ops.items() if name in wanted}
     timer = _timer(device)
     rows = {}
@@ -184,7 +206,7 @@ def write(out: Path, rows: list) -> str:
     except ImportError:
         return text
     fig, ax = plt.subplots(figsize=(6, 4))
-    for op in ("flat", "fenwick_gdn2"):
+    for op in OPS:
         pts = [(r["T"], r["us_per_token"]) for r in rows if r["op"] == op and "us_per_token" in r]
         if pts:
             ax.plot(*zip(*pts), marker="o", label=op)
@@ -213,8 +235,9 @@ def main(argv=None) -> int:
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     parser.add_argument("--quick", action="store_true", help="CPU smoke: float32, T = 64, H = 1, K = V = 16")
     parser.add_argument("--warmup-only", action="store_true", help="compile only: one step per op and T, no timing")
-    parser.add_argument("--ops", nargs="+", choices=OPS, default=list(OPS),
-                        help="which ops to run (a ratio needs flat in the same run)")
+    parser.add_argument("--ops", nargs="+", choices=OPS, default=list(DEFAULT_OPS),
+                        help="which ops to run (a ratio needs flat in the same run; fenwick_gdn2_one_piece: the "
+                             "backward in one time piece, for a side-by-side at B = 1)")
     parser.add_argument("--profile", action="store_true",
                         help="kernel tables (torch.profiler, top 30) of one forward and one forward+backward per op "
                              "at the first T, DIR/profile_T<T>_<op>_<fwd|fwdbwd>.txt")
