@@ -44,10 +44,12 @@ def _kernels():
     rows = []
     # the default blocks (BN = 16; 32 until 2026-12-02, reads_ab's bn32), and reads_ab's variants
     # ... and packed sequences (IS_VARLEN: per-sequence firing offsets), at the default blocks
-    for name, BN, BV, prec, varlen in (("", 16, 32, "tf32", False), (" bn32", 32, 32, "tf32", False),
-                                       (" bv16", 16, 16, "tf32", False), (" bn64", 64, 32, "tf32", False),
-                                       (" packed", 16, 32, "tf32", True)):
-        warps = num_warps(128, BV)      # as the scans' launchers pick them
+    # " w4": 4 warps instead of the launchers' 8 (bench.scan_ab's -w4 variants)
+    for name, BN, BV, prec, varlen, w in (("", 16, 32, "tf32", False, None), (" bn32", 32, 32, "tf32", False, None),
+                                          (" bv16", 16, 16, "tf32", False, None), (" bn64", 64, 32, "tf32", False, None),
+                                          (" packed", 16, 32, "tf32", True, None), (" w4", 16, 32, "tf32", False, 4),
+                                          (" bv16 w4", 16, 16, "tf32", False, 4)):
+        warps = num_warps(128, BV) if w is None else w      # as the scans' launchers pick them
         c = dict(scan_sizes, BN=BN, BV=BV, IS_VARLEN=varlen)
         offsets = {"fire_offsets": "*i32"}
         rows.append((f"promote_scan_fwd{name}", promote_scan_fwd_kernel, dict.fromkeys(
