@@ -98,6 +98,7 @@ def test_uniform_router_catches_transition_on_newest_only():
     assert "gdn2_output" in bad
 
 
+@pytest.mark.compiles
 def test_state_passing_equals_one_call():
     """Split at token 128: the second call starts at chunk 2 (the carry 1 -> 2 merges levels
     0 … 7 into 8) and carries once more (2 -> 3)."""
@@ -219,6 +220,7 @@ def ragged_draw():
     return info, d._replace(shape=on_bucket(d.shape)._replace(H=1))
 
 
+@pytest.mark.compiles
 def test_packed_sequences_reach_different_bucket_counts():
     """SPEC "Variable-length batches": one packed call (one launch set) equals separate calls in
     output, per-sequence final states and every gradient, with sequences of 1, 1, 3 and 5 chunks

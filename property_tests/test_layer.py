@@ -111,6 +111,7 @@ class RouterOnWrongLevels(NestedGDN2):
 
 
 @pytest.mark.mutation
+@pytest.mark.compiles
 def test_layer_property_catches_a_router_on_the_wrong_levels():
     layer = make_layer("learned", 1, 16, seed=1, cls=RouterOnWrongLevels)
     bad = failures(layer_errors(layer, 1, 130, seed=1, log=False))

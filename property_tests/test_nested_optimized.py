@@ -254,6 +254,7 @@ def test_level0_states_and_injected_gradients(dtype, bucket, data, seed):
 
 @requires_cuda("compiled Triton: the tile's miscompile risk is the GPU's")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+@pytest.mark.compiles
 def test_level0_state_gradient_at_a_128_by_16_tile(dtype):
     """Level 0's state-gradient kernel at K = 128, V = 16: one ``[128, 16]`` float32 state block per
     program at 8 warps (``optimized.state_grad``), the tile at which Triton 3.6 miscompiled

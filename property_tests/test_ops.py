@@ -83,6 +83,7 @@ def test_self_consistency(info, dtype):
 
 
 @pytest.mark.parametrize("info", STATEFUL)
+@pytest.mark.compiles
 def test_state_passing_equals_one_call(info):
     d = state_passing_draw(info)
     splits = info.state_passing.splits(d)
@@ -125,6 +126,7 @@ SPECIALIZED_EDGES = ("T=1", "K=V=1")
 @pytest.mark.parametrize("edge", list(EDGE_SHAPES))
 @pytest.mark.parametrize("dtype", kernel_dtypes())
 @pytest.mark.parametrize("info", OP_PARAMS)
+@pytest.mark.compiles
 def test_edge_shapes(info, dtype, edge):
     """Correct results (values, final states, every gradient) or an up-front ValueError naming
     the argument; never a crash inside a kernel or a compiler error."""
@@ -162,6 +164,7 @@ def packed_draw(info, lengths=PACKED_LENGTHS, **shape) -> Draw:
 
 
 @pytest.mark.parametrize("info", VARLEN)
+@pytest.mark.compiles
 def test_packed_equals_separate_calls(info):
     """SPEC "Variable-length batches": one packed call (cu_seqlens, per-sequence initial states)
     equals N separate calls: output, per-sequence final states, every gradient."""

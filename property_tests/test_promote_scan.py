@@ -65,6 +65,7 @@ EXTREME_DRAWS = [Draw(B=1, F=3, H=1, K=20, V=40, n=20, scheme="merge", reduction
 @example(d=COVERING_DRAW, bv=16, bn=16)
 @example(d=EXTREME_DRAWS[0], bv=16, bn=16)
 @example(d=EXTREME_DRAWS[1], bv=16, bn=16)
+@pytest.mark.compiles
 def test_scan_equals_reference_promote_firing_by_firing(d, bv, bn):
     """``bv``/``bn`` = 16: several V blocks (partial sums) / several pair blocks per firing."""
     fwd = lambda *a: promote_scan_fwd(*a, block_v=bv, block_n=bn)  # noqa: E731
@@ -76,6 +77,7 @@ def test_scan_equals_reference_promote_firing_by_firing(d, bv, bn):
 @given(d=scan_draws(), bv=st.sampled_from((None, 16)), bn=st.sampled_from((None, 16)), consume=st.booleans())
 @example(d=COVERING_DRAW, bv=16, bn=16, consume=True)
 @example(d=EXTREME_DRAWS[0], bv=16, bn=16, consume=False)
+@pytest.mark.compiles
 def test_two_phase_scan_equals_reference_promote_firing_by_firing(d, bv, bn, consume):
     """The reverse scan in two phases (the carried gradient alone, then every firing in parallel),
     on the caller's ``dstates`` (``consume``) or a copy."""

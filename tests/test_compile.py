@@ -142,6 +142,7 @@ def test_compiled_equals_eager_cpu_inductor():
 
 @requires_cuda("inductor at every entry's covering draw, float32 and bfloat16")
 @pytest.mark.parametrize("info", ENTRIES)
+@pytest.mark.compiles
 def test_compiled_equals_eager_cuda(info):
     for dtype in info.dtypes[triton_mode.CUDA]:
         assert_holds(compiled_vs_eager(info, info.covering(), dtype, backend="inductor"))

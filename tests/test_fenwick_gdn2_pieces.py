@@ -46,6 +46,7 @@ def test_time_pieces_split_one_row_only(monkeypatch):
     assert fenwick_bwd.time_pieces(1, 6, object()) == [(0, 6)]     # a packed row: one piece
 
 
+@pytest.mark.compiles
 def test_backward_in_time_pieces_equals_one_piece(monkeypatch):
     calls = []
     scan = fenwick_bwd.states_bwd
@@ -66,6 +67,7 @@ def test_backward_in_time_pieces_equals_one_piece(monkeypatch):
         assert torch.equal(a, b), name
 
 
+@pytest.mark.compiles
 def test_pieces_property_catches_a_dropped_carry(monkeypatch):
     """The property above on a broken twin: each piece's reverse scan starts from a zero
     pre-state gradient (the carry from the later piece dropped)."""

@@ -28,6 +28,7 @@ def inputs(B=2, T=130, H=2, K=16, V=16, L=9, seed=0):
 
 
 @pytest.mark.parametrize("retain_graph", [False, True], ids=["plain", "retain_graph"])
+@pytest.mark.compiles
 def test_spent_stacked_tensors_are_freed_before_fla_backward_pieces(monkeypatch, retain_graph):
     """A plain backward drops the stacked reads before fla's WY backward (they are read by the
     router's backward only) and ``qg``, ``kg``, ``w_wy`` (read by the reverse carry scan), then
@@ -63,6 +64,7 @@ def test_spent_stacked_tensors_are_freed_before_fla_backward_pieces(monkeypatch,
     assert at_intra[0] == {n: keep for n in refs}
 
 
+@pytest.mark.compiles
 def test_backward_twice_needs_retain_graph_and_then_agrees():
     """retain_graph=True keeps the saved state and a second backward agrees with the first;
     after a plain backward a third one fails with a message saying what to do."""

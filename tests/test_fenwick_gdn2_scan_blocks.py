@@ -30,6 +30,7 @@ WIDTHS = (64, 128) if on_cuda() else (64,)
 
 @pytest.mark.parametrize("dtype", kernel_dtypes())
 @pytest.mark.parametrize("width", WIDTHS)
+@pytest.mark.compiles
 def test_every_scan_width_equals_reference(width, dtype):
     J, n_own = 2, 1
     BK, NBP, BV = S.block_sizes(SHAPE.K, SHAPE.V, J + n_own, width)
@@ -44,6 +45,7 @@ V_BLOCK_OFFSET_DROPPED = Plant(S, "_columns", "o_v = i_v * BV + o_c % BV", "o_v 
 
 
 @pytest.mark.mutation
+@pytest.mark.compiles
 def test_every_scan_width_catches_a_dropped_v_block_offset():
     with planted(V_BLOCK_OFFSET_DROPPED), mock.patch.object(S, "WIDTH", 64):
         bad = failures(checks.optimized_vs_reference(SHAPE, 11, torch.float32, log=False))

@@ -1,9 +1,11 @@
 """``bench.memory_cpu``: the CPU tally of what is alive at a step's peak (its event log replayed by
 ``bench.memory_at_peak.peak_blocks``)."""
+import pytest
 import torch
 
 from bench.memory_at_peak import peak_blocks
 from bench.memory_cpu import record, table
+from optimized import triton_mode
 
 MIB = 2 ** 20
 
@@ -38,6 +40,8 @@ def test_views_share_their_storage():
     assert peak == MIB and len(blocks) == 1
 
 
+@pytest.mark.skipif(triton_mode.configure() == triton_mode.CUDA,
+                    reason="the CPU tally runs the op on CPU tensors: under the interpreter only")
 def test_fenwick_gdn2_tally_sees_its_saved_stacked_states():
     """``--op fenwick-gdn2``: one step of the op on the CPU; its stacked per-chunk states (``h``,
     written by the carry scan and kept for the backward) are alive at the peak; the inputs are not

@@ -38,6 +38,7 @@ def run(scheme, reduction, pieces, shape=SHAPE):
 
 
 @pytest.mark.parametrize("scheme, reduction", [("learned", "mean"), ("merge", "sum"), ("bounded_erase", "sum")])
+@pytest.mark.compiles
 def test_fused_probe_equals_generic_probe(scheme, reduction):
     fused, generic = run(scheme, reduction, Pieces()), run(scheme, reduction, Pieces(fused_probe=False))
     errors = {k: relative_error(fused[k], generic[k]) for k in generic}

@@ -221,6 +221,7 @@ def test_reads_refuse_chunk_bounds_with_several_rows():
                   chunk_bounds=bounds.to(torch.int64))
 
 
+@pytest.mark.compiles
 def test_packed_call_with_the_pytorch_reads_is_refused():
     """The PyTorch reads (a benchmark's alternative piece) take one sequence per row: a packed
     call with them says so instead of reading the wrong tokens."""
@@ -242,6 +243,7 @@ def test_injection_chunks_distinct():
         injection_slots(3, [1, 1], DEV)
 
 
+@pytest.mark.compiles
 def test_backward_twice_needs_retain_graph_and_then_agrees():
     """retain_graph=True keeps the saved state (the benchmark times backward that way);
     a second backward without it fails with a message saying what to do."""
