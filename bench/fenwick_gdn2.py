@@ -97,24 +97,19 @@ OPS = ("flat", "fenwick_gdn2", "fenwick_gdn2_one_piece")
 DEFAULT_OPS = ("flat", "fenwick_gdn2")
 
 
-def _one_piece(forward):
-    """``forward`` whose backward runs as one time piece (``optimized.fenwick_gdn2.bwd.TIME_PIECES
-    = 1``, the backward before it was split along time): the op ``fenwick_gdn2_one_piece``, for a
+def _one_piece(step):
+    """``step`` with the backward in one time piece (``optimized.fenwick_gdn2.bwd.TIME_PIECES = 1``,
+    the backward before it was split along time): the op ``fenwick_gdn2_one_piece``, for a
     side-by-side of the time pieces' cost and peak. Only one-row steps (B = 1) differ."""
     from optimized.fenwick_gdn2 import bwd
 
-    class Output:
-        def __init__(self, y):
-            self.y = y
-
-        def backward(self, grad):
-            old, bwd.TIME_PIECES = bwd.TIME_PIECES, 1
-            try:
-                self.y.backward(grad)
-            finally:
-                bwd.TIME_PIECES = old
-
-    return lambda: Output(forward())
+    def one_piece():
+        old, bwd.TIME_PIECES = bwd.TIME_PIECES, 1
+        try:
+            step()
+        finally:
+            bwd.TIME_PIECES = old
+    return one_piece
 
 
 def measure(T, B, H, K, V, dtype, device, seed=0, warmup_only=False, profile_dir=None, wanted=DEFAULT_OPS):
@@ -129,13 +124,15 @@ def measure(T, B, H, K, V, dtype, device, seed=0, warmup_only=False, profile_dir
     x, lam, do = _inputs(B, T, H, K, V, L, dtype, device, seed)
     ops = {"flat": (list(x.values()), lambda: chunk_gdn2(**x)[0]),
            "fenwick_gdn2": (list(x.values()) + [lam], lambda: chunk_fenwick_gdn2(**x, level_scales=lam)[0])}
-    ops["fenwick_gdn2_one_piece"] = (ops["fenwick_gdn2"][0], _one_piece(ops["fenwick_gdn2"][1]))
+    ops["fenwick_gdn2_one_piece"] = ops["fenwick_gdn2"]
     ops = {name: op for name, op in ops.items() if name in wanted}
     timer = _timer(device)
     rows = {}
     for name, (leaves, forward) in ops.items():
         def step(forward=forward):
             forward().backward(do)
+        if name == "fenwick_gdn2_one_piece":
+            step = _one_piece(step)
         row = {"T": T, "B": B, "H": H, "K": K, "V": V, "dtype": str(dtype).replace("torch.", ""), "op": name,
                "stacked_blocks": stacked_blocks(T) if name != "flat" else 1, "status": "ok"}
         try:

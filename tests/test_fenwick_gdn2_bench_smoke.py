@@ -24,3 +24,21 @@ def test_quick_run_through_the_cli(tmp_path, monkeypatch):
     assert [(r["T"], r["op"], r["status"]) for r in rows] == [("64", "flat", "ok"), ("64", "fenwick_gdn2", "ok")]
     assert all(float(r["vs_flat"]) > 0 and float(r["us_per_token"]) > 0 for r in rows)
     assert rows[1]["stacked_blocks"] == "7" and (tmp_path / "fenwick_gdn2.md").exists()
+
+
+def test_one_piece_op_runs_its_step_in_one_time_piece():
+    """``fenwick_gdn2_one_piece`` is the default op's step with ``TIME_PIECES = 1`` (the backward
+    before the time pieces), restored after the step, also when it raises."""
+    from optimized.fenwick_gdn2 import bwd
+
+    default = bwd.TIME_PIECES
+    seen = []
+    bench._one_piece(lambda: seen.append(bwd.time_pieces(1, 6, None)))()
+    assert seen == [[(0, 6)]] and bwd.TIME_PIECES == default
+    assert len(bwd.time_pieces(1, 6, None)) > 1
+
+    def fails():
+        raise RuntimeError("step")
+    with pytest.raises(RuntimeError):
+        bench._one_piece(fails)()
+    assert bwd.TIME_PIECES == default
