@@ -540,17 +540,13 @@ def richardson_jacobian_check(fn, leaves, eps: float, atol: float, rtol: float) 
     against the Richardson extrapolation of two central differences, ``(4·D(ε/2) − D(ε)) / 3``:
     the ``ε²·f‴/6`` terms cancel (what is left is ``O(ε⁴)``; rounding grows about 3x against one
     difference at ε, so ε is larger than gradcheck's), while a wrong gradient's mismatch stays
-    whatever ε. The bound is
-    gradcheck's, ``|analytic − numeric| ≤ atol + rtol·|numeric|``. Dense: for small draws only
-    (one backward per output entry, four calls of ``fn`` per input entry)."""
-    with torch.enable_grad():
-        out = torch.cat([y.reshape(-1) for y in fn(*leaves)])
-        rows = []
-        for j in range(out.numel()):
-            grads = torch.autograd.grad(out[j], leaves, retain_graph=True, allow_unused=True)
-            rows.append(torch.cat([(torch.zeros_like(x) if g is None else g).reshape(-1)
-                                   for g, x in zip(grads, leaves)]))
-    analytic = torch.stack(rows, 1)                                   # [input entries, output entries]
+    whatever ε. The bound is gradcheck's, ``|analytic − numeric| ≤ atol + rtol·|numeric|``.
+    Dense: for small draws only (four calls of ``fn`` per input entry)."""
+    def flat(*args):
+        return torch.cat([y.reshape(-1) for y in fn(*args)])
+
+    jacobians = torch.autograd.functional.jacobian(flat, tuple(leaves))       # per leaf [outputs, *leaf]
+    analytic = torch.cat([j.reshape(j.shape[0], -1) for j in jacobians], 1).T  # [input entries, outputs]
     base = [x.detach() for x in leaves]
 
     def difference(i_leaf: int, i: int, h: float) -> torch.Tensor:
@@ -558,7 +554,7 @@ def richardson_jacobian_check(fn, leaves, eps: float, atol: float, rtol: float) 
         plus[i_leaf], minus[i_leaf] = base[i_leaf].clone(), base[i_leaf].clone()
         plus[i_leaf].view(-1)[i] += h
         minus[i_leaf].view(-1)[i] -= h
-        return (torch.cat([y.reshape(-1) for y in fn(*plus)]) - torch.cat([y.reshape(-1) for y in fn(*minus)])) / (2 * h)
+        return (flat(*plus) - flat(*minus)) / (2 * h)
 
     with torch.no_grad():
         numeric = torch.stack([(4 * difference(k, i, eps / 2) - difference(k, i, eps)) / 3
