@@ -125,6 +125,49 @@ def packed_draw(info, lengths, H=2, K=8, V=12, seed=1, **shape) -> Draw:
     return Draw(base._replace(**shape), seed=seed)
 
 
+# The packed properties' calls (``property_tests/test_ops.py``, ``property_tests/test_fenwick_gdn2.py``),
+# here so the GPU suite's precompile (``ngdn.suite_precompile``) makes exactly the same calls: the
+# same shapes on the same compile buckets and the same ``cu_seqlens`` dtype (int32 and int64 index
+# tensors compile different kernels).
+# Ragged lengths: one token, one short of a chunk, a chunk, one over (two chunks); packed T = 193,
+# four chunks of the packed row, with the sequences starting off its chunk grid (at 65, 66, 129).
+PACKED_LENGTHS = (65, 1, 63, 64)
+# Fenwick GDN-2: a 3-chunk sequence (carries m = 0, 1; J = 2), a 1-token one, a 5-chunk one starting
+# at chunk 4 of the packed grid (carries m = 0, 1, 0, 2 on its own counter; 0, 1, 0, 3 on the packed
+# grid's; J = 3, the row's), and a full one-chunk one; the last chunks are 2, 1, 44 and 64 tokens,
+# none on the packed row's chunk grid but the first two.
+FENWICK_GDN2_RAGGED_LENGTHS = (130, 1, 300, 64)
+
+
+def packed_cu_dtype(info) -> torch.dtype:
+    """The ``cu_seqlens`` dtype the packed property gives the op: int64 for some, int32 for the
+    others, so both index widths are reached."""
+    return torch.int64 if info.name in ("gdn2", "nested", "fenwick") else torch.int32
+
+
+def packed_test_draw(info, lengths=PACKED_LENGTHS, **shape) -> Draw:
+    """``packed_draw`` (H = 2, K = 8, V = 12, below the dots' 16: the head-dim padding runs with
+    cu_seqlens). On CUDA the sizes of the family's second compile bucket (H = 2: kernels the bucket
+    tests compile); for fla's log-linear kernels, whose level and chunk counts change with the packed
+    T anyway, the smallest bucket's head dims at H = 2 (their local memory per program grows with K,
+    V and the levels: ``fenwick_covering_shape``)."""
+    from ngdn.testing import on_cuda
+
+    d = packed_draw(info, lengths, **shape)
+    if not on_cuda():
+        return d
+    if info.family == "fenwick":
+        return d._replace(shape=on_bucket(d.shape, "fenwick", 2)._replace(H=2))
+    return d._replace(shape=on_bucket(d.shape, info.family, 1))
+
+
+def fenwick_gdn2_ragged_draw() -> Draw:
+    """Fenwick GDN-2's packed row of ``FENWICK_GDN2_RAGGED_LENGTHS`` (H = 1, the first level-0 bucket's
+    head dims on CUDA; its packed property passes ``cu_seqlens`` as int64)."""
+    d = packed_draw(get("fenwick-gdn2"), FENWICK_GDN2_RAGGED_LENGTHS, H=1, K=16, V=16, seed=11)
+    return d._replace(shape=on_bucket(d.shape)._replace(H=1))
+
+
 # --- GDN-2 ---------------------------------------------------------------------------------------
 
 def gdn2_sample(d: Draw) -> Sample:

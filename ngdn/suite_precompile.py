@@ -4,7 +4,8 @@ Without this, the tests of one bucket (``ngdn.compile_buckets``) that land on di
 workers at the same time all compile the same kernels: on one H200 with 16 workers the
 compiling tests took 90-140 s each, nearly all of it compiling, and most of that work was
 done several times over. Here the controlling pytest process first runs one small call per
-*unit* (a kernel family, bucket and dtype; e.g. the nested op, bucket ``b``, bfloat16) in a
+*unit* (a kernel family, bucket and dtype; e.g. the nested op, bucket ``b``, bfloat16; a family
+whose calls there are long is split into one unit per call, ``kind:bucket:dtype:part``) in a
 pool of subprocesses, one unit per process, longest first. Each unit calls the same check
 functions the tests call, with the same environment (pinned autotuners, IEEE float32 dots),
 so the kernels land in Triton's on-disk cache with exactly the keys the tests will look up;
@@ -34,39 +35,74 @@ DTYPES = ("float32", "bfloat16")
 # Longest first: fenwick_gdn2 compiles fla's GDN-2 pieces at two stacked value widths (up to
 # 150 s for one bucket on the H200, 2026-11-30); the nested op fla's level-0 kernels, the scan
 # and the state gradient.
-# ``packed``: the kernels' packed-sequence variants (cu_seqlens), which the packed properties
-# compile in float32 only (``PACKED_CALLS``; the bfloat16 units of the kind have nothing to do).
+# ``packed``: the packed properties' calls (``ngdn.ops.packed_test_draw``, ``fenwick_gdn2_ragged_draw``:
+# the same shapes and cu_seqlens dtypes as the tests), in float32 only, grouped by the level-0
+# bucket their draws sit on.
 KINDS = ("fenwick_gdn2", "nested", "packed", "delta", "gdn2", "gla", "fenwick")
 FAMILY_OF = {"fenwick_gdn2": LEVEL0, "nested": LEVEL0, "packed": LEVEL0, "gdn2": LEVEL0, "delta": TENSOR3D,
              "gla": TENSOR3D, "fenwick": FENWICK}
-# (bucket, dtype) -> the packed calls of the properties there: (op, lengths, shape fields)
+# (bucket, dtype) -> the packed calls there, by name: op name (``property_tests/test_ops.py``'s packed
+# property) or ``fenwick-gdn2-ragged`` (``property_tests/test_fenwick_gdn2.py``'s)
 PACKED_CALLS = {
-    ("b", "float32"): (("nested", (1, 130, 65), {"L": 3, "H": 2}), ("fenwick-gdn2", (65, 1, 63, 64), {"H": 2})),
-    ("a", "float32"): (("fenwick-gdn2", (130, 1, 300, 64), {"H": 1}),),   # test_fenwick_gdn2's ragged row
+    ("b", "float32"): ("gdn2", "nested", "fenwick", "fenwick-gdn2", "tensor3d-delta", "tensor3d-gla"),
+    ("a", "float32"): ("fenwick-gdn2-ragged",),
 }
 
 
+def fenwick_gdn2_lengths(bucket: str, dtype: str) -> tuple:
+    """The sequence lengths whose stacked widths (J + 1)·V the Fenwick GDN-2 properties compile:
+    J = 1 (T = 100) and J = 2 (T = 200), the two they draw (``test_fenwick_gdn2.CUDA_SEQ_LENS``);
+    bucket a in float32 also J = 4 (T = 520, the nine-chunk case)."""
+    return (100, 200, 520) if (bucket, dtype) == ("a", "float32") else (100, 200)
+
+
+def parts(kind: str, bucket: str, dtype: str) -> tuple:
+    """The calls of a (kind, bucket, dtype) that run as units of their own, in parallel (a unit of
+    several calls ran past the pool's time limit while the other processes sat idle), or ``()``:
+    one unit. A packed (bucket, dtype) without calls has no unit."""
+    if kind == "fenwick_gdn2":
+        return tuple(f"T{T}" for T in fenwick_gdn2_lengths(bucket, dtype))
+    if kind == "packed":
+        return PACKED_CALLS.get((bucket, dtype), ())
+    return ()
+
+
 def units() -> list[str]:
-    """Every unit as ``kind:bucket:dtype``, longest kinds first."""
-    return [f"{kind}:{b.name}:{dtype}" for kind in KINDS for b in FAMILY_OF[kind] for dtype in DTYPES]
+    """Every unit as ``kind:bucket:dtype`` or ``kind:bucket:dtype:part``, longest kinds first."""
+    names = []
+    for kind in KINDS:
+        for b in FAMILY_OF[kind]:
+            for dtype in DTYPES:
+                ps = parts(kind, b.name, dtype)
+                if ps:
+                    names += [f"{kind}:{b.name}:{dtype}:{p}" for p in ps]
+                elif kind != "packed":
+                    names.append(f"{kind}:{b.name}:{dtype}")
+    return names
 
 
 def parse_unit(unit: str):
+    """``(kind, bucket, dtype, part)``; ``part`` None for a unit without parts."""
     try:
-        kind, name, dtype = unit.split(":")
+        kind, name, dtype, *rest = unit.split(":")
         bucket = {b.name: b for b in FAMILY_OF[kind]}[name]
     except (ValueError, KeyError):
         raise ValueError(f"unknown precompile unit {unit!r}; units look like 'nested:a:float32', "
                          f"one of {units()}") from None
     if dtype not in DTYPES:
         raise ValueError(f"unknown dtype in unit {unit!r}: {dtype!r}, expected one of {DTYPES}")
-    return kind, bucket, dtype
+    ps = parts(kind, name, dtype)
+    part = rest[0] if len(rest) == 1 else None
+    if len(rest) > 1 or (part is None) != (not ps) or (part is not None and part not in ps):
+        raise ValueError(f"unknown precompile unit {unit!r}: {kind}:{name}:{dtype} has "
+                         f"{'parts ' + ', '.join(ps) if ps else 'no parts'}")
+    return kind, bucket, dtype, part
 
 
 def warm(unit: str, require_cuda: bool = True) -> None:
     """Run the unit's calls in this process (CUDA, test environment). ``require_cuda=False``
     lets a CPU test run a small unit under the interpreter (nothing compiles there)."""
-    kind, bucket, dtype_name = parse_unit(unit)
+    kind, bucket, dtype_name, part = parse_unit(unit)
     os.environ.setdefault("NGDN_PIN_AUTOTUNE", "1")
     os.environ.setdefault("NGDN_IEEE_F32", "1")
     os.environ.setdefault("NGDN_F32_DOTS", "tf32x3")
@@ -97,17 +133,14 @@ def warm(unit: str, require_cuda: bool = True) -> None:
                                                      initial_states=False), dtype, log=False)
         checks.level0_states_vs_reference(GDN2Shape(B=1, T=130, H=H, K=K, V=V), 0, dtype, log=False)
     elif kind == "packed":
-        warm_packed(bucket, dtype, PACKED_CALLS.get((bucket.name, dtype_name), ()))
+        warm_packed(part, dtype)
     elif kind == "fenwick_gdn2":
         from ngdn.checks import fenwick_gdn2 as fenwick_gdn2_checks
         from ngdn.fenwick_inputs import FenwickShape
 
-        # the stacked width (J + 1)·V follows the last chunk index: J = 1 (T = 100) and J = 2
-        # (T = 200), the two the properties draw (test_fenwick_gdn2.CUDA_SEQ_LENS); bucket a in
-        # float32 also J = 4 (T = 520, the nine-chunk case)
-        lengths = (100, 200, 520) if (bucket.name, dtype_name) == ("a", "float32") else (100, 200)
-        for T in lengths:
-            fenwick_gdn2_checks.optimized_vs_reference(FenwickShape(B=1, T=T, H=H, K=K, V=V), 0, dtype, log=False)
+        # the stacked width (J + 1)·V follows the last chunk index: one length per part
+        fenwick_gdn2_checks.optimized_vs_reference(FenwickShape(B=1, T=int(part[1:]), H=H, K=K, V=V), 0, dtype,
+                                                   log=False)
     elif kind in ("gla", "delta"):
         from ngdn.checks import tensor3d as tensor3d_checks
         from ngdn.tensor3d_inputs import Tensor3DShape
@@ -124,18 +157,20 @@ def warm(unit: str, require_cuda: bool = True) -> None:
         fenwick_checks.optimized_vs_reference(shape, 0, dtype, log=False)
 
 
-def warm_packed(bucket, dtype, calls) -> None:
-    """The packed properties' calls (``property_tests/test_ops.py``, ``test_nested_packed.py``,
-    ``test_fenwick_gdn2.py``): the ops that index packed sequences in their own kernels, at the
-    bucket's head dims."""
+def warm_packed(call: str, dtype) -> None:
+    """One packed property's call (``PACKED_CALLS``), as the test makes it."""
+    import torch
+
     from ngdn import ops
     from ngdn.checks import generic
 
-    for name, lengths, shape in calls:
-        info = ops.get(name)
-        d = ops.packed_draw(info, lengths, **shape)
-        d = d._replace(shape=d.shape._replace(K=bucket.K, V=bucket.V))
-        generic.packed_equals_separate(info, d, lengths, dtype, log=False)
+    if call == "fenwick-gdn2-ragged":
+        info, d, lengths = ops.get("fenwick-gdn2"), ops.fenwick_gdn2_ragged_draw(), ops.FENWICK_GDN2_RAGGED_LENGTHS
+        cu_dtype = torch.int64
+    else:
+        info, lengths = ops.get(call), ops.PACKED_LENGTHS
+        d, cu_dtype = ops.packed_test_draw(info, lengths), ops.packed_cu_dtype(info)
+    generic.packed_equals_separate(info, d, lengths, dtype, log=False, cu_dtype=cu_dtype)
 
 
 def unit_command(name: str) -> list[str]:
@@ -198,7 +233,7 @@ def wanted(config) -> bool:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ngdn.suite_precompile", description=__doc__.split("\n")[0])
-    parser.add_argument("--unit", help="warm one unit in this process (kind:bucket:dtype)")
+    parser.add_argument("--unit", help="warm one unit in this process (kind:bucket:dtype[:part], see --list)")
     parser.add_argument("--list", action="store_true", help="print the units and exit")
     parser.add_argument("--jobs", type=int, default=None, help="processes at a time (default: CPU count)")
     parser.add_argument("--time-limit", type=float, default=240.0, help="seconds per unit")

@@ -207,17 +207,11 @@ def test_mutant_harness_without_bugs_passes():
                                                       log=False, grads=False))
 
 
-# Packed rows: a 3-chunk sequence (carries m = 0, 1; J = 2), a 1-token one, a 5-chunk one
-# starting at chunk 4 of the packed grid (carries m = 0, 1, 0, 2 on its own counter; 0, 1, 0, 3
-# on the packed grid's; J = 3, the row's), and a full one-chunk one; the last chunks are 2, 1,
-# 44 and 64 tokens, none on the packed row's chunk grid but the first two.
-RAGGED_LENGTHS = (130, 1, 300, 64)
+RAGGED_LENGTHS = ops.FENWICK_GDN2_RAGGED_LENGTHS     # the packed row (ngdn.ops says what each reaches)
 
 
 def ragged_draw():
-    info = ops.get("fenwick-gdn2")
-    d = ops.packed_draw(info, RAGGED_LENGTHS, H=1, K=16, V=16, seed=11)
-    return info, d._replace(shape=on_bucket(d.shape)._replace(H=1))
+    return ops.get("fenwick-gdn2"), ops.fenwick_gdn2_ragged_draw()
 
 
 @pytest.mark.compiles

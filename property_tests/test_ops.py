@@ -141,26 +141,11 @@ def test_edge_shapes(info, dtype, edge):
 
 VARLEN = [pytest.param(info, id=info.name) for info in OPS if info.varlen]
 POSITIONAL = [pytest.param(info, id=info.name) for info in OPS if info.varlen and info.positional]
-# Ragged lengths: one token, one short of a chunk, a chunk, one over (two chunks); packed T = 193,
-# four chunks of the packed row, with the sequences starting off its chunk grid (at 65, 66, 129).
-PACKED_LENGTHS = (65, 1, 63, 64)
+PACKED_LENGTHS = ops.PACKED_LENGTHS
+packed_draw = ops.packed_test_draw
 # Nested GDN-2 at L = 3 (intervals 1, 2): the 130-token sequence fires levels 1 and 2, the 65-token
 # one level 1 only, the 1-token one none (packed T = 196).
 NESTED_LEVELS_LENGTHS = (1, 130, 65)
-
-
-def packed_draw(info, lengths=PACKED_LENGTHS, **shape) -> Draw:
-    """``ngdn.ops.packed_draw`` (H = 2, K = 8, V = 12, below the dots' 16: the head-dim padding
-    runs with cu_seqlens). On CUDA the sizes of the family's second compile bucket (H = 2: kernels
-    the bucket tests compile); for fla's log-linear kernels, whose level and chunk counts change
-    with the packed T anyway, the smallest bucket's head dims at H = 2 (their local memory per
-    program grows with K, V and the levels: ``ngdn.ops.fenwick_covering_shape``)."""
-    d = ops.packed_draw(info, lengths, **shape)
-    if not on_cuda():
-        return d
-    if info.family == "fenwick":
-        return d._replace(shape=on_bucket(d.shape, "fenwick", 2)._replace(H=2))
-    return d._replace(shape=on_bucket(d.shape, info.family, 1))
 
 
 @pytest.mark.parametrize("info", VARLEN)
@@ -168,9 +153,8 @@ def packed_draw(info, lengths=PACKED_LENGTHS, **shape) -> Draw:
 def test_packed_equals_separate_calls(info):
     """SPEC "Variable-length batches": one packed call (cu_seqlens, per-sequence initial states)
     equals N separate calls: output, per-sequence final states, every gradient."""
-    cu_dtype = torch.int64 if info.name in ("gdn2", "nested", "fenwick") else torch.int32
     assert_passes(generic.packed_equals_separate(info, packed_draw(info), PACKED_LENGTHS, torch.float32,
-                                                 cu_dtype=cu_dtype))
+                                                 cu_dtype=ops.packed_cu_dtype(info)))
 
 
 def test_packed_nested_sequences_fire_at_different_levels():

@@ -5,6 +5,7 @@ import sys
 import types
 
 import pytest
+import torch
 
 from ngdn import compile_buckets, suite_precompile
 from ngdn.testing import on_cuda
@@ -15,12 +16,23 @@ def test_units_cover_every_bucket_and_dtype():
     for kind, family in suite_precompile.FAMILY_OF.items():
         for bucket in family:
             for dtype in suite_precompile.DTYPES:
-                assert f"{kind}:{bucket.name}:{dtype}" in names
+                base = f"{kind}:{bucket.name}:{dtype}"
+                ps = suite_precompile.parts(kind, bucket.name, dtype)
+                if ps:
+                    assert [f"{base}:{p}" for p in ps] == [n for n in names if n.startswith(base + ":")]
+                    assert base not in names
+                else:
+                    assert (base in names) == (kind != "packed"), base
     assert names[0].startswith("fenwick_gdn2:")                     # longest first
+    assert len(set(names)) == len(names)
+    for name in names:
+        suite_precompile.parse_unit(name)
     assert set(suite_precompile.FAMILY_OF.values()) <= set(compile_buckets.FAMILIES.values())
 
 
-@pytest.mark.parametrize("unit", ["nested:z:float32", "nope:a:float32", "gla:a:float16", "gla:a"])
+@pytest.mark.parametrize("unit", ["nested:z:float32", "nope:a:float32", "gla:a:float16", "gla:a",
+                                  "fenwick_gdn2:a:float32", "fenwick_gdn2:a:float32:T999", "nested:a:float32:T100",
+                                  "packed:a:bfloat16:gdn2", "packed:b:float32:gdn2:x"])
 def test_bad_unit_names_are_refused(unit):
     with pytest.raises(ValueError, match="unit"):
         suite_precompile.parse_unit(unit)
@@ -28,6 +40,28 @@ def test_bad_unit_names_are_refused(unit):
 
 def test_a_small_unit_runs_its_checks():
     suite_precompile.warm("fenwick:c:float32", require_cuda=False)
+
+
+@pytest.mark.parametrize("unit", [u for u in suite_precompile.units() if u.startswith("packed:")])
+def test_packed_units_make_the_packed_properties_calls(monkeypatch, unit):
+    """Each packed unit makes its property's call: the same op, draw, lengths and cu_seqlens dtype
+    (what Triton's cache keys on), from the functions the properties call."""
+    from ngdn import ops
+    from ngdn.checks import generic
+
+    calls = []
+    monkeypatch.setattr(generic, "packed_equals_separate",
+                        lambda info, d, lengths, dtype, log=True, cu_dtype=torch.int32: calls.append(
+                            (info.name, d, lengths, dtype, cu_dtype)))
+    suite_precompile.warm(unit, require_cuda=False)
+    part = unit.split(":")[-1]
+    if part == "fenwick-gdn2-ragged":      # property_tests/test_fenwick_gdn2.py
+        want = ("fenwick-gdn2", ops.fenwick_gdn2_ragged_draw(), ops.FENWICK_GDN2_RAGGED_LENGTHS, torch.float32,
+                torch.int64)
+    else:                                  # property_tests/test_ops.py
+        info = ops.get(part)
+        want = (part, ops.packed_test_draw(info), ops.PACKED_LENGTHS, torch.float32, ops.packed_cu_dtype(info))
+    assert calls == [want]
 
 
 def test_failing_and_slow_units_are_reported_and_the_pool_goes_on():
