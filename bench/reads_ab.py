@@ -20,6 +20,8 @@ heads. Variants (``--variants``, default all):
   H200 2026-11-30: slower, 37.45 against 35.46 ms at L = 4);
 - ``scan-bv16``: the default op with V blocks of 16 in the scans only (``Pieces.scan_block_v``; the
   reads keep 32): twice the programs for the scans' sequential chains;
+- ``scan-bv32``: the default op with V blocks of 32 in both scans (the reverse scan's default is 64
+  since 2026-12-02; 32 before, so this is the op before that change);
 - ``bn32``, ``bn64``: the default op with pair blocks of 32 / 64 in the scans (default 16; 32 until
   2026-12-02, when the default's 16 was the variant ``bn16``): the ladder's upper levels (n = 64, 128)
   run n / BN pair blocks one after another per firing, but blocks over 16 spill registers at K = 128;
@@ -120,7 +122,7 @@ def _floor_ms(name, B, T, H, K, L, dtype, rates) -> tuple[float, float]:
 
 
 VARIANTS = ("torch", "generic", "fused-ieee", "scan-tf32", "triton", "triton+check", "bv16", "bv64", "keep-z", "scan-2phase",
-            "scan-bv16", "bn32", "bn64", "gates-triton", "gates-torch", "rstates-bv32",
+            "scan-bv16", "scan-bv32", "bn32", "bn64", "gates-triton", "gates-torch", "rstates-bv32",
             "rstates-bv64", "states-one-buffer", "snapshot-copies", "dz-new-buffer", "l0-keep",
             "l0-recompute-wy")
 
@@ -159,6 +161,7 @@ def _ops(B, T, H, K, V, L, dtype, seed, names=VARIANTS, device="cuda"):
         "keep-z": Pieces(probe_keeps_preactivations=True),
         "scan-2phase": Pieces(scan_bwd=scan_bwd_two_phase),
         "scan-bv16": Pieces(scan_block_v=16),
+        "scan-bv32": Pieces(scan_block_v=32),
         "bn32": Pieces(block_n=32),
         "bn64": Pieces(block_n=64),
         "gates-triton": Pieces(probe_gates="triton"),   # the default

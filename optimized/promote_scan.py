@@ -196,16 +196,18 @@ def promote_scan_bwd_kernel(
 
 
 def block_sizes(K: int, V: int, n: int, block_v: int | None = None,
-                block_n: int | None = None) -> tuple[int, int, int]:
+                block_n: int | None = None, reverse: bool = False) -> tuple[int, int, int]:
     """``BK`` covers all of K (≥ 16 for ``tl.dot``); pairs go in blocks of ``BN`` (16 by default:
     at 32 the reverse scan's float32 pair tiles spill registers at K = 128, at 16 neither scan
-    does); ``BV`` splits V across programs."""
+    does); ``BV`` splits V across programs: by default 32 in the forward scan and 64 in the
+    reverse one (``reverse``: half the programs, each writing half as many per-V-block partials
+    of ``dκ, dβ, dγ``; faster there, not in the forward: bench/NOTES.md), 16 when K > 128."""
     BK = max(16, triton.next_power_of_2(K))
     if block_n is None:
         block_n = 16
     BN = max(16, min(triton.next_power_of_2(block_n), triton.next_power_of_2(n)))
     if block_v is None:
-        block_v = 32 if BK <= 128 else 16
+        block_v = (64 if reverse else 32) if BK <= 128 else 16
     BV = max(16, min(triton.next_power_of_2(block_v), triton.next_power_of_2(V)))
     return BK, BN, BV
 
@@ -360,7 +362,7 @@ def promote_scan_bwd(states, kappa, nu, beta, omega, gamma, dstates, block_v: in
     """
     B, F, H, n, K, V = check_bwd(states, kappa, nu, beta, omega, gamma, dstates, precision, fire_offsets)
     states, dstates = (x if _batch_strided(x) else x.contiguous() for x in (states, dstates))
-    BK, BN, BV = block_sizes(K, V, n, block_v, block_n)
+    BK, BN, BV = block_sizes(K, V, n, block_v, block_n, reverse=True)
     NV = triton.cdiv(V, BV)
     programs = B if fire_offsets is None else fire_offsets.numel() - 1
     dm0 = states.new_empty(programs, H, K, V)

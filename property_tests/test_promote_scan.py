@@ -23,8 +23,8 @@ from optimized.promote_scan import promote_scan_bwd, promote_scan_fwd
 from optimized.promote_scan_two_phase import promote_scan_bwd_two_phase
 
 Draw = checks.ScanDraw
-# Sizes below, between and over blocks: CUDA with the default blocks (BV = 32, BN = 16), CPU with
-# blocks of 16 too (``bv``/``bn``): 40 = three V blocks of 16, the last ragged.
+# Sizes below, between and over blocks: CUDA with the default blocks (BV = 32, the reverse scan's
+# 64, BN = 16), CPU with blocks of 16 too (``bv``/``bn``): 40 = three V blocks of 16, the last ragged.
 DIMS = (16, 48, 80, 112) if on_cuda() else (8, 16, 20, 32, 40)
 
 

@@ -18,7 +18,8 @@ from optimized.promote_scan import promote_scan_bwd, promote_scan_fwd
 from optimized.promote_scan_two_phase import promote_scan_bwd_two_phase
 
 Draw = checks.ScanDraw
-# CUDA's default blocks are BV = 32, BN = 16: V = 80 is three V blocks (ragged), n = 44 three pair
+# CUDA's default blocks are BV = 32 (the forward; the reverse scan's 64), BN = 16: V = 80 is three
+# V blocks of 32 (two of 64), the last ragged, n = 44 three pair
 # blocks (the last ragged), n = 112 seven.
 DRAWS = [Draw(B=2, F=6, H=2, K=48, V=80, n=44, scheme="learned", seed=1),
          Draw(B=1, F=5, H=2, K=112, V=112, n=112, scheme="merge", reduction="sum", seed=2),
@@ -69,7 +70,7 @@ def test_tf32_reaches_the_kernel():
 @cuda_only
 def test_tf32_bounds_catch_dropped_partials():
     d = DRAWS[0]
-    bwd = _tf32(promote_scan_bwd, reduce_partials=mutants.sum_outer_partials)
+    bwd = _tf32(promote_scan_bwd, block_v=32, reduce_partials=mutants.sum_outer_partials)   # three V blocks
     bad = failures(checks.scan_vs_reference(d, scan_fwd=_tf32(promote_scan_fwd), scan_bwd=bwd, log=False,
                                             tolerance_dtype="tf32"))
     assert {"dkappa", "dbeta", "dgamma"} <= set(bad), bad

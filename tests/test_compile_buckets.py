@@ -10,13 +10,16 @@ from optimized.state_grad import block_sizes as state_grad_block_sizes
 
 def level0_paths(bucket) -> dict:
     """Blocking paths one draw of this bucket can reach in our kernels, at their default blocks:
-    the scan (V blocks, pair blocks for a learned firing with ``covering_pairs(K)`` pairs) and the
-    state gradient (V blocks)."""
+    the scan (V blocks, pair blocks for a learned firing with ``covering_pairs(K)`` pairs; the
+    reverse scan's wider V blocks) and the state gradient (V blocks)."""
     n = cb.covering_pairs(bucket.K)
     _, BN, BV = scan_block_sizes(bucket.K, bucket.V, n)
     _, BV_state, _ = state_grad_block_sizes(bucket.K, bucket.V)
     ragged_T = max(t for t in bucket.seq_lens if t % 64)
     paths = cb.covered_paths(V=bucket.V, BV=BV, n=n, BN=BN, T=ragged_T, K=bucket.K)
+    _, _, BV_reverse = scan_block_sizes(bucket.K, bucket.V, n, reverse=True)
+    paths["reverse scan: more than one V block, the last ragged"] = (
+        -(-bucket.V // BV_reverse) >= 2 and bucket.V % BV_reverse != 0)
     paths["state gradient: three or more V blocks, the last ragged"] = (
         -(-bucket.V // BV_state) >= 3 and bucket.V % BV_state != 0)
     paths["lengths: one token, below a chunk, whole chunks, a ragged last chunk"] = (
