@@ -178,32 +178,46 @@ def unit_command(name: str) -> list[str]:
 
 
 def run_pool(names=None, jobs: int | None = None, time_limit: float = 240.0, log=print,
-             command=unit_command) -> dict:
+             command=unit_command, deadline: float | None = None) -> dict:
     """Warm the units in subprocesses (``command(unit)``), ``jobs`` at a time (default: the CPU
-    count), each stopped after ``time_limit`` seconds. Returns ``{unit: (status, seconds)}``;
-    never raises for a unit's failure."""
+    count), each stopped after ``time_limit`` seconds; ``deadline``: seconds after the pool's
+    start when the units still running are stopped and those not started are skipped (a unit
+    started late must not hold the whole run: its tests compile what it did not). Returns
+    ``{unit: (status, seconds)}``; never raises for a unit's failure."""
     names = list(units() if names is None else names)
     for name in names:
         parse_unit(name)
     jobs = jobs or os.cpu_count() or 1
     pending, running, done = list(names), {}, {}
     start = time.monotonic()
+
+    def finish(name, status, elapsed):
+        done[name] = (status, elapsed)
+        log(f"[ngdn precompile] {len(done)}/{len(names)} {name}: {status} ({elapsed:.1f} s, "
+            f"{time.monotonic() - start:.0f} s since start)")
+
     while pending or running:
-        while pending and len(running) < jobs:
+        late = deadline is not None and time.monotonic() - start > deadline
+        while pending and (late or len(running) < jobs):
             name = pending.pop(0)
+            if late:
+                finish(name, f"not started by the {deadline:.0f} s deadline", 0.0)
+                continue
             # stderr to a file, not a pipe: a unit that warns a lot must not block on a full pipe
             err = tempfile.TemporaryFile(mode="w+")
             proc = subprocess.Popen(command(name), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err, text=True)
             running[name] = (proc, time.monotonic(), err)
         time.sleep(0.2)
+        late = deadline is not None and time.monotonic() - start > deadline
         for name, (proc, t0, err) in list(running.items()):
             elapsed = time.monotonic() - t0
-            if proc.poll() is None and elapsed <= time_limit:
+            if proc.poll() is None and elapsed <= time_limit and not late:
                 continue
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
-                status = f"stopped after {time_limit:.0f} s"
+                status = (f"stopped after {time_limit:.0f} s" if elapsed > time_limit
+                          else f"stopped at the {deadline:.0f} s deadline")
             elif proc.returncode == 0:
                 status = "ok"
             else:
@@ -211,10 +225,8 @@ def run_pool(names=None, jobs: int | None = None, time_limit: float = 240.0, log
                 lines = err.read().strip().splitlines()
                 status = f"failed: {lines[-1] if lines else f'exit {proc.returncode}'}"
             err.close()
-            done[name] = (status, elapsed)
             del running[name]
-            log(f"[ngdn precompile] {len(done)}/{len(names)} {name}: {status} ({elapsed:.1f} s, "
-                f"{time.monotonic() - start:.0f} s since start)")
+            finish(name, status, elapsed)
     return done
 
 

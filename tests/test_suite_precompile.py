@@ -2,6 +2,7 @@
 unit's calls run (a small one, under the interpreter), a failing unit is reported without
 stopping the pool, and only whole-suite runs in the controlling process precompile."""
 import sys
+import time
 import types
 
 import pytest
@@ -77,6 +78,18 @@ def test_failing_and_slow_units_are_reported_and_the_pool_goes_on():
     assert done["fenwick:c:bfloat16"][0] == "stopped after 3 s"
     assert done["fenwick:a:float32"][0] == "ok"
     assert len(lines) == 3
+
+
+def test_the_deadline_stops_running_units_and_skips_pending_ones():
+    """One slot: the first unit sleeps past the pool's deadline (but within its own limit) and is
+    stopped there; the second is never started."""
+    scripts = {"fenwick:c:float32": "import time; time.sleep(30)", "fenwick:a:float32": "pass"}
+    t0 = time.monotonic()
+    done = suite_precompile.run_pool(list(scripts), jobs=1, time_limit=60, deadline=2, log=lambda line: None,
+                                     command=lambda name: [sys.executable, "-c", scripts[name]])
+    assert time.monotonic() - t0 < 20
+    assert done["fenwick:c:float32"][0] == "stopped at the 2 s deadline"
+    assert done["fenwick:a:float32"] == ("not started by the 2 s deadline", 0.0)
 
 
 def test_the_default_command_fails_without_cuda_and_says_why():
