@@ -13,8 +13,8 @@ scan's include a copy of the state gradients, which it overwrites (the op hands 
 Writes ``DIR/scan_ab.csv`` and ``DIR/scan_ab.md``. Variants are named by what differs from the
 op's default launch (``fwd``, ``bwd``): ``-sN`` Triton's ``num_stages``, ``-wN`` ``num_warps``,
 ``-bnN`` / ``-bvN`` pair and V blocks, ``-tf32`` the forward's dots on TF32, ``2phase`` the
-two-phase reverse scan (``optimized.promote_scan_two_phase``), ``fwd-inline`` and ``fwd-streamed`` the
-forward in transition form (``optimized.promote_scan_transition``; ``-tf32`` its dots on TF32).
+two-phase reverse scan (``optimized.promote_scan_two_phase``). The forward in transition form
+(variants ``fwd-inline*``, ``fwd-streamed*``) was measured slower and removed: bench/NOTES.md.
 """
 from __future__ import annotations
 
@@ -52,16 +52,11 @@ def _pairs(B, F, H, n, K, V, seed, device):
 def _variants() -> dict:
     """name -> ("fwd" | "bwd", fn(pairs, states, dstates))."""
     from optimized.promote_scan import promote_scan_bwd, promote_scan_fwd
-    from optimized.promote_scan_transition import promote_scan_fwd_transition
     from optimized.promote_scan_two_phase import promote_scan_bwd_two_phase
 
     def fwd(**kw):
         kw.setdefault("precision", "ieee")
         return "fwd", lambda p, s, ds: promote_scan_fwd(None, *p, **kw)
-
-    def trans(form, **kw):
-        kw.setdefault("precision", "ieee")
-        return "fwd", lambda p, s, ds: promote_scan_fwd_transition(None, *p, form=form, **kw)
 
     def bwd(**kw):
         kw.setdefault("precision", "tf32")
@@ -77,13 +72,6 @@ def _variants() -> dict:
         "fwd-tf32-s2": fwd(precision="tf32", num_stages=2), "fwd-tf32-w4-s2": fwd(precision="tf32", num_warps=4,
                                                                                  num_stages=2),
         "fwd-tf32-bv64-s2": fwd(precision="tf32", block_v=64, num_stages=2),
-        "fwd-inline": trans("inline"), "fwd-inline-tf32": trans("inline", precision="tf32"),
-        "fwd-inline-tf32-bv64": trans("inline", precision="tf32", block_v=64),
-        "fwd-streamed": trans("streamed"), "fwd-streamed-tf32": trans("streamed", precision="tf32"),
-        "fwd-streamed-tf32-s2": trans("streamed", precision="tf32", num_stages=2),
-        "fwd-streamed-tf32-s3": trans("streamed", precision="tf32", num_stages=3),
-        "fwd-streamed-tf32-bv64": trans("streamed", precision="tf32", block_v=64),
-        "fwd-streamed-tf32-w4": trans("streamed", precision="tf32", num_warps=4),
         "fwd-bv64": fwd(block_v=64), "fwd-bv64-w16": fwd(block_v=64, num_warps=16),
         "fwd-bv128-w16": fwd(block_v=128, num_warps=16),
         "bwd-bv32": bwd(block_v=32), "bwd-ieee": bwd(precision="ieee"),
