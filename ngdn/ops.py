@@ -137,6 +137,9 @@ PACKED_LENGTHS = (65, 1, 63, 64)
 # grid's; J = 3, the row's), and a full one-chunk one; the last chunks are 2, 1, 44 and 64 tokens,
 # none on the packed row's chunk grid but the first two.
 FENWICK_GDN2_RAGGED_LENGTHS = (130, 1, 300, 64)
+# Nested GDN-2 at L = 3 (intervals 1, 2): the 130-token sequence fires levels 1 and 2, the 65-token
+# one level 1 only, the 1-token one none (packed T = 196).
+NESTED_LEVELS_LENGTHS = (1, 130, 65)
 
 
 def packed_cu_dtype(info) -> torch.dtype:

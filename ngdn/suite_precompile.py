@@ -42,9 +42,11 @@ KINDS = ("fenwick_gdn2", "nested", "packed", "delta", "gdn2", "gla", "fenwick")
 FAMILY_OF = {"fenwick_gdn2": LEVEL0, "nested": LEVEL0, "packed": LEVEL0, "gdn2": LEVEL0, "delta": TENSOR3D,
              "gla": TENSOR3D, "fenwick": FENWICK}
 # (bucket, dtype) -> the packed calls there, by name: op name (``property_tests/test_ops.py``'s packed
-# property) or ``fenwick-gdn2-ragged`` (``property_tests/test_fenwick_gdn2.py``'s)
+# property), ``nested-levels`` (its nested row at L = 3) or ``fenwick-gdn2-ragged``
+# (``property_tests/test_fenwick_gdn2.py``'s)
 PACKED_CALLS = {
-    ("b", "float32"): ("gdn2", "nested", "fenwick", "fenwick-gdn2", "tensor3d-delta", "tensor3d-gla"),
+    ("b", "float32"): ("gdn2", "nested", "nested-levels", "fenwick", "fenwick-gdn2", "tensor3d-delta",
+                       "tensor3d-gla"),
     ("a", "float32"): ("fenwick-gdn2-ragged",),
 }
 
@@ -167,6 +169,9 @@ def warm_packed(call: str, dtype) -> None:
     if call == "fenwick-gdn2-ragged":
         info, d, lengths = ops.get("fenwick-gdn2"), ops.fenwick_gdn2_ragged_draw(), ops.FENWICK_GDN2_RAGGED_LENGTHS
         cu_dtype = torch.int64
+    elif call == "nested-levels":
+        info, lengths, cu_dtype = ops.get("nested"), ops.NESTED_LEVELS_LENGTHS, torch.int32
+        d = ops.packed_test_draw(info, lengths, L=3)
     else:
         info, lengths = ops.get(call), ops.PACKED_LENGTHS
         d, cu_dtype = ops.packed_test_draw(info, lengths), ops.packed_cu_dtype(info)

@@ -143,9 +143,7 @@ VARLEN = [pytest.param(info, id=info.name) for info in OPS if info.varlen]
 POSITIONAL = [pytest.param(info, id=info.name) for info in OPS if info.varlen and info.positional]
 PACKED_LENGTHS = ops.PACKED_LENGTHS
 packed_draw = ops.packed_test_draw
-# Nested GDN-2 at L = 3 (intervals 1, 2): the 130-token sequence fires levels 1 and 2, the 65-token
-# one level 1 only, the 1-token one none (packed T = 196).
-NESTED_LEVELS_LENGTHS = (1, 130, 65)
+NESTED_LEVELS_LENGTHS = ops.NESTED_LEVELS_LENGTHS     # ngdn.ops says what each sequence reaches
 
 
 @pytest.mark.parametrize("info", VARLEN)

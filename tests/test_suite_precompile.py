@@ -59,6 +59,9 @@ def test_packed_units_make_the_packed_properties_calls(monkeypatch, unit):
     if part == "fenwick-gdn2-ragged":      # property_tests/test_fenwick_gdn2.py
         want = ("fenwick-gdn2", ops.fenwick_gdn2_ragged_draw(), ops.FENWICK_GDN2_RAGGED_LENGTHS, torch.float32,
                 torch.int64)
+    elif part == "nested-levels":          # property_tests/test_ops.py, the nested row at L = 3
+        want = ("nested", ops.packed_test_draw(ops.get("nested"), ops.NESTED_LEVELS_LENGTHS, L=3),
+                ops.NESTED_LEVELS_LENGTHS, torch.float32, torch.int32)
     else:                                  # property_tests/test_ops.py
         info = ops.get(part)
         want = (part, ops.packed_test_draw(info), ops.PACKED_LENGTHS, torch.float32, ops.packed_cu_dtype(info))
