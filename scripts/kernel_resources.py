@@ -42,10 +42,12 @@ def _kernels():
     f32 = "*fp32"
     scan_sizes = dict(H=16, K=128, V=128, BK=128)
     rows = []
-    # the default blocks (BN = 16; 32 until 2026-12-02, reads_ab's bn32), and reads_ab's variants
+    # the default blocks (BN = 16; 32 until 2026-12-02, reads_ab's bn32; BV = 32, the reverse scan's
+    # default is the " bv64" row's since 2026-12-02), and reads_ab's variants
     # ... and packed sequences (IS_VARLEN: per-sequence firing offsets), at the default blocks
     # " w4": 4 warps instead of the launchers' 8 (bench.scan_ab's -w4 variants)
-    for name, BN, BV, prec, varlen, w in (("", 16, 32, "tf32", False, None), (" bn32", 32, 32, "tf32", False, None),
+    for name, BN, BV, prec, varlen, w in (("", 16, 32, "tf32", False, None), (" bv64", 16, 64, "tf32", False, None),
+                                          (" bn32", 32, 32, "tf32", False, None),
                                           (" bv16", 16, 16, "tf32", False, None), (" bn64", 64, 32, "tf32", False, None),
                                           (" packed", 16, 32, "tf32", True, None), (" w4", 16, 32, "tf32", False, 4),
                                           (" bv16 w4", 16, 16, "tf32", False, 4)):
