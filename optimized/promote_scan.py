@@ -35,6 +35,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.runtime.errors import OutOfResources
 
 
 @triton.jit
@@ -201,7 +202,8 @@ def block_sizes(K: int, V: int, n: int, block_v: int | None = None,
     at 32 the reverse scan's float32 pair tiles spill registers at K = 128, at 16 neither scan
     does); ``BV`` splits V across programs: by default 32 in the forward scan and 64 in the
     reverse one (``reverse``: half the programs, each writing half as many per-V-block partials
-    of ``dκ, dβ, dγ``; faster there, not in the forward: bench/NOTES.md), 16 when K > 128."""
+    of ``dκ, dβ, dγ``; faster there, not in the forward: bench/NOTES.md; ``promote_scan_bwd`` falls
+    back to 32 on a GPU without the shared memory it needs), 16 when K > 128."""
     BK = max(16, triton.next_power_of_2(K))
     if block_n is None:
         block_n = 16
@@ -362,17 +364,27 @@ def promote_scan_bwd(states, kappa, nu, beta, omega, gamma, dstates, block_v: in
     """
     B, F, H, n, K, V = check_bwd(states, kappa, nu, beta, omega, gamma, dstates, precision, fire_offsets)
     states, dstates = (x if _batch_strided(x) else x.contiguous() for x in (states, dstates))
+    kappa, nu, beta, omega, gamma = (x.contiguous() for x in (kappa, nu, beta, omega, gamma))
     BK, BN, BV = block_sizes(K, V, n, block_v, block_n, reverse=True)
-    NV = triton.cdiv(V, BV)
     programs = B if fire_offsets is None else fire_offsets.numel() - 1
-    dm0 = states.new_empty(programs, H, K, V)
-    dkappa_part, dnu, dbeta_part, domega, dgamma_part = pair_grad_buffers(kappa, nu, NV)
-    grid = (NV, programs * H)
-    promote_scan_bwd_kernel[grid](
-        states, kappa.contiguous(), nu.contiguous(), beta.contiguous(), omega.contiguous(),
-        gamma.contiguous(), dstates, fire_offsets,
-        dm0, dkappa_part, dnu, dbeta_part, domega, dgamma_part, F, B, n, states.stride(0), dstates.stride(0),
-        H=H, K=K, V=V, BK=BK, BN=BN, BV=BV, DOT_PRECISION=precision, IS_VARLEN=fire_offsets is not None,
-        **launch_options(BK, BV, num_warps, num_stages))
-    return (dm0, reduce_partials(dkappa_part), dnu, reduce_partials(dbeta_part), domega,
-            reduce_partials(dgamma_part))
+
+    def run(BV):
+        NV = triton.cdiv(V, BV)
+        dm0 = states.new_empty(programs, H, K, V)
+        dkappa_part, dnu, dbeta_part, domega, dgamma_part = pair_grad_buffers(kappa, nu, NV)
+        promote_scan_bwd_kernel[(NV, programs * H)](
+            states, kappa, nu, beta, omega, gamma, dstates, fire_offsets,
+            dm0, dkappa_part, dnu, dbeta_part, domega, dgamma_part, F, B, n, states.stride(0), dstates.stride(0),
+            H=H, K=K, V=V, BK=BK, BN=BN, BV=BV, DOT_PRECISION=precision, IS_VARLEN=fire_offsets is not None,
+            **launch_options(BK, BV, num_warps, num_stages))
+        return (dm0, reduce_partials(dkappa_part), dnu, reduce_partials(dbeta_part), domega,
+                reduce_partials(dgamma_part))
+
+    try:
+        return run(BV)
+    except OutOfResources:
+        # the default V block of 64 needs ≈ 160 KiB of shared memory per program at K = 128 (sm_90):
+        # a GPU with less per block runs V blocks of 32 (88 KiB), the forward's default
+        if block_v is not None or BV <= 32:
+            raise
+        return run(32)
