@@ -76,7 +76,7 @@ def _variants() -> dict:
         "fwd-bv128-w16": fwd(block_v=128, num_warps=16),
         "bwd-bv32": bwd(block_v=32), "bwd-ieee": bwd(precision="ieee"),
         "bwd-ieee-bv32": bwd(precision="ieee", block_v=32),
-        "bwd-bv64-w16": bwd(block_v=64, num_warps=16),     # bwd-bv64 was the default's name before it
+        "bwd-bv64-w16": bwd(block_v=64, num_warps=16),     # the old variant bwd-bv64 is now bwd
         "bwd-bv128-w16": bwd(block_v=128, num_warps=16), "bwd-bv128-w16-bn32": bwd(block_v=128, num_warps=16,
                                                                                    block_n=32),
         "bwd": bwd(), "bwd-s1": bwd(num_stages=1), "bwd-s2": bwd(num_stages=2),
