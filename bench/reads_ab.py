@@ -122,7 +122,7 @@ def _floor_ms(name, B, T, H, K, L, dtype, rates) -> tuple[float, float]:
 
 
 VARIANTS = ("torch", "generic", "fused-ieee", "scan-tf32", "triton", "triton+check", "bv16", "bv64", "keep-z", "scan-2phase",
-            "scan-bv16", "scan-bv32", "bn32", "bn64", "gates-triton", "gates-torch", "rstates-bv32",
+            "scan-fwd-ieee", "scan-bv16", "scan-bv32", "bn32", "bn64", "gates-triton", "gates-torch", "rstates-bv32",
             "rstates-bv64", "states-one-buffer", "snapshot-copies", "dz-new-buffer", "l0-keep",
             "l0-recompute-wy")
 
@@ -156,6 +156,9 @@ def _ops(B, T, H, K, V, L, dtype, seed, names=VARIANTS, device="cuda"):
         "fused-ieee": Pieces(scan_precision=ieee, probe_precision=lambda dtype: "ieee"),
         "scan-tf32": Pieces(probe_precision=lambda dtype: "ieee"),
         "triton": Pieces(),
+        # the op before the forward scans ran TF32 at one V block of 128: IEEE at V blocks of 32
+        "scan-fwd-ieee": Pieces(scan_precision=lambda dtype, direction: (
+            "tf32" if dtype == torch.bfloat16 and direction == "bwd" else "ieee")),
         "bv16": Pieces(block_v=16),     # the default op with V blocks of 16 in the scans and reads
         "bv64": Pieces(block_v=64),     # ... of 64 (default: 32 at K ≤ 128)
         "keep-z": Pieces(probe_keeps_preactivations=True),

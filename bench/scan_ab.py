@@ -10,10 +10,11 @@ scan's include a copy of the state gradients, which it overwrites (the op hands 
 
     python -m bench.scan_ab --out results/DIR [--variants ...] [--levels 4]
 
-Writes ``DIR/scan_ab.csv`` and ``DIR/scan_ab.md``. Variants are named by what differs from the
-op's default launch (``fwd``, ``bwd``): ``-sN`` Triton's ``num_stages``, ``-wN`` ``num_warps``,
-``-bnN`` / ``-bvN`` pair and V blocks, ``-tf32`` the forward's dots on TF32, ``2phase`` the
-two-phase reverse scan (``optimized.promote_scan_two_phase``). The forward in transition form
+Writes ``DIR/scan_ab.csv`` and ``DIR/scan_ab.md``. Variants are named by what differs from
+``fwd`` (the IEEE forward scan, float32 runs' launch) and ``bwd`` (the TF32 reverse scan, the bf16
+op's): ``-tf32`` the forward's dots on TF32 (``fwd-tf32`` is the bf16 op's forward: one V block
+of 128), ``-sN`` Triton's ``num_stages``, ``-wN`` ``num_warps``, ``-bnN`` / ``-bvN`` pair and V
+blocks, ``2phase`` the two-phase reverse scan (``optimized.promote_scan_two_phase``). The forward in transition form
 (variants ``fwd-inline*``, ``fwd-streamed*``) was measured slower and removed: bench/NOTES.md.
 """
 from __future__ import annotations
@@ -71,13 +72,22 @@ def _variants() -> dict:
         "fwd-bn32": fwd(block_n=32), "fwd-tf32": fwd(precision="tf32"),
         "fwd-tf32-s2": fwd(precision="tf32", num_stages=2), "fwd-tf32-w4-s2": fwd(precision="tf32", num_warps=4,
                                                                                  num_stages=2),
+        "fwd-tf32-bv64": fwd(precision="tf32", block_v=64), "fwd-tf32-bv64-s1": fwd(precision="tf32", block_v=64,
+                                                                                    num_stages=1),
         "fwd-tf32-bv64-s2": fwd(precision="tf32", block_v=64, num_stages=2),
+        "fwd-tf32-bv64-s3": fwd(precision="tf32", block_v=64, num_stages=3),
+        "fwd-tf32-bv64-w4": fwd(precision="tf32", block_v=64, num_warps=4),
+        "fwd-tf32-bv128-w8": fwd(precision="tf32", block_v=128, num_warps=8),
+        # with TF32 the forward's default V block is 128 (one block at V ≤ 128)
+        "fwd-tf32-w4": fwd(precision="tf32", num_warps=4), "fwd-tf32-w16": fwd(precision="tf32", num_warps=16),
+        "fwd-tf32-s3": fwd(precision="tf32", num_stages=3), "fwd-tf32-bn32": fwd(precision="tf32", block_n=32),
+        "fwd-tf32-bn64": fwd(precision="tf32", block_n=64),
         "fwd-bv64": fwd(block_v=64), "fwd-bv64-w16": fwd(block_v=64, num_warps=16),
         "fwd-bv128-w16": fwd(block_v=128, num_warps=16),
         "bwd-bv32": bwd(block_v=32), "bwd-ieee": bwd(precision="ieee"),
         "bwd-ieee-bv32": bwd(precision="ieee", block_v=32),
         "bwd-bv64-w16": bwd(block_v=64, num_warps=16),     # the old variant bwd-bv64 is now bwd
-        "bwd-bv128-w16": bwd(block_v=128, num_warps=16), "bwd-bv128-w16-bn32": bwd(block_v=128, num_warps=16,
+        "bwd-bv128-w8": bwd(block_v=128, num_warps=8), "bwd-bv128-w16": bwd(block_v=128, num_warps=16), "bwd-bv128-w16-bn32": bwd(block_v=128, num_warps=16,
                                                                                    block_n=32),
         "bwd": bwd(), "bwd-s1": bwd(num_stages=1), "bwd-s2": bwd(num_stages=2),
         "bwd-bn32": bwd(block_n=32), "bwd-bn32-s1": bwd(block_n=32, num_stages=1),

@@ -197,19 +197,23 @@ def promote_scan_bwd_kernel(
 
 
 def block_sizes(K: int, V: int, n: int, block_v: int | None = None,
-                block_n: int | None = None, reverse: bool = False) -> tuple[int, int, int]:
+                block_n: int | None = None, reverse: bool = False,
+                precision: str = "ieee") -> tuple[int, int, int]:
     """``BK`` covers all of K (≥ 16 for ``tl.dot``); pairs go in blocks of ``BN`` (16 by default:
     at 32 the reverse scan's float32 pair tiles spill registers at K = 128, at 16 neither scan
-    does); ``BV`` splits V across programs: by default 32 in the forward scan and 64 in the
-    reverse one (``reverse``: half the programs, each writing half as many per-V-block partials
-    of ``dκ, dβ, dγ``; faster there, not in the forward: bench/NOTES.md; ``promote_scan_bwd`` falls
-    back to 32 on a GPU without the shared memory it needs), 16 when K > 128."""
+    does); ``BV`` splits V across programs, 16 when K > 128, else by default: 64 in the reverse
+    scan (``reverse``: half the programs of 32, each writing half as many per-V-block partials of
+    ``dκ, dβ, dγ``), 128 in a TF32 forward scan (``precision``; one program per (batch, head) at
+    V ≤ 128: its ``(β ⊙ κ) M'`` product is a tensor-core product as wide as the state) and 32 in
+    an IEEE one (its dots are FMA loops: wider blocks were slower). Measured: bench/NOTES.md. The
+    wide defaults need more shared memory than some GPUs give a block: both scans fall back to
+    32 on ``OutOfResources``."""
     BK = max(16, triton.next_power_of_2(K))
     if block_n is None:
         block_n = 16
     BN = max(16, min(triton.next_power_of_2(block_n), triton.next_power_of_2(n)))
     if block_v is None:
-        block_v = (64 if reverse else 32) if BK <= 128 else 16
+        block_v = (64 if reverse else 128 if precision == "tf32" else 32) if BK <= 128 else 16
     BV = max(16, min(triton.next_power_of_2(block_v), triton.next_power_of_2(V)))
     return BK, BN, BV
 
@@ -296,19 +300,29 @@ def promote_scan_fwd(M0, kappa, nu, beta, omega, gamma, block_v: int | None = No
     """
     B, F, H, n, K, V = _check(M0, kappa, nu, beta, omega, gamma, fire_offsets)
     _check_precision(precision)
-    BK, BN, BV = block_sizes(K, V, n, block_v, block_n)
+    BK, BN, BV = block_sizes(K, V, n, block_v, block_n, precision=precision)
     shape = (*_state_rows(B, F, fire_offsets), H, K, V)
     states = kappa.new_empty(shape) if out is None else _check_states("out", out, shape)
     if not _batch_strided(states):
         raise ValueError(f"out must be contiguous but for its batch stride (a slice along dim 1 of a "
                          f"contiguous buffer), got strides {states.stride()}")
     programs = B if fire_offsets is None else fire_offsets.numel() - 1
-    grid = (triton.cdiv(V, BV), programs * H)
-    promote_scan_fwd_kernel[grid](
-        M0.contiguous() if M0 is not None else None, kappa.contiguous(), nu.contiguous(), beta.contiguous(),
-        omega.contiguous(), gamma.contiguous(), states, fire_offsets, F, n, states.stride(0),
-        H=H, K=K, V=V, BK=BK, BN=BN, BV=BV, HAS_M0=M0 is not None, DOT_PRECISION=precision,
-        IS_VARLEN=fire_offsets is not None, **launch_options(BK, BV, num_warps, num_stages))
+    args = (M0.contiguous() if M0 is not None else None, kappa.contiguous(), nu.contiguous(), beta.contiguous(),
+            omega.contiguous(), gamma.contiguous(), states, fire_offsets, F, n, states.stride(0))
+
+    def run(BV):
+        promote_scan_fwd_kernel[(triton.cdiv(V, BV), programs * H)](
+            *args, H=H, K=K, V=V, BK=BK, BN=BN, BV=BV, HAS_M0=M0 is not None, DOT_PRECISION=precision,
+            IS_VARLEN=fire_offsets is not None, **launch_options(BK, BV, num_warps, num_stages))
+
+    try:
+        run(BV)
+    except OutOfResources:
+        # the TF32 default of one V block of 128 needs more shared memory per program than some
+        # GPUs give a block: V blocks of 32 there (the IEEE default)
+        if block_v is not None or BV <= 32:
+            raise
+        run(32)
     return states
 
 

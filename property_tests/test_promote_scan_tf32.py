@@ -1,8 +1,9 @@
-"""The promote scan with TF32 dots (``precision="tf32"``, what the nested op uses in bf16 runs;
-the reverse scans): the argument is checked, the nested op picks it by dtype, and on a GPU the
+"""The promote scan with TF32 dots (``precision="tf32"``, what the nested op uses in bf16 runs,
+both directions): the argument is checked, the nested op picks it by dtype, and on a GPU the
 TF32 scan equals ``reference.promote`` within the ``promote_scan``/``tf32`` bounds on draws
-with several V blocks (the last ragged) and several pair blocks, differs from the IEEE scan
-(the precision reaches the kernel), and a dropped middle V-block partial still fails."""
+with several pair blocks, at the forward's default V block (one block: V ≤ 128) and at V blocks
+of 32 (several, the last ragged), differs from the IEEE scan (the precision reaches the kernel),
+and a dropped middle V-block partial still fails."""
 import functools
 
 import pytest
@@ -18,9 +19,9 @@ from optimized.promote_scan import promote_scan_bwd, promote_scan_fwd
 from optimized.promote_scan_two_phase import promote_scan_bwd_two_phase
 
 Draw = checks.ScanDraw
-# CUDA's default blocks are BV = 32 (the forward; the reverse scan's 64), BN = 16: V = 80 is three
-# V blocks of 32 (two of 64), the last ragged, n = 44 three pair
-# blocks (the last ragged), n = 112 seven.
+# CUDA's default blocks in TF32 are BV = 128 (the forward: one V block here) and 64 (the reverse),
+# BN = 16: V = 80 is three V blocks of 32 (the forward's ``block_v=32`` case) and two of 64, the
+# last ragged, n = 44 three pair blocks (the last ragged), n = 112 seven.
 DRAWS = [Draw(B=2, F=6, H=2, K=48, V=80, n=44, scheme="learned", seed=1),
          Draw(B=1, F=5, H=2, K=112, V=112, n=112, scheme="merge", reduction="sum", seed=2),
          Draw(B=1, F=4, H=1, K=80, V=48, n=40, scheme="bounded_erase", seed=3)]
@@ -37,9 +38,8 @@ def test_precision_is_checked():
                          x["M0"].float()[:, None].expand(-1, 2, -1, -1, -1).contiguous(), precision="tf16")
 
 
-def test_nested_op_picks_tf32_for_the_bf16_reverse_scan_only():
-    assert scan_precision(torch.bfloat16, "bwd") == "tf32"
-    assert scan_precision(torch.bfloat16, "fwd") == "ieee"
+def test_nested_op_picks_tf32_for_bf16_scans_only():
+    assert scan_precision(torch.bfloat16, "bwd") == scan_precision(torch.bfloat16, "fwd") == "tf32"
     assert scan_precision(torch.float32, "bwd") == scan_precision(torch.float32, "fwd") == "ieee"
     with pytest.raises(ValueError, match="direction"):
         scan_precision(torch.bfloat16, "forward")
@@ -50,11 +50,21 @@ def _tf32(fn, **kw):
 
 
 @cuda_only
+@pytest.mark.parametrize("fwd_block_v", [None, 32], ids=["fwd-default", "fwd-bv32"])
 @pytest.mark.parametrize("scan_bwd", [promote_scan_bwd, promote_scan_bwd_two_phase], ids=["fused", "two_phase"])
 @pytest.mark.parametrize("d", DRAWS, ids=lambda d: f"{d.scheme}-K{d.K}-V{d.V}-n{d.n}")
-def test_tf32_scan_equals_reference(d, scan_bwd):
-    assert_passes(checks.scan_vs_reference(d, scan_fwd=_tf32(promote_scan_fwd), scan_bwd=_tf32(scan_bwd),
-                                           tolerance_dtype="tf32"))
+def test_tf32_scan_equals_reference(d, scan_bwd, fwd_block_v):
+    assert_passes(checks.scan_vs_reference(d, scan_fwd=_tf32(promote_scan_fwd, block_v=fwd_block_v),
+                                           scan_bwd=_tf32(scan_bwd), tolerance_dtype="tf32"))
+
+
+def test_tf32_forward_defaults_to_one_v_block_up_to_128():
+    from optimized.promote_scan import block_sizes
+    assert block_sizes(128, 128, 16, precision="tf32")[2] == 128
+    assert block_sizes(48, 80, 44, precision="tf32")[2] == 128     # masked past V = 80
+    assert block_sizes(128, 128, 16)[2] == 32                       # IEEE
+    assert block_sizes(128, 128, 16, reverse=True, precision="tf32")[2] == 64
+    assert block_sizes(256, 256, 16, precision="tf32")[2] == 16     # K > 128
 
 
 @cuda_only

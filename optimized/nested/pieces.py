@@ -71,13 +71,14 @@ def scan_bwd_two_phase(*args, **kwargs):
 def scan_precision(dtype, direction: str) -> str:
     """The scans' dot precision for a run in ``dtype``, ``direction`` ``"fwd"`` or ``"bwd"``.
 
-    The reverse scan runs on TF32 tensor cores when the activations are bf16 (2^-11 per
-    product, under bf16's own 2^-8); everything else is IEEE float32: TF32 pays off in the
-    reverse scans, not in the forward ones (bench/NOTES.md). Mixing is consistent: the backward
-    recomputes what it needs from the stored states."""
+    Both scans run on TF32 tensor cores when the activations are bf16 (2^-11 per product, under
+    bf16's own 2^-8), the forward one with a V block as wide as the state
+    (``promote_scan.block_sizes``); float32 runs are IEEE float32 throughout. The direction stays
+    an argument: a variant may choose per direction (bench/NOTES.md measured IEEE forward scans
+    at V blocks of 32 beside TF32 ones)."""
     if direction not in ("fwd", "bwd"):
         raise ValueError(f"direction must be 'fwd' or 'bwd', got {direction!r}")
-    return "tf32" if dtype == torch.bfloat16 and direction == "bwd" else "ieee"
+    return "tf32" if dtype == torch.bfloat16 else "ieee"
 
 
 def probe_precision(dtype) -> str:
