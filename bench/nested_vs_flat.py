@@ -189,9 +189,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("-B", "--batch", type=int, default=8)
     p.add_argument("-T", "--tokens", type=int, default=4096)
     p.add_argument("-H", "--heads", type=int, default=16, help="heads per level (flat gets L*H)")
-    p.add_argument("--levels", default="2,3,4,5,6")
-    p.add_argument("--head-dims", default="64,128", help="K = V values")
-    p.add_argument("--batch-sizes", default="1,2,4,8,16")
+    full = {"levels": "2,3,4,5,6", "head_dims": "64,128", "batch_sizes": "1,2,4,8,16"}
+    p.add_argument("--levels", default=None, help=f"default {full['levels']} (quick: 2,4)")
+    p.add_argument("--head-dims", default=None, help=f"K = V values, default {full['head_dims']} (quick: 128)")
+    p.add_argument("--batch-sizes", default=None, help=f"default {full['batch_sizes']} (quick: 2)")
     p.add_argument("--tokens-per-batch", type=int, default=32768)
     p.add_argument("--batch-levels", type=int, default=4)
     p.add_argument("--batch-head-dim", type=int, default=128)
@@ -219,11 +220,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--replot", action="store_true",
                    help="no measuring: rewrite results.md and the PNGs of --out from its results.csv")
     args = p.parse_args(argv)
-    if args.quick:
-        defaults = {"levels": "2,4", "head_dims": "128", "batch_sizes": "2", "ladder_levels": "4"}
-        for name, value in defaults.items():
-            if getattr(args, name) == p.get_default(name):
-                setattr(args, name, value)
+    # options left out take --quick's values or the full run's; an option given keeps its value,
+    # also when it equals the full run's default (e.g. --quick --head-dims 64,128)
+    defaults = {"levels": "2,4", "head_dims": "128", "batch_sizes": "2", "ladder_levels": "4"} if args.quick else full
+    for name, value in defaults.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
     args.warmup_ms = args.warmup_ms if args.warmup_ms is not None else (10.0 if args.quick else 25.0)
     args.rep_ms = args.rep_ms if args.rep_ms is not None else (50.0 if args.quick else 200.0)
     return args

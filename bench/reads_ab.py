@@ -121,10 +121,20 @@ def _floor_ms(name, B, T, H, K, L, dtype, rates) -> tuple[float, float]:
     return fl.fwd_ms, fl.fwdbwd_ms
 
 
-VARIANTS = ("torch", "generic", "fused-ieee", "scan-tf32", "triton", "triton+check", "bv16", "bv64", "keep-z", "scan-2phase",
-            "scan-fwd-ieee", "scan-bv16", "scan-bv32", "bn32", "bn64", "gates-triton", "gates-torch", "rstates-bv32",
-            "rstates-bv64", "states-one-buffer", "snapshot-copies", "dz-new-buffer", "l0-keep",
-            "l0-recompute-wy")
+VARIANTS = ("torch", "generic", "fused-ieee", "scan-tf32", "triton", "triton+check", "bv16", "bv64", "keep-z",
+            "scan-2phase", "scan-fwd-ieee", "reads-fwd-bv64", "reads-fwd-bv128", "scan-bv16", "scan-bv32", "bn32",
+            "bn64", "gates-triton", "gates-torch", "rstates-bv32", "rstates-bv64", "states-one-buffer",
+            "snapshot-copies", "dz-new-buffer", "l0-keep", "l0-recompute-wy")
+
+
+def _reads_fwd_at(block_v: int):
+    """The forward reads kernel at V blocks of ``block_v`` whatever the op asks (it passes its
+    ``Pieces.block_v``, which also sets the scans')."""
+    from optimized.nested.pieces import reads_router_fwd
+
+    def reads_fwd(*args, block_v=None, _bv=block_v, **kwargs):
+        return reads_router_fwd(*args, block_v=_bv, **kwargs)
+    return reads_fwd
 
 
 def _ops(B, T, H, K, V, L, dtype, seed, names=VARIANTS, device="cuda"):
@@ -163,6 +173,10 @@ def _ops(B, T, H, K, V, L, dtype, seed, names=VARIANTS, device="cuda"):
         "bv64": Pieces(block_v=64),     # ... of 64 (default: 32 at K ≤ 128)
         "keep-z": Pieces(probe_keeps_preactivations=True),
         "scan-2phase": Pieces(scan_bwd=scan_bwd_two_phase),
+        # the forward reads kernel alone at V blocks of 64 and 128 (default 32 at K = 128: each of its
+        # four programs per chunk reads the chunk's queries)
+        "reads-fwd-bv64": Pieces(reads_fwd=_reads_fwd_at(64)),
+        "reads-fwd-bv128": Pieces(reads_fwd=_reads_fwd_at(128)),
         "scan-bv16": Pieces(scan_block_v=16),
         "scan-bv32": Pieces(scan_block_v=32),
         "bn32": Pieces(block_n=32),

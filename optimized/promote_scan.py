@@ -326,6 +326,25 @@ def promote_scan_fwd(M0, kappa, nu, beta, omega, gamma, block_v: int | None = No
     return states
 
 
+def forward_precision(precision: str, programs: int, device) -> str:
+    """The forward scan's precision for a launch at its default V block: ``precision``, except
+    ``"tf32"`` becomes ``"ieee"`` on a GPU where the TF32 launch's ``programs`` (batch rows or
+    sequences × heads, one V block each at V ≤ 128) would not exceed half its SMs.
+
+    Why: a TF32 program holds the whole ``[K, V]`` state (one per SM at K = V = 128) and runs
+    its chain of firings ≈ 1.3x slower per firing than two IEEE programs of V blocks of 32 share
+    an SM; it pays by needing a quarter of the programs, which pays only where the IEEE launch
+    (4x the programs, two per SM) needs a second wave: above half the SMs. Measured on the H200
+    (132 SMs, K = V = 128, H = 16; bench/NOTES.md): B = 8 (128 programs) TF32 0.44 against IEEE
+    0.69 ms at level 1; B = 2 (32 programs) the op's forward 9.12 against 7.45 ms."""
+    _check_precision(precision)
+    device = torch.device(device)
+    if precision != "tf32" or device.type != "cuda":
+        return precision
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    return "tf32" if 2 * programs > sms else "ieee"
+
+
 def _check_states(name: str, x: torch.Tensor, shape: tuple) -> torch.Tensor:
     """``x`` float32 of ``shape`` ``[B, F+1, H, K, V]``."""
     if tuple(x.shape) != shape:

@@ -84,3 +84,19 @@ def test_tf32_bounds_catch_dropped_partials():
     bad = failures(checks.scan_vs_reference(d, scan_fwd=_tf32(promote_scan_fwd), scan_bwd=bwd, log=False,
                                             tolerance_dtype="tf32"))
     assert {"dkappa", "dbeta", "dgamma"} <= set(bad), bad
+
+
+def test_tf32_forward_only_where_its_programs_fill_the_gpu(monkeypatch):
+    """``forward_precision``: on a GPU of 132 SMs the TF32 forward (one V block per (batch, head))
+    is kept above 66 programs and becomes IEEE at 66 and below; IEEE requests and the
+    interpreter's device are left alone."""
+    from types import SimpleNamespace
+
+    from optimized.promote_scan import forward_precision
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: SimpleNamespace(multi_processor_count=132))
+    assert forward_precision("tf32", 128, "cuda") == forward_precision("tf32", 67, "cuda") == "tf32"
+    assert forward_precision("tf32", 66, "cuda") == forward_precision("tf32", 32, "cuda") == "ieee"
+    assert forward_precision("ieee", 512, "cuda") == "ieee"
+    assert forward_precision("tf32", 1, "cpu") == "tf32"
+    with pytest.raises(ValueError, match="precision must be one of"):
+        forward_precision("fp8", 128, "cuda")

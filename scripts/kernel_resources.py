@@ -141,13 +141,18 @@ def _reads_and_state_grad_kernels():
     SK, SV, SS = state_grad_blocks(128, 128)
     rows = []
     for name, varlen in (("", False), (" packed", True)):
-        ints = dict.fromkeys(("T", "N", "S", "L"), i32) | {"scale": "fp32"}
+        ints = dict.fromkeys(("T", "N", "S", "S_LO", "L"), i32) | {"scale": "fp32"}
         rows.append((f"reads_fwd{name}", reads_fwd_kernel,
-                     dict.fromkeys(("q", "r", "o0", "o"), bf16) | {"states": f32, "read_row": "*i32",
+                     dict.fromkeys(("q", "r", "o0", "o"), bf16) | {"states": f32, "states_hi": f32, "read_row": "*i32",
                                                                   "chunk_bounds": "*i32"} | ints,
                      sizes | dict(BK=BK, BV=BV, IS_VARLEN=varlen), reads_warps(BK, BV)))
+        for bv in (() if varlen else (32, 64, 128)):      # reads_ab's forward-reads variants
+            rows.append((f"reads_fwd bv{bv}", reads_fwd_kernel,
+                         dict.fromkeys(("q", "r", "o0", "o"), bf16) | {"states": f32, "states_hi": f32, "read_row": "*i32",
+                                                                      "chunk_bounds": "*i32"} | ints,
+                         sizes | dict(BK=BK, BV=bv, IS_VARLEN=varlen), reads_warps(BK, bv)))
         rows.append((f"reads_bwd_tokens{name}", reads_bwd_tokens_kernel,
-                     dict.fromkeys(("do", "q", "r", "o0", "dq"), bf16) | {"states": f32, "read_row": "*i32",
+                     dict.fromkeys(("do", "q", "r", "o0", "dq"), bf16) | {"states": f32, "states_hi": f32, "read_row": "*i32",
                      "chunk_bounds": "*i32", "dr": f32, "do0": f32} | ints,
                      sizes | dict(BKA=BKA, BV=BVA, IS_VARLEN=varlen), warps_a))
         rows.append((f"reads_bwd_states{name}", reads_bwd_states_kernel,

@@ -253,6 +253,10 @@ def test_plan_quick_filter_and_list(capsys):
     quick = make_plan(nvf.parse_args(["--quick"]), default_query_counts)
     assert [c.id for c in quick] == ["depth-K128-L2", "depth-K128-L4", "batch-K128-L4-B2", "ladder-K128-L4"]
     assert quick[1].workloads[0].query_counts == (16, 32, 64) and quick[1].workloads[1].heads == 64
+    # an option given with --quick keeps its value, also the full run's default value
+    both = make_plan(nvf.parse_args(["--quick", "--head-dims", "64,128"]), default_query_counts)
+    assert [c.id for c in both] == ["depth-K64-L2", "depth-K64-L4", "depth-K128-L2", "depth-K128-L4",
+                                    "batch-K128-L4-B2", "ladder-K64-L4", "ladder-K128-L4"]
     full = make_plan(nvf.parse_args([]), default_query_counts)
     assert len(full) == 10 + 5 + 8
     depth6 = next(c for c in full if c.id == "depth-K64-L6")

@@ -12,6 +12,7 @@ from optimized.nested.plan import DeviceTables, PackedPlan, Plan, device_tables,
 from optimized.nested.probe import _probe, _snapshots, snapshot_rows
 from optimized.nested.probe_fused import FUSED_SCHEMES, probe_fwd
 from optimized.nested.stored_states import StoredStates, as_stored
+from optimized.promote_scan import forward_precision
 
 
 def final_states(rows, tables: DeviceTables, ℓ: int) -> torch.Tensor:
@@ -128,10 +129,14 @@ def nested_fwd(q, k, v, g, b, w, r, levels, scale, initial_states, pieces: Piece
                     pairs = _probe(level, snaps, p32, H, K, V)
                 probes.append(None)
         M0 = initial_states[ℓ]
+        precision = pieces.scan_precision(q.dtype, "fwd")
+        if pieces.scan_block() is None:     # TF32 at one V block only where its programs fill the GPU
+            seqs = B if tables.packed is None else len(lengths)
+            precision = forward_precision(precision, seqs * H, q.device)
         with record_function("nested.scan_fwd"):
             pieces.scan_fwd(None if M0 is None else M0.detach().float(), *pairs, block_v=pieces.scan_block(),
                             block_n=pieces.block_n, out=states.level(tables, ℓ),
-                            precision=pieces.scan_precision(q.dtype, "fwd"), **scan_kwargs(tables, ℓ))
+                            precision=precision, **scan_kwargs(tables, ℓ))
     with record_function("nested.reads_fwd"):
         o = pieces.reads_fwd(q, r, o0, states, plan, tables, scale, block_v=pieces.block_v)
     # fresh tensors: outputs must not alias what the backward keeps (no reference cycles)

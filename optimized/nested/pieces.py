@@ -73,7 +73,9 @@ def scan_precision(dtype, direction: str) -> str:
 
     Both scans run on TF32 tensor cores when the activations are bf16 (2^-11 per product, under
     bf16's own 2^-8), the forward one with a V block as wide as the state
-    (``promote_scan.block_sizes``); float32 runs are IEEE float32 throughout. The direction stays
+    (``promote_scan.block_sizes``) where its programs fill the GPU (``nested_fwd`` applies
+    ``promote_scan.forward_precision``, IEEE at V blocks of 32 elsewhere); float32 runs are IEEE
+    float32 throughout. The direction stays
     an argument: a variant may choose per direction (bench/NOTES.md measured IEEE forward scans
     at V blocks of 32 beside TF32 ones)."""
     if direction not in ("fwd", "bwd"):
