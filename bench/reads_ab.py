@@ -122,7 +122,8 @@ def _floor_ms(name, B, T, H, K, L, dtype, rates) -> tuple[float, float]:
 
 
 VARIANTS = ("torch", "generic", "fused-ieee", "scan-tf32", "triton", "triton+check", "bv16", "bv64", "keep-z",
-            "scan-2phase", "scan-fwd-ieee", "reads-fwd-bv64", "reads-fwd-bv128", "scan-bv16", "scan-bv32", "bn32",
+            "scan-2phase", "scan-fwd-ieee", "scan-fwd-tf32", "reads-fwd-bv32", "reads-fwd-bv64", "scan-bv16",
+            "scan-bv32", "bn32",
             "bn64", "gates-triton", "gates-torch", "rstates-bv32", "rstates-bv64", "states-one-buffer",
             "snapshot-copies", "dz-new-buffer", "l0-keep", "l0-recompute-wy")
 
@@ -135,6 +136,14 @@ def _reads_fwd_at(block_v: int):
     def reads_fwd(*args, block_v=None, _bv=block_v, **kwargs):
         return reads_router_fwd(*args, block_v=_bv, **kwargs)
     return reads_fwd
+
+
+def _scan_fwd_tf32(*args, precision="ieee", **kwargs):
+    """The forward promote scan on TF32 at its default V block (one of 128) whatever the op asks:
+    the op's rule (``promote_scan.forward_precision``) runs IEEE where TF32's programs would not
+    fill the GPU; this is the op without that rule (bf16 runs only: float32 runs ask IEEE)."""
+    from optimized.promote_scan import promote_scan_fwd
+    return promote_scan_fwd(*args, precision="tf32", **kwargs)
 
 
 def _ops(B, T, H, K, V, L, dtype, seed, names=VARIANTS, device="cuda"):
@@ -169,14 +178,16 @@ def _ops(B, T, H, K, V, L, dtype, seed, names=VARIANTS, device="cuda"):
         # the op before the forward scans ran TF32 at one V block of 128: IEEE at V blocks of 32
         "scan-fwd-ieee": Pieces(scan_precision=lambda dtype, direction: (
             "tf32" if dtype == torch.bfloat16 and direction == "bwd" else "ieee")),
+        # TF32 at one V block of 128 at every batch size (the op before its programs rule)
+        "scan-fwd-tf32": Pieces(scan_fwd=_scan_fwd_tf32),
         "bv16": Pieces(block_v=16),     # the default op with V blocks of 16 in the scans and reads
         "bv64": Pieces(block_v=64),     # ... of 64 (default: 32 at K ≤ 128)
         "keep-z": Pieces(probe_keeps_preactivations=True),
         "scan-2phase": Pieces(scan_bwd=scan_bwd_two_phase),
-        # the forward reads kernel alone at V blocks of 64 and 128 (default 32 at K = 128: each of its
-        # four programs per chunk reads the chunk's queries)
+        # the forward reads kernel alone at V blocks of 32 (the op before its bf16 default of 128 at
+        # 64 < K ≤ 128, reads_fwd.forward_block_v) and 64
+        "reads-fwd-bv32": Pieces(reads_fwd=_reads_fwd_at(32)),
         "reads-fwd-bv64": Pieces(reads_fwd=_reads_fwd_at(64)),
-        "reads-fwd-bv128": Pieces(reads_fwd=_reads_fwd_at(128)),
         "scan-bv16": Pieces(scan_block_v=16),
         "scan-bv32": Pieces(scan_block_v=32),
         "bn32": Pieces(block_n=32),

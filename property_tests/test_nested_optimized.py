@@ -35,6 +35,7 @@ from ngdn.tolerances import assert_passes, failures, relative_error
 from optimized.nested import Pieces
 from optimized.nested.pieces import scan_bwd_two_phase
 from optimized.promote_scan import block_sizes as scan_block_sizes
+from optimized.nested.reads_fwd import block_sizes as reads_block_sizes, forward_block_v
 
 Case = checks.OptCase
 # CPU: T < 64, T = 64·k, T not a multiple of 64; lengths stay ≤ 260 (≤ 5 chunks: 4 full ones fire f ≤ 4).
@@ -115,10 +116,12 @@ def covering_case(bucket=None):
 
 
 def covering_pieces(bucket=None) -> Pieces:
-    """CUDA: the op's blocks, but the reverse scan's V blocks of 32 (as the forward's): its default
-    64 splits a bucket's V in two, where a middle V block's partials cannot go missing (the other
-    bucket tests run it at 64). CPU: blocks of 16."""
-    return Pieces(scan_block_v=32) if bucket is not None else Pieces(block_v=CPU_BLOCK, block_n=CPU_BLOCK)
+    """CUDA: the op's blocks, but V blocks of 32 in the scans and the reads: the reverse scan's
+    default 64 splits a bucket's V in two, where a middle V block's partials cannot go missing,
+    and the bf16 forward reads' default 128 (``reads_fwd.forward_block_v``) is one V block (the
+    other bucket tests run both defaults). CPU: blocks of 16."""
+    return (Pieces(block_v=32, scan_block_v=32) if bucket is not None
+            else Pieces(block_v=CPU_BLOCK, block_n=CPU_BLOCK))
 
 
 # Named cases every run sees: the non-nested schedule f = (1, 3) over 4 full chunks (level 2
@@ -180,6 +183,10 @@ def covering_paths(bucket) -> dict:
     for prefix, reverse in (("", False), ("reverse: ", True)):
         _, BN, BV = scan_block_sizes(K, V, n, pieces.scan_block(), pieces.block_n, reverse=reverse)
         paths.update({prefix + p: ok for p, ok in covered_paths(V=V, BV=BV, n=n, BN=BN, T=case.shape.T, K=K).items()})
+    # the reads (forward and backward) at the pieces' V block, or the bf16 forward's default
+    block_v = pieces.block_v if pieces.block_v is not None else forward_block_v(K, torch.bfloat16)
+    BV = reads_block_sizes(K, V, case.shape.L, block_v)[2]
+    paths.update({"reads: three or more V blocks": -(-V // BV) >= 3, "reads: ragged last V block": V % BV != 0})
     return paths
 
 

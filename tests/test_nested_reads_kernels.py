@@ -18,7 +18,7 @@ from optimized.level0 import CHUNK
 from optimized.nested import reads_bwd as reads_bwd_module
 from optimized.nested import reads_fwd as reads_fwd_module
 from optimized.nested.reads_bwd import reads_bwd, token_blocks
-from optimized.nested.reads_fwd import block_sizes, read_tables, reads_fwd
+from optimized.nested.reads_fwd import block_sizes, forward_block_v, read_tables, reads_fwd
 from ngdn.tolerances import record, tolerance
 from property_tests.kernel_mutation import Plant, planted
 
@@ -50,6 +50,9 @@ if triton_mode.MODE == triton_mode.CUDA:
     # Triton 3.6 on the H200 miscompiled another kernel of this repo (Fenwick GDN-2's carry scan,
     # 2026-12-02); B = H = 2, ragged last chunk, level 1's last row unread
     CASES["K128_V16"] = (2, 150, 2, 128, 16, None, [[0, 1, 1]], [3], 1.0)
+    # the forward's default for bf16 at 64 < K ≤ 128 (forward_block_v): one V block of 128, here
+    # ragged (V = 100 of 128) with K = 112 masked; B = H = 2, ragged last chunk, two upper levels
+    CASES["K112_V100_default"] = (2, 150, 2, 112, 100, None, [[0, 1, 1], [0, 0, 1]], [3, 2], 1.0)
 
 # The broken kernels: name -> plants (each one exact substitution in a production kernel).
 _FWD, _BWD = reads_fwd_module, reads_bwd_module
@@ -330,3 +333,42 @@ def test_rows_split_in_two_allocations_catch_a_shifted_row():
     and the router gradient no longer match the one-buffer run."""
     (o, dq, dr, *_), (o_m, dq_m, dr_m, *_) = split_run("L4_extreme", mutant=True)
     assert rel(o_m, o) > MUTANT_MIN_ERROR and rel(dr_m, dr) > MUTANT_MIN_ERROR
+
+
+def test_forward_default_v_block():
+    """V blocks of 128 for bfloat16 at 64 < K ≤ 128 only; the backward's blocks do not change."""
+    assert forward_block_v(128, torch.bfloat16) == 128 and forward_block_v(112, torch.bfloat16) == 128
+    assert forward_block_v(128, torch.float32) is None
+    assert forward_block_v(64, torch.bfloat16) is None and forward_block_v(256, torch.bfloat16) is None
+    assert block_sizes(128, 128, 4)[2] == 32
+
+
+def test_forward_falls_back_without_the_shared_memory(monkeypatch):
+    """The wide default needs more shared memory per program than some GPUs have: the launch's
+    ``OutOfResources`` makes the forward run ``block_sizes``' default (the same output); an
+    explicit ``block_v`` is not changed behind the caller's back. (The interpreter has no bf16
+    dots: ``forward_block_v`` is patched to ask V blocks of 16 of a float32 case, which the fake
+    launch refuses, the default there being 64.)"""
+    from triton.runtime.errors import OutOfResources
+
+    x, tables, meta = make_case("L2_ragged")
+    args = (x["q"], x["r"], x["o0"], x["states"], tables.read_row, meta["scale"])
+    want = reads_fwd(*args)
+    kernel, tried = reads_fwd_module.reads_fwd_kernel, []
+
+    class SmallGPU:
+        def __getitem__(self, grid):
+            def launch(*largs, BV, **kwargs):
+                tried.append(BV)
+                if BV == 16:
+                    raise OutOfResources(163840, 101376, "shared memory")
+                return kernel[grid](*largs, BV=BV, **kwargs)
+            return launch
+
+    monkeypatch.setattr(reads_fwd_module, "forward_block_v", lambda K, dtype: 16)
+    monkeypatch.setattr(reads_fwd_module, "reads_fwd_kernel", SmallGPU())
+    got = reads_fwd(*args)
+    assert tried == [16, block_sizes(24, 40, 2)[2]] == [16, 64]
+    assert torch.equal(got, want)
+    with pytest.raises(OutOfResources):
+        reads_fwd(*args, block_v=16)

@@ -36,6 +36,7 @@ from typing import NamedTuple, Sequence
 import torch
 import triton
 import triton.language as tl
+from triton.runtime.errors import OutOfResources
 
 from optimized.level0 import CHUNK
 from optimized.nested.stored_states import as_stored
@@ -243,6 +244,16 @@ def block_sizes(K: int, V: int, L: int, block_v: int | None = None) -> tuple[int
     return CHUNK, BK, BV, BL
 
 
+def forward_block_v(K: int, dtype: torch.dtype) -> int | None:
+    """The forward kernel's default V block: 128 for bfloat16 inputs at ``64 < K ≤ 128`` (one
+    program per chunk and (batch, head) at V ≤ 128, reading the chunk's queries of every level
+    once instead of once per V block), else None (``block_sizes``' default, which the backward
+    keeps). H200, bf16, K = V = 128 (bench/NOTES.md): the forward −0.15 ms at L = 2, −0.22 ms at
+    L = 4 against V blocks of 32; 64 gained nothing; float32 inputs were not measured."""
+    BK = max(16, triton.next_power_of_2(K))
+    return 128 if dtype == torch.bfloat16 and 64 < BK <= 128 else None
+
+
 def _expect(name, x, shape, dtypes, device):
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
@@ -300,20 +311,32 @@ def reads_fwd(q: torch.Tensor, r: torch.Tensor, o0: torch.Tensor, states: torch.
     bfloat16); ``states [B, S, H, K, V]`` float32, or a ``StoredStates`` (the same rows in two
     allocations, ``optimized.nested.stored_states``); ``read_row int32 [L, N]`` (valid rows of
     ``states``; not checked: it lives on the device). ``block_v``: the V block (tests shrink
-    it to reach several V blocks). ``chunk_bounds``: sequences packed in one row (``B = 1``):
+    it to reach several V blocks; None: ``forward_block_v``, else ``block_sizes``). ``chunk_bounds``: sequences packed in one row (``B = 1``):
     int32 ``[N, 2]``, each chunk's first token and one past its last (every sequence's chunks
     start at its first token); ``read_row`` then runs over these N chunks.
     """
     B, T, H, L, K, V, S, N = check_reads(q, r, o0, states, read_row, chunk_bounds)
-    BT, BK, BV, BL = block_sizes(K, V, L, block_v)
     o = o0.new_empty(B, T, H, V)
     if o.numel() == 0:
         return o
-    grid = (triton.cdiv(V, BV), N, B * H)
     lo, hi, S_lo = as_stored(states).kernel_args()
-    reads_fwd_kernel[grid](
-        q.contiguous(), r.contiguous(), o0.contiguous(), lo, hi, read_row.contiguous(), chunk_bounds, o,
-        float(scale), T, N, S, S_lo, L,
-        H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, BL=BL, SPLIT=q.dtype == torch.bfloat16,
-        IS_VARLEN=chunk_bounds is not None, num_warps=num_warps(BK, BV))
+    args = (q.contiguous(), r.contiguous(), o0.contiguous(), lo, hi, read_row.contiguous(), chunk_bounds, o,
+            float(scale), T, N, S, S_lo, L)
+
+    def run(bv):
+        BT, BK, BV, BL = block_sizes(K, V, L, bv)
+        reads_fwd_kernel[(triton.cdiv(V, BV), N, B * H)](
+            *args, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, BL=BL, SPLIT=q.dtype == torch.bfloat16,
+            IS_VARLEN=chunk_bounds is not None, num_warps=num_warps(BK, BV))
+
+    wide = forward_block_v(K, q.dtype) if block_v is None else None
+    if wide is None:
+        run(block_v)
+        return o
+    try:
+        run(wide)
+    except OutOfResources:
+        # V blocks of 128 need ≈ 160 KiB of shared memory per program at K = 128, more than some
+        # GPUs give a block: the backward's default there
+        run(None)
     return o
