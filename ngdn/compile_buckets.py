@@ -20,8 +20,8 @@ many examples in all as before.
 Every bucket covers every blocking path of the kernels it reaches (``covered_paths`` checks it,
 ``tests/test_compile_buckets.py`` asserts it): more than one block and a ragged last block along
 V (our ``BV = 32``, the reverse scan's 64; fla's V blocks; the bf16 forward reads' one block of
-128 is split by the covering case's blocks of 32), K not a power of two (masked columns; fla's K blocks of 64
-at ``K > 64``), a ragged last chunk, and room for a ``learned`` firing with more pairs than one
+128 is split by the covering case's blocks of 32), K not a power of two (masked columns; fla's K
+blocks of 64 at ``K > 64``), a ragged last chunk, and room for a ``learned`` firing with more pairs than one
 pair block, the last ragged (``n > BN = 16``, ``covering_pairs``). Every scheme is drawn in every
 bucket.
 

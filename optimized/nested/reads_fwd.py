@@ -311,9 +311,10 @@ def reads_fwd(q: torch.Tensor, r: torch.Tensor, o0: torch.Tensor, states: torch.
     bfloat16); ``states [B, S, H, K, V]`` float32, or a ``StoredStates`` (the same rows in two
     allocations, ``optimized.nested.stored_states``); ``read_row int32 [L, N]`` (valid rows of
     ``states``; not checked: it lives on the device). ``block_v``: the V block (tests shrink
-    it to reach several V blocks; None: ``forward_block_v``, else ``block_sizes``). ``chunk_bounds``: sequences packed in one row (``B = 1``):
-    int32 ``[N, 2]``, each chunk's first token and one past its last (every sequence's chunks
-    start at its first token); ``read_row`` then runs over these N chunks.
+    it to reach several V blocks; None: ``forward_block_v``, else ``block_sizes``' default).
+    ``chunk_bounds``: sequences packed in one row (``B = 1``): int32 ``[N, 2]``, each chunk's
+    first token and one past its last (every sequence's chunks start at its first token);
+    ``read_row`` then runs over these N chunks.
     """
     B, T, H, L, K, V, S, N = check_reads(q, r, o0, states, read_row, chunk_bounds)
     o = o0.new_empty(B, T, H, V)
@@ -330,13 +331,12 @@ def reads_fwd(q: torch.Tensor, r: torch.Tensor, o0: torch.Tensor, states: torch.
             IS_VARLEN=chunk_bounds is not None, num_warps=num_warps(BK, BV))
 
     wide = forward_block_v(K, q.dtype) if block_v is None else None
-    if wide is None:
-        run(block_v)
-        return o
     try:
-        run(wide)
+        run(block_v if wide is None else wide)
     except OutOfResources:
         # V blocks of 128 need ≈ 160 KiB of shared memory per program at K = 128, more than some
-        # GPUs give a block: the backward's default there
+        # GPUs give a block: the backward's default there; an asked block_v is not changed
+        if wide is None:
+            raise
         run(None)
     return o
