@@ -214,6 +214,22 @@ def _ops(B, T, H, K, V, L, dtype, seed, names=VARIANTS, device="cuda"):
     return ops
 
 
+def host_ms(forward, reps: int = 21) -> float:
+    """Median host time of launching one forward from an idle GPU (a sync before each call, none
+    inside the timing): what the CPU spends issuing the forward's kernels. A value near the forward's
+    device time (``do_bench``) says the forward is launch-bound there, or syncs with the host."""
+    import statistics
+
+    times = []
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        started = time.perf_counter()
+        forward()
+        times.append(time.perf_counter() - started)
+    torch.cuda.synchronize()
+    return 1e3 * statistics.median(times)
+
+
 def inputs_gib(tensors) -> float:
     """GiB held by an op's own inputs (each storage counted once): a step's peak with its inputs
     included is its own peak plus these, as ``ngdn bench`` measures it with only that op's
@@ -248,10 +264,11 @@ def _write(out: Path, rows: list, B, T, H, K, dtype: str):
              f"B={B}, T={T}, H={H} per level (flat: L·H heads), K=V={K}, {dtype}; do_bench medians; "
              f"finiteness check off except `triton+check`; `peak` = memory one step allocates on top of its inputs; "
              f"`peak incl. inputs` adds the op's own inputs (the targets' measure, as `ngdn bench`'s).",
-             "", "| L | op | fwd ms | fwd+bwd ms | fwd / flat | fwd+bwd / flat | fwd+bwd floor ms | × floor | "
+             "`fwd host ms`: the host's time to launch one forward from an idle GPU (`host_ms`).",
+             "", "| L | op | fwd ms | fwd host ms | fwd+bwd ms | fwd / flat | fwd+bwd / flat | fwd+bwd floor ms | × floor | "
                  "peak GiB | peak / flat | peak incl. inputs GiB | incl. inputs / flat |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    lines += [f"| {r['L']} | {r['op']} | {r['fwd_ms']} | {r['fwdbwd_ms']} | {r['fwd_vs_flat']} | "
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['L']} | {r['op']} | {r['fwd_ms']} | {r['fwd_host_ms']} | {r['fwdbwd_ms']} | {r['fwd_vs_flat']} | "
               f"{r['fwdbwd_vs_flat']} | {r['fwdbwd_floor_ms']} | {r['fwdbwd_x_floor']} | {r['peak_extra_gib']} | "
               f"{r['peak_vs_flat']} | {r['peak_gib']} | {r['peak_incl_vs_flat']} |" for r in rows]
     (out / "reads_ab.md").write_text("\n".join(lines) + "\n")
@@ -314,6 +331,7 @@ def main(argv=None) -> int:
                         continue
                     fwd = triton.testing.do_bench(forward, warmup=25, rep=200, grad_to_none=leaves)
                     fwdbwd = triton.testing.do_bench(step, warmup=25, rep=200, grad_to_none=leaves)
+                    fwd_host = host_ms(forward)
                     for t in leaves:
                         t.grad = None
                     torch.cuda.synchronize()
@@ -354,10 +372,10 @@ def main(argv=None) -> int:
                 _log(f"L={L} {name}: {type(e).__name__}: {e}")
                 if args.warmup_only:    # no rates, no row: go on compiling the rest
                     continue
-                fwd = fwdbwd = peak = peak_total = float("nan")
+                fwd = fwdbwd = peak = peak_total = fwd_host = float("nan")
             floor = _floor_ms(name, B, T, H, K, L, dtype, rates)
             row = {"L": L, "op": name, "B": B, "T": T, "H": H, "K": K, "dtype": args.dtype,
-                   "fwd_ms": round(fwd, 3), "fwdbwd_ms": round(fwdbwd, 3), "peak_extra_gib": round(peak, 3),
+                   "fwd_ms": round(fwd, 3), "fwd_host_ms": round(fwd_host, 3), "fwdbwd_ms": round(fwdbwd, 3), "peak_extra_gib": round(peak, 3),
                    "peak_gib": round(peak_total, 3), "fwd_floor_ms": round(floor[0], 3),
                    "fwdbwd_floor_ms": round(floor[1], 3), "fwdbwd_x_floor": round(fwdbwd / floor[1], 2)}
             rows.append(row)
