@@ -236,6 +236,28 @@ def host_ms(forward, reps: int = 21) -> float:
     return 1e3 * statistics.median(times)
 
 
+def write_host_profile(path: Path, forward, step, reps: int = 5) -> None:
+    """``cProfile`` of ``reps`` forwards and ``reps`` forward+backward steps, each launched from an
+    idle GPU: the host functions a launch-bound op spends its time in (cumulative, top 60)."""
+    import cProfile
+    import io
+    import pstats
+
+    text = []
+    for label, fn in (("forward", forward), ("forward+backward", step)):
+        prof = cProfile.Profile()
+        for _ in range(reps):
+            torch.cuda.synchronize()
+            prof.enable()
+            fn()
+            prof.disable()
+        torch.cuda.synchronize()
+        buf = io.StringIO()
+        pstats.Stats(prof, stream=buf).sort_stats("cumulative").print_stats(60)
+        text.append(f"## {label}: {reps} calls\n\n{buf.getvalue()}")
+    path.write_text("\n".join(text))
+
+
 def inputs_gib(tensors) -> float:
     """GiB held by an op's own inputs (each storage counted once): a step's peak with its inputs
     included is its own peak plus these, as ``ngdn bench`` measures it with only that op's
@@ -300,6 +322,9 @@ def main(argv=None) -> int:
     parser.add_argument("--stage-peaks", action="store_true",
                         help="one more step per nested op: stage_peaks_L<L>_<op>.md gives every stage's memory "
                              "peak (bench.stage_peaks), not only the step's")
+    parser.add_argument("--host-profile", action="store_true",
+                        help="host_profile_L<L>_<op>.txt: cProfile of the host's forward and step launches "
+                             "(write_host_profile)")
     parser.add_argument("--warmup-only", action="store_true",
                         help="one step per op and exit: fills the Triton cache (compiled kernels and autotune "
                              "candidates) for a later timed run in another process")
@@ -367,6 +392,10 @@ def main(argv=None) -> int:
                             f"L={L} {name}: memory peak of each stage of one forward+backward "
                             f"(B={B}, T={T}, H={H}, K=V={K}, {args.dtype})",
                             stage_peaks.record(step), int(peak * 2 ** 30))
+                        for t in leaves:
+                            t.grad = None
+                    if args.host_profile:
+                        write_host_profile(out / f"host_profile_L{L}_{name}.txt", forward, step)
                         for t in leaves:
                             t.grad = None
                     if args.profile and not check and L == args.levels[0]:
