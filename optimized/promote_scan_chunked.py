@@ -66,16 +66,13 @@ def chunked_prep_kernel(
     m_k, m_v = o_k < K, o_v < V
     row = ((i_b.to(tl.int64) * F + f_r) * H + i_h) * N + a_r   # the row's pair in [B, F, H, n, ·]
     m_rk = m_r[:, None] & m_k[None, :]
+    m_rv = m_r[:, None] & m_v[None, :]
     b_kappa = tl.load(kappa + row[:, None] * K + o_k[None, :], mask=m_rk, other=0.0)
     b_p = tl.load(beta + row[:, None] * K + o_k[None, :], mask=m_rk, other=0.0) * b_kappa
-    m_rv = m_r[:, None] & m_v[None, :]
-    b_u = (tl.load(omega + row[:, None] * V + o_v[None, :], mask=m_rv, other=0.0)
-           * tl.load(nu + row[:, None] * V + o_v[None, :], mask=m_rv, other=0.0))
     # γ of the row's firing on its first pair row only: a running sum over rows is then a sum over firings
     first = (a_r == 0) & (f_r < F)
     b_g = tl.load(gamma + (((i_b.to(tl.int64) * F + f_r) * H + i_h) * K)[:, None] + o_k[None, :],
                   mask=first[:, None] & m_k[None, :], other=0.0)
-    b_c = tl.cumsum(b_g, axis=0)                               # c_{j(r)}: Σ_{m ≤ j(r)} γ_m
 
     # T (strictly lower by firing blocks), one column firing i at a time: exp(Σ_{i < m ≤ j(r)} γ_m)
     b_t = tl.zeros([BR, BR], dtype=tl.float32)
@@ -99,25 +96,21 @@ def chunked_prep_kernel(
             b_lc = tl.dot(b_inv, b_cs, input_precision=DOT_PRECISION)
             b_inv = b_inv - tl.dot(b_lc, b_inv, input_precision=DOT_PRECISION)
 
-    b_e = b_p * tl.exp(b_c)                                    # E_j = P_j ⊙ exp(c_j)
-    b_w = tl.dot(b_inv, b_e, input_precision=DOT_PRECISION)
-    b_ut = tl.dot(b_inv, b_u, input_precision=DOT_PRECISION)
-    # K̃ = κ ⊙ exp(Σ_{j(r) < m} γ_m) and the group's decay exp(Σ_m γ_m)
-    b_after = tl.zeros([BR, BK], dtype=tl.float32)
-    for i in tl.static_range(G - 1):
-        b_rest = tl.sum(tl.where(((j_r > i) & first)[:, None], b_g, 0.0), axis=0)   # Σ_{m > i} γ_m
-        b_after = tl.where((j_r == i)[:, None], b_rest[None, :], b_after)
-    b_total = tl.sum(b_g, axis=0)
-
+    # each output stored as soon as it is made (fewer tiles alive at once)
     grp = i_bh.to(tl.int64) * NG + i_g
     o_rk = o_r[:, None] * K + o_k[None, :]
     o_rv = o_r[:, None] * V + o_v[None, :]
     m_ak = (o_r < BR)[:, None] & m_k[None, :]
     m_av = (o_r < BR)[:, None] & m_v[None, :]
-    tl.store(wt + grp * BR * K + o_rk, b_w, mask=m_ak)
-    tl.store(ut + grp * BR * V + o_rv, b_ut, mask=m_av)
+    b_e = b_p * tl.exp(tl.cumsum(b_g, axis=0))                # E_j = P_j ⊙ exp(c_j)
+    tl.store(wt + grp * BR * K + o_rk, tl.dot(b_inv, b_e, input_precision=DOT_PRECISION), mask=m_ak)
+    # K̃ = κ ⊙ exp(Σ_{m > j(r)} γ_m) (a reverse running sum less the row's own γ, on its first row only)
+    b_after = tl.cumsum(b_g, axis=0, reverse=True) - b_g
     tl.store(kt + grp * BR * K + o_rk, b_kappa * tl.exp(b_after), mask=m_ak)
-    tl.store(gt + grp * K + o_k, tl.exp(b_total), mask=m_k)
+    tl.store(gt + grp * K + o_k, tl.exp(tl.sum(b_g, axis=0)), mask=m_k)
+    b_u = (tl.load(omega + row[:, None] * V + o_v[None, :], mask=m_rv, other=0.0)
+           * tl.load(nu + row[:, None] * V + o_v[None, :], mask=m_rv, other=0.0))
+    tl.store(ut + grp * BR * V + o_rv, tl.dot(b_inv, b_u, input_precision=DOT_PRECISION), mask=m_av)
 
 
 @triton.jit(do_not_specialize=["F"])
@@ -244,9 +237,11 @@ def promote_scan_fwd_chunked(M0, kappa, nu, beta, omega, gamma, block_v: int | N
         kappa, nu, beta, omega, gamma, wt, ut, kt, gt, F, n, NG, H=H, K=K, V=V, BK=BK, BVF=BVF, NP=NP, G=G,
         LOG_G=G.bit_length() - 1, DOT_PRECISION=precision, num_warps=8 if BR * max(BK, BVF) > 64 * 64 else 4)
     opts = launch_options(BK, BV, num_warps, num_stages)
+    # Triton's default 3 stages would need ≈ 256 KiB of shared memory at BV = 64, K = 128 (sm_90)
+    chain_opts = opts if num_stages is not None else dict(opts, num_stages=2)
     chunked_chain_kernel[(triton.cdiv(V, BV), B * H)](
         M0.contiguous() if M0 is not None else None, wt, ut, kt, gt, xs, states, F, NG, states.stride(0),
-        H=H, K=K, V=V, BK=BK, BV=BV, BR=BR, G=G, HAS_M0=M0 is not None, DOT_PRECISION=precision, **opts)
+        H=H, K=K, V=V, BK=BK, BV=BV, BR=BR, G=G, HAS_M0=M0 is not None, DOT_PRECISION=precision, **chain_opts)
     chunked_fill_kernel[(triton.cdiv(V, BV), B * H, NG)](
         kappa, gamma, xs, states, F, n, NG, states.stride(0), H=H, K=K, V=V, BK=BK, BV=BV, NP=NP, G=G,
         DOT_PRECISION=precision, **opts)

@@ -105,7 +105,7 @@ def _chunked_scan_kernels():
             rows.append((f"chunked_chain (G = {G}, bv{BV})", chunked_chain_kernel,
                          dict.fromkeys(("m0", "wt", "ut", "kt", "gt", "xs", "states"), f32)
                          | dict.fromkeys(("F", "NG", "stride_sb"), "i32"),
-                         sizes | dict(BV=BV, BR=16 * G, G=G, HAS_M0=True), 8))
+                         sizes | dict(BV=BV, BR=16 * G, G=G, HAS_M0=True), {"num_warps": 8, "num_stages": 2}))
             rows.append((f"chunked_fill (G = {G}, bv{BV})", chunked_fill_kernel,
                          dict.fromkeys(("kappa", "gamma", "xs", "states"), f32)
                          | dict.fromkeys(("F", "N", "NG", "stride_sb"), "i32"),
