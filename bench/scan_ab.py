@@ -8,13 +8,14 @@ n = 32, level 3 16 times with n = 64 (the query ladder). A variant is timed on a
 scans' times include the per-V-block partial sums (they are part of the op's cost); the two-phase
 scan's include a copy of the state gradients, which it overwrites (the op hands it a spent buffer).
 
-    python -m bench.scan_ab --out results/DIR [--variants ...] [--levels 4]
+    python -m bench.scan_ab --out results/DIR [--variants ...] [--levels 4] [-B 2 -T 16384]
 
 Writes ``DIR/scan_ab.csv`` and ``DIR/scan_ab.md``. Variants are named by what differs from
 ``fwd`` (the IEEE forward scan, float32 runs' launch) and ``bwd`` (the TF32 reverse scan, the bf16
 op's): ``-tf32`` the forward's dots on TF32 (``fwd-tf32`` is the bf16 op's forward: one V block
 of 128), ``-sN`` Triton's ``num_stages``, ``-wN`` ``num_warps``, ``-bnN`` / ``-bvN`` pair and V
-blocks, ``2phase`` the two-phase reverse scan (``optimized.promote_scan_two_phase``). The forward in transition form
+blocks, ``2phase`` the two-phase reverse scan (``optimized.promote_scan_two_phase``), ``fwd-chunked*`` the
+forward in groups of firings (``optimized.promote_scan_chunked``). The forward in transition form
 (variants ``fwd-inline*``, ``fwd-streamed*``) was measured slower and removed: bench/NOTES.md.
 """
 from __future__ import annotations
@@ -53,7 +54,12 @@ def _pairs(B, F, H, n, K, V, seed, device):
 def _variants() -> dict:
     """name -> ("fwd" | "bwd", fn(pairs, states, dstates))."""
     from optimized.promote_scan import promote_scan_bwd, promote_scan_fwd
+    from optimized.promote_scan_chunked import promote_scan_fwd_chunked
     from optimized.promote_scan_two_phase import promote_scan_bwd_two_phase
+
+    def chunked(**kw):
+        kw.setdefault("precision", "tf32")
+        return "fwd", lambda p, s, ds: promote_scan_fwd_chunked(None, *p, **kw)
 
     def fwd(**kw):
         kw.setdefault("precision", "ieee")
@@ -84,6 +90,10 @@ def _variants() -> dict:
         "fwd-tf32-bn64": fwd(precision="tf32", block_n=64),
         "fwd-bv64": fwd(block_v=64), "fwd-bv64-w16": fwd(block_v=64, num_warps=16),
         "fwd-bv128-w16": fwd(block_v=128, num_warps=16),
+        # in groups of firings (optimized.promote_scan_chunked): TF32, groups of 64 rows (4 firings of 16 pairs),
+        # the chain and the fill at V blocks of 64; -g32 / -g128 groups of 32 / 128 rows, -bv32 / -bv128 V blocks
+        "fwd-chunked": chunked(), "fwd-chunked-g32": chunked(group_rows=32), "fwd-chunked-g128": chunked(group_rows=128),
+        "fwd-chunked-bv32": chunked(block_v=32), "fwd-chunked-bv128": chunked(block_v=128),
         "bwd-bv32": bwd(block_v=32), "bwd-ieee": bwd(precision="ieee"),
         "bwd-ieee-bv32": bwd(precision="ieee", block_v=32),
         "bwd-bv64-w16": bwd(block_v=64, num_warps=16),     # the old variant bwd-bv64 is now bwd
@@ -105,10 +115,13 @@ def main(argv=None) -> int:
     parser.add_argument("-B", type=int, default=8)
     parser.add_argument("-H", type=int, default=16)
     parser.add_argument("-K", type=int, default=128)
+    parser.add_argument("-T", type=int, default=4096)
+    parser.add_argument("--profile", nargs="*", default=[],
+                        help="variants whose kernels get a torch.profiler table per level (profile_<variant>_level<l>.txt)")
     parser.add_argument("--quick", action="store_true", help="CPU smoke: B = H = 1, K = V = 16, T = 256")
     args = parser.parse_args(argv)
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    B, H, K, T = (1, 1, 16, 256) if args.quick else (args.B, args.H, args.K, 4096)
+    B, H, K, T = (1, 1, 16, 256) if args.quick else (args.B, args.H, args.K, args.T)
     V = K
     variants = _variants()
     names = args.variants or list(variants)
@@ -146,6 +159,10 @@ def main(argv=None) -> int:
         except Exception as e:                                     # a variant that does not compile
             _log(f"{name}: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
             continue
+        if name in args.profile and device == "cuda":
+            from bench.harness import write_profile_table
+            for ℓ, (F, n, pairs, states, dstates) in enumerate(data, start=1):
+                write_profile_table(out / f"profile_{name}_level{ℓ}.txt", lambda: fn(pairs, states, dstates))
         rows.append({"variant": name, "kind": kind, **{f"level{ℓ} ms": round(t, 4) for ℓ, t in
                                                        enumerate(ms, start=1)}, "sum ms": round(sum(ms), 4)})
         _log(f"{name}: {[round(t, 3) for t in ms]} sum {sum(ms):.3f} ms")

@@ -37,6 +37,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.runtime.errors import OutOfResources
 
 from optimized.promote_scan import (_batch_strided, _check, _check_precision, _check_states, _state_rows,
                                     block_sizes, launch_options, promote_scan_fwd)
@@ -237,11 +238,20 @@ def promote_scan_fwd_chunked(M0, kappa, nu, beta, omega, gamma, block_v: int | N
         kappa, nu, beta, omega, gamma, wt, ut, kt, gt, F, n, NG, H=H, K=K, V=V, BK=BK, BVF=BVF, NP=NP, G=G,
         LOG_G=G.bit_length() - 1, DOT_PRECISION=precision, num_warps=8 if BR * max(BK, BVF) > 64 * 64 else 4)
     opts = launch_options(BK, BV, num_warps, num_stages)
-    # Triton's default 3 stages would need ≈ 256 KiB of shared memory at BV = 64, K = 128 (sm_90)
-    chain_opts = opts if num_stages is not None else dict(opts, num_stages=2)
-    chunked_chain_kernel[(triton.cdiv(V, BV), B * H)](
-        M0.contiguous() if M0 is not None else None, wt, ut, kt, gt, xs, states, F, NG, states.stride(0),
-        H=H, K=K, V=V, BK=BK, BV=BV, BR=BR, G=G, HAS_M0=M0 is not None, DOT_PRECISION=precision, **chain_opts)
+    # Triton's default 3 stages needs ≈ 256 KiB of shared memory in the chain at BV = 64, K = 128 and
+    # 64 rows (sm_90): 2, and where a launch is refused for shared memory, 1 (then narrower V blocks)
+    tries = [(opts, BV)] if num_stages is not None else [(dict(opts, num_stages=st), BV) for st in (2, 1)]
+    tries += [(dict(opts, num_stages=1), bv) for bv in (32, 16) if bv < BV and block_v is None]
+    for i, (chain_opts, chain_bv) in enumerate(tries):
+        try:
+            chunked_chain_kernel[(triton.cdiv(V, chain_bv), B * H)](
+                M0.contiguous() if M0 is not None else None, wt, ut, kt, gt, xs, states, F, NG, states.stride(0),
+                H=H, K=K, V=V, BK=BK, BV=chain_bv, BR=BR, G=G, HAS_M0=M0 is not None, DOT_PRECISION=precision,
+                **chain_opts)
+            break
+        except OutOfResources:
+            if i == len(tries) - 1:
+                raise
     chunked_fill_kernel[(triton.cdiv(V, BV), B * H, NG)](
         kappa, gamma, xs, states, F, n, NG, states.stride(0), H=H, K=K, V=V, BK=BK, BV=BV, NP=NP, G=G,
         DOT_PRECISION=precision, **opts)
