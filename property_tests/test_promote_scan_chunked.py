@@ -98,3 +98,36 @@ def test_tf32_chunked_scan_equals_reference(d, group_rows):
     assert_passes(checks.scan_vs_reference(d, scan_fwd=_fwd(group_rows, precision="tf32"),
                                            scan_bwd=functools.partial(promote_scan_bwd, precision="tf32"),
                                            tolerance_dtype="tf32"))
+
+
+def test_chain_retries_with_less_shared_memory(monkeypatch):
+    """On the H200 the chain at 128 rows and 2 stages asks 352 KiB of shared memory (227 KiB there):
+    a launch refused with ``OutOfResources`` runs again at 1 stage, then at narrower V blocks (the
+    same states: the stages and the V split do not change a column's arithmetic). A fake launch
+    refuses every try above 1 stage and V blocks of 32 here; refusing them all raises."""
+    from triton.runtime.errors import OutOfResources
+
+    x = checks.scan_inputs(GROUPS_DRAW._replace(K=16, V=64, F=6))
+    dev = triton_mode.device()
+    M0, *pairs = (t.to(dev, torch.float32).contiguous() for t in (x["M0"], *x["pairs"]))
+    want = promote_scan_fwd_chunked(M0, *pairs, precision="tf32")
+    kernel, tried = chunked.chunked_chain_kernel, []
+
+    def small_gpu(limit_bv):
+        class SmallGPU:
+            def __getitem__(self, grid):
+                def launch(*largs, BV, num_stages, **kwargs):
+                    tried.append((num_stages, BV))
+                    if num_stages > 1 or BV > limit_bv:
+                        raise OutOfResources(360448, 232448, "shared memory")
+                    return kernel[grid](*largs, BV=BV, num_stages=num_stages, **kwargs)
+                return launch
+        return SmallGPU()
+
+    monkeypatch.setattr(chunked, "chunked_chain_kernel", small_gpu(32))
+    got = promote_scan_fwd_chunked(M0, *pairs, precision="tf32")
+    assert tried == [(2, 64), (1, 64), (1, 32)]
+    assert torch.equal(got, want)
+    monkeypatch.setattr(chunked, "chunked_chain_kernel", small_gpu(8))
+    with pytest.raises(OutOfResources):
+        promote_scan_fwd_chunked(M0, *pairs, precision="tf32")
