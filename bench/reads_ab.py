@@ -292,11 +292,13 @@ def _write(out: Path, rows: list, B, T, H, K, dtype: str):
              f"B={B}, T={T}, H={H} per level (flat: L·H heads), K=V={K}, {dtype}; do_bench medians; "
              f"finiteness check off except `triton+check`; `peak` = memory one step allocates on top of its inputs; "
              f"`peak incl. inputs` adds the op's own inputs (the targets' measure, as `ngdn bench`'s).",
-             "`fwd host ms`: the host's time to launch one forward from an idle GPU (`host_ms`).",
-             "", "| L | op | fwd ms | fwd host ms | fwd+bwd ms | fwd / flat | fwd+bwd / flat | fwd+bwd floor ms | × floor | "
+             "`host ms`: the host's time to launch one forward (or forward+backward) from an idle GPU (`host_ms`).",
+             "", "| L | op | fwd ms | fwd host ms | fwd+bwd ms | fwd+bwd host ms | fwd / flat | fwd+bwd / flat | "
+                 "fwd+bwd floor ms | × floor | "
                  "peak GiB | peak / flat | peak incl. inputs GiB | incl. inputs / flat |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    lines += [f"| {r['L']} | {r['op']} | {r['fwd_ms']} | {r['fwd_host_ms']} | {r['fwdbwd_ms']} | {r['fwd_vs_flat']} | "
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['L']} | {r['op']} | {r['fwd_ms']} | {r['fwd_host_ms']} | {r['fwdbwd_ms']} | {r['fwdbwd_host_ms']} | "
+              f"{r['fwd_vs_flat']} | "
               f"{r['fwdbwd_vs_flat']} | {r['fwdbwd_floor_ms']} | {r['fwdbwd_x_floor']} | {r['peak_extra_gib']} | "
               f"{r['peak_vs_flat']} | {r['peak_gib']} | {r['peak_incl_vs_flat']} |" for r in rows]
     (out / "reads_ab.md").write_text("\n".join(lines) + "\n")
@@ -363,6 +365,9 @@ def main(argv=None) -> int:
                     fwd = triton.testing.do_bench(forward, warmup=25, rep=200, grad_to_none=leaves)
                     fwdbwd = triton.testing.do_bench(step, warmup=25, rep=200, grad_to_none=leaves)
                     fwd_host = host_ms(forward)
+                    fwdbwd_host = host_ms(step)
+                    for t in leaves:
+                        t.grad = None
                     for t in leaves:
                         t.grad = None
                     torch.cuda.synchronize()
@@ -407,10 +412,11 @@ def main(argv=None) -> int:
                 _log(f"L={L} {name}: {type(e).__name__}: {e}")
                 if args.warmup_only:    # no rates, no row: go on compiling the rest
                     continue
-                fwd = fwdbwd = peak = peak_total = fwd_host = float("nan")
+                fwd = fwdbwd = peak = peak_total = fwd_host = fwdbwd_host = float("nan")
             floor = _floor_ms(name, B, T, H, K, L, dtype, rates)
             row = {"L": L, "op": name, "B": B, "T": T, "H": H, "K": K, "dtype": args.dtype,
-                   "fwd_ms": round(fwd, 3), "fwd_host_ms": round(fwd_host, 3), "fwdbwd_ms": round(fwdbwd, 3), "peak_extra_gib": round(peak, 3),
+                   "fwd_ms": round(fwd, 3), "fwd_host_ms": round(fwd_host, 3), "fwdbwd_ms": round(fwdbwd, 3),
+                   "fwdbwd_host_ms": round(fwdbwd_host, 3), "peak_extra_gib": round(peak, 3),
                    "peak_gib": round(peak_total, 3), "fwd_floor_ms": round(floor[0], 3),
                    "fwdbwd_floor_ms": round(floor[1], 3), "fwdbwd_x_floor": round(fwdbwd / floor[1], 2)}
             rows.append(row)
