@@ -155,7 +155,8 @@ def _ops(B, T, H, K, V, L, dtype, seed, names=VARIANTS, device="cuda"):
     from optimized.nested import Pieces, _nested
     from functools import partial
 
-    from optimized.nested.pieces import reads_router_bwd, reads_router_bwd_torch_levels, scan_bwd_two_phase
+    from optimized.nested.pieces import (precision_as_given, reads_router_bwd, reads_router_bwd_torch_levels,
+                                         scan_bwd_two_phase)
     from optimized.nested.reads_torch import reads_router_fwd_torch
     from optimized.promote_scan_chunked import promote_scan_fwd_chunked
     from reference.nested import make_levels
@@ -184,7 +185,7 @@ def _ops(B, T, H, K, V, L, dtype, seed, names=VARIANTS, device="cuda"):
         # TF32 at one V block of 128 at every batch size (the op before its programs rule)
         "scan-fwd-tf32": Pieces(scan_fwd=_scan_fwd_tf32),
         # the forward scans in groups of firings (optimized.promote_scan_chunked), TF32 in bf16 runs
-        "scan-fwd-chunked": Pieces(scan_fwd=promote_scan_fwd_chunked),
+        "scan-fwd-chunked": Pieces(scan_fwd=promote_scan_fwd_chunked, forward_precision=precision_as_given),
         "bv16": Pieces(block_v=16),     # the default op with V blocks of 16 in the scans and reads
         "bv64": Pieces(block_v=64),     # ... of 64 (default: 32 at K ≤ 128)
         "keep-z": Pieces(probe_keeps_preactivations=True),

@@ -34,7 +34,7 @@ from ngdn.strategies import examples, seeds
 from ngdn.testing import kernel_dtypes, requires_cuda
 from ngdn.tolerances import assert_passes, failures, relative_error
 from optimized.nested import Pieces
-from optimized.nested.pieces import scan_bwd_two_phase
+from optimized.nested.pieces import precision_as_given, scan_bwd_two_phase
 from optimized.promote_scan import block_sizes as scan_block_sizes
 from optimized.promote_scan_chunked import promote_scan_fwd_chunked
 from optimized.nested.reads_fwd import block_sizes as reads_block_sizes, forward_block_v
@@ -186,8 +186,10 @@ CHUNKED_CASE = Case(on_bucket(NestedShape(B=2, T=130, H=1, L=3, K=16, V=32)), se
 @pytest.mark.parametrize("dtype", kernel_dtypes())
 def test_chunked_forward_scan_in_the_op(dtype):
     """``Pieces(scan_fwd=promote_scan_fwd_chunked)`` (the forward scans in groups of firings,
-    ``optimized.promote_scan_chunked``), groups of two firings."""
-    op = mutants.nested_with(Pieces(scan_fwd=functools.partial(promote_scan_fwd_chunked, group_rows=32)))
+    ``optimized.promote_scan_chunked``), groups of two firings, at the run's precision whatever the
+    launch (TF32 in bf16 runs on CUDA, as reads_ab's ``scan-fwd-chunked``)."""
+    op = mutants.nested_with(Pieces(scan_fwd=functools.partial(promote_scan_fwd_chunked, group_rows=32),
+                                    forward_precision=precision_as_given))
     assert_passes(checks.optimized_vs_reference(CHUNKED_CASE, dtype, op=op))
 
 

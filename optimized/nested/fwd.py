@@ -12,7 +12,6 @@ from optimized.nested.plan import DeviceTables, PackedPlan, Plan, device_tables,
 from optimized.nested.probe import _probe, _snapshots, snapshot_rows
 from optimized.nested.probe_fused import FUSED_SCHEMES, probe_fwd
 from optimized.nested.stored_states import StoredStates, as_stored
-from optimized.promote_scan import forward_precision, promote_scan_fwd
 
 
 def final_states(rows, tables: DeviceTables, ℓ: int) -> torch.Tensor:
@@ -130,10 +129,9 @@ def nested_fwd(q, k, v, g, b, w, r, levels, scale, initial_states, pieces: Piece
                 probes.append(None)
         M0 = initial_states[ℓ]
         precision = pieces.scan_precision(q.dtype, "fwd")
-        if pieces.scan_block() is None and pieces.scan_fwd is promote_scan_fwd:
-            # the sequential scan: TF32 at one V block only where its programs fill the GPU
+        if pieces.scan_block() is None:     # at the scan's default V block: its precision for this launch
             seqs = B if tables.packed is None else len(lengths)
-            precision = forward_precision(precision, seqs * H, q.device)
+            precision = pieces.forward_precision(precision, seqs * H, q.device)
         with record_function("nested.scan_fwd"):
             pieces.scan_fwd(None if M0 is None else M0.detach().float(), *pairs, block_v=pieces.scan_block(),
                             block_n=pieces.block_n, out=states.level(tables, ℓ),

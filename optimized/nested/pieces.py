@@ -18,7 +18,7 @@ from optimized.nested.plan import make_plan
 from optimized.nested.reads_bwd import reads_bwd, reads_bwd_states
 from optimized.nested.reads_fwd import reads_fwd
 from optimized.nested.reads_torch import reads_router_bwd_torch
-from optimized.promote_scan import promote_scan_bwd, promote_scan_fwd, sum_partials
+from optimized.promote_scan import forward_precision, promote_scan_bwd, promote_scan_fwd, sum_partials
 from optimized.promote_scan_two_phase import promote_scan_bwd_two_phase
 from optimized.state_grad import state_grad_bwd
 
@@ -74,13 +74,20 @@ def scan_precision(dtype, direction: str) -> str:
     Both scans run on TF32 tensor cores when the activations are bf16 (2^-11 per product, under
     bf16's own 2^-8), the forward one with a V block as wide as the state
     (``promote_scan.block_sizes``) where its programs fill the GPU (``nested_fwd`` applies
-    ``promote_scan.forward_precision``, IEEE at V blocks of 32 elsewhere); float32 runs are IEEE
+    ``Pieces.forward_precision``, by default ``promote_scan.forward_precision``: IEEE at V blocks
+    of 32 elsewhere); float32 runs are IEEE
     float32 throughout. The direction stays
     an argument: a variant may choose per direction (bench/NOTES.md measured IEEE forward scans
     at V blocks of 32 beside TF32 ones)."""
     if direction not in ("fwd", "bwd"):
         raise ValueError(f"direction must be 'fwd' or 'bwd', got {direction!r}")
     return "tf32" if dtype == torch.bfloat16 else "ieee"
+
+
+def precision_as_given(precision: str, programs: int, device) -> str:
+    """A forward scan's precision whatever its launch (``Pieces.forward_precision`` of a scan
+    without the sequential scan's trade-off, e.g. ``promote_scan_chunked``)."""
+    return precision
 
 
 def probe_precision(dtype) -> str:
@@ -104,6 +111,10 @@ class Pieces:
     #                                             backward (one bmm per level less, more memory) instead of
     #                                             recomputing it
     scan_precision: Callable = scan_precision   # (dtype, 'fwd'|'bwd') -> the scans' dot precision
+    forward_precision: Callable = forward_precision  # (precision, programs, device) -> the forward scan's at
+    #                                                  its default V block (promote_scan.forward_precision:
+    #                                                  the sequential scan's TF32 only where its programs fill
+    #                                                  the GPU; precision_as_given for a scan without that rule)
     probe_precision: Callable = probe_precision  # dtype -> the fused probe's float32 matmul precision
     block_v: int | None = None      # the scan's V block and pair block (None: promote_scan's
     block_n: int | None = None      # defaults); tests shrink them to reach several blocks
