@@ -302,10 +302,7 @@ def promote_scan_fwd(M0, kappa, nu, beta, omega, gamma, block_v: int | None = No
     _check_precision(precision)
     BK, BN, BV = block_sizes(K, V, n, block_v, block_n, precision=precision)
     shape = (*_state_rows(B, F, fire_offsets), H, K, V)
-    states = kappa.new_empty(shape) if out is None else _check_states("out", out, shape)
-    if not _batch_strided(states):
-        raise ValueError(f"out must be contiguous but for its batch stride (a slice along dim 1 of a "
-                         f"contiguous buffer), got strides {states.stride()}")
+    states = states_out(kappa, out, shape)
     programs = B if fire_offsets is None else fire_offsets.numel() - 1
     args = (M0.contiguous() if M0 is not None else None, kappa.contiguous(), nu.contiguous(), beta.contiguous(),
             omega.contiguous(), gamma.contiguous(), states, fire_offsets, F, n, states.stride(0))
@@ -353,6 +350,16 @@ def _check_states(name: str, x: torch.Tensor, shape: tuple) -> torch.Tensor:
     if x.dtype != torch.float32:
         raise ValueError(f"{name} must be float32, got {x.dtype}")
     return x
+
+
+def states_out(kappa: torch.Tensor, out: torch.Tensor | None, shape: tuple) -> torch.Tensor:
+    """The forward's stored states: a new float32 tensor of ``shape``, or ``out`` checked (that
+    shape, float32, contiguous but for its batch stride)."""
+    states = kappa.new_empty(shape) if out is None else _check_states("out", out, shape)
+    if not _batch_strided(states):
+        raise ValueError(f"out must be contiguous but for its batch stride (a slice along dim 1 of a "
+                         f"contiguous buffer), got strides {states.stride()}")
+    return states
 
 
 def _batch_strided(x: torch.Tensor) -> bool:

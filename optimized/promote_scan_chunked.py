@@ -25,9 +25,10 @@ each group's start state in parallel (``chunked_fill_kernel``).
 The inverse is made by doubling: with ``L`` the inverse of ``I + T`` restricted to diagonal
 blocks of s firings and ``C`` the part of ``T`` coupling the two halves of each block of 2s,
 ``(L^{-1} + C)^{-1} = L − L C L`` exactly (``C L C = 0``); from ``L = I`` (s = 1) in log2(G)
-steps. Every exponential has a non-positive exponent (``γ ≤ 0``, SPEC section 2), and the
-decays between two firings are sums of their γ, never differences of running sums, so strong
-decays neither overflow nor cancel.
+steps. Every exponential has a non-positive exponent (``γ ≤ 0``, SPEC section 2), so strong
+decays do not overflow; the decays inside ``T`` are sums of the γ between two firings, never
+differences of running sums (no cancellation); ``K̃``'s, ``Σ_{m > j} γ_m``, is a reverse running
+sum less firing j's own γ (one subtraction: an error of about ``|γ_j| · 2^-24`` in the exponent).
 
 Same arguments, outputs and layouts as ``promote_scan.promote_scan_fwd``; packed sequences
 (``fire_offsets``) and groups of one firing run that sequential scan.
@@ -39,8 +40,8 @@ import triton
 import triton.language as tl
 from triton.runtime.errors import OutOfResources
 
-from optimized.promote_scan import (_batch_strided, _check, _check_precision, _check_states, _state_rows,
-                                    block_sizes, launch_options, promote_scan_fwd)
+from optimized.promote_scan import (_check, _check_precision, _state_rows, block_sizes, launch_options,
+                                    promote_scan_fwd, states_out)
 
 GROUP_ROWS = 64     # rows of a group (G · NP): G = GROUP_ROWS // NP firings
 
@@ -222,10 +223,7 @@ def promote_scan_fwd_chunked(M0, kappa, nu, beta, omega, gamma, block_v: int | N
     BVF = max(16, triton.next_power_of_2(V))
     BV = chain_block_v(V, precision, block_v)
     shape = (*_state_rows(B, F, None), H, K, V)
-    states = kappa.new_empty(shape) if out is None else _check_states("out", out, shape)
-    if not _batch_strided(states):
-        raise ValueError(f"out must be contiguous but for its batch stride (a slice along dim 1 of a "
-                         f"contiguous buffer), got strides {states.stride()}")
+    states = states_out(kappa, out, shape)
     kappa, nu, beta, omega, gamma = (x.contiguous() for x in (kappa, nu, beta, omega, gamma))
     NG = triton.cdiv(F, G)
     BR = G * NP
