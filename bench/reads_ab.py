@@ -61,6 +61,7 @@ Writes ``DIR/reads_ab.csv``, ``DIR/reads_ab.md`` and ``DIR/profile_L<L>_<reads>.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import os
 import sys
@@ -125,9 +126,33 @@ def _floor_ms(name, B, T, H, K, L, dtype, rates) -> tuple[float, float]:
 
 
 VARIANTS = ("torch", "generic", "fused-ieee", "scan-tf32", "triton", "triton+check", "bv16", "bv64", "keep-z",
-            "scan-2phase", "scan-fwd-ieee", "scan-fwd-tf32", "scan-fwd-chunked", "reads-fwd-bv32", "reads-fwd-bv64",
+            "scan-2phase", "scan-fwd-ieee", "scan-fwd-tf32", "scan-fwd-chunked", "scan-fwd-chunked-chain", "reads-fwd-bv32", "reads-fwd-bv64",
             "scan-bv16", "scan-bv32", "bn32", "bn64", "gates-triton", "gates-torch", "rstates-bv32", "rstates-bv64",
-            "states-one-buffer", "snapshot-copies", "dz-new-buffer", "l0-keep", "l0-recompute-wy")
+            "states-one-buffer", "snapshot-copies", "dz-new-buffer", "l0-keep", "l0-recompute-wy", "ranges-always")
+
+
+@contextlib.contextmanager
+def ranges_always(on: bool):
+    """With ``on``, the nested op's stage ranges are opened on every call, profiler or not (the op
+    before ``optimized.stages.stage``: variant ``ranges-always``, the default op otherwise)."""
+    if not on:
+        yield
+        return
+    from torch.profiler import record_function
+
+    import optimized.nested.bwd
+    import optimized.nested.function
+    import optimized.nested.fwd
+
+    modules = (optimized.nested.fwd, optimized.nested.bwd, optimized.nested.function)
+    originals = [m.stage for m in modules]
+    for m in modules:
+        m.stage = record_function
+    try:
+        yield
+    finally:
+        for m, original in zip(modules, originals):
+            m.stage = original
 
 
 def _reads_fwd_at(block_v: int):
@@ -186,6 +211,9 @@ def _ops(B, T, H, K, V, L, dtype, seed, names=VARIANTS, device="cuda"):
         "scan-fwd-tf32": Pieces(scan_fwd=_scan_fwd_tf32),
         # the forward scans in groups of firings (optimized.promote_scan_chunked), TF32 in bf16 runs
         "scan-fwd-chunked": Pieces(scan_fwd=promote_scan_fwd_chunked, forward_precision=precision_as_given),
+        # ... with the chain filling the states inside each group (no third kernel)
+        "scan-fwd-chunked-chain": Pieces(scan_fwd=partial(promote_scan_fwd_chunked, fill="chain"),
+                                         forward_precision=precision_as_given),
         "bv16": Pieces(block_v=16),     # the default op with V blocks of 16 in the scans and reads
         "bv64": Pieces(block_v=64),     # ... of 64 (default: 32 at K ≤ 128)
         "keep-z": Pieces(probe_keeps_preactivations=True),
@@ -211,6 +239,7 @@ def _ops(B, T, H, K, V, L, dtype, seed, names=VARIANTS, device="cuda"):
         "dz-new-buffer": Pieces(gates_dz_over_z=False),
         "l0-keep": Pieces(level0_recompute="none"),
         "l0-recompute-wy": Pieces(level0_recompute="cumsum+wy"),
+        "ranges-always": Pieces(),      # the default op; main() opens its stage ranges on every call
     }
     for name in names:
         if name == "flat":
@@ -239,7 +268,8 @@ def host_ms(forward, reps: int = 21) -> float:
 
 def write_host_profile(path: Path, forward, step, reps: int = 5) -> None:
     """``cProfile`` of ``reps`` forwards and ``reps`` forward+backward steps, each launched from an
-    idle GPU: the host functions a launch-bound op spends its time in (cumulative, top 60)."""
+    idle GPU: the host functions a launch-bound op spends its time in (cumulative, top 60; then
+    by own time, top 40: where the Python itself goes)."""
     import cProfile
     import io
     import pstats
@@ -255,6 +285,7 @@ def write_host_profile(path: Path, forward, step, reps: int = 5) -> None:
         torch.cuda.synchronize()
         buf = io.StringIO()
         pstats.Stats(prof, stream=buf).sort_stats("cumulative").print_stats(60)
+        pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(40)
         text.append(f"## {label}: {reps} calls\n\n{buf.getvalue()}")
     path.write_text("\n".join(text))
 
@@ -354,7 +385,7 @@ def main(argv=None) -> int:
                 forward().backward(do)
 
             try:
-                with finite_checks(check):
+                with finite_checks(check), ranges_always(name == "ranges-always"):
                     started = time.perf_counter()
                     _log(f"L={L} {name}: first step (compile, autotune) …")
                     step()                                   # compile, autotune, tables

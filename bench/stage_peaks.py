@@ -2,7 +2,7 @@
 
 ``bench.memory_at_peak`` names what is alive at the step's one peak; a change that lowers that
 peak moves it to another stage, whose height it does not show. This gives every stage's: the
-nested op marks its stages with ``record_function`` ranges (``nested.level0_fwd``,
+nested op marks its stages with ``stage`` ranges (``optimized.stages``: ``nested.level0_fwd``,
 ``nested.scan_bwd``, …; ``optimized/nested/fwd.py``, ``bwd.py``); while ``record(step)`` runs,
 those ranges also reset the allocator's peak counter on entry and read it on exit (allocations
 are host-side events: no synchronisation is needed). What runs between two ranges is counted as
@@ -40,7 +40,7 @@ class CudaCounter:
 def record(step, modules=None, counter=None) -> dict:
     """Run ``step()`` once; returns ``{stage: peak bytes on top of what was allocated before the
     step}`` in the order the stages were first entered. ``modules``: those whose module-level
-    ``record_function`` marks the stages (default: the nested forward and backward);
+    ``stage`` marks the stages (default: the nested forward and backward);
     ``counter``: the allocator's counters (default ``CudaCounter``)."""
     if modules is None:
         import optimized.nested.bwd as nested_bwd
@@ -55,28 +55,28 @@ def record(step, modules=None, counter=None) -> dict:
         peaks[name] = max(peaks.get(name, 0), counter.peak() - base)
         counter.reset()
 
-    originals = [(m, m.record_function) for m in modules]
+    originals = [(m, m.stage) for m in modules]
 
     def ranged(original):
         @contextlib.contextmanager
-        def record_function(name):
+        def stage(name):
             note(BETWEEN)
             with original(name):
                 try:
                     yield
                 finally:
                     note(name)
-        return record_function
+        return stage
 
     try:
         for m, original in originals:
-            m.record_function = ranged(original)
+            m.stage = ranged(original)
         counter.reset()
         step()
         note(BETWEEN)
     finally:
         for m, original in originals:
-            m.record_function = original
+            m.stage = original
     return peaks
 
 

@@ -52,11 +52,13 @@ def chunked_prep_kernel(
     F, N, NG,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BVF: tl.constexpr,
     NP: tl.constexpr, G: tl.constexpr, LOG_G: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    GROUP_STEP: tl.constexpr,
 ):
     """One program per (group, batch, head): rows ``r = j · NP + a`` hold pair ``a`` of the
     group's firing ``j`` (rows with ``a ≥ n`` or past the last firing are zero). Writes
-    ``W̃ [G·NP, K]``, ``Ũ [G·NP, V]``, ``K̃ [G·NP, K]`` and ``exp(c_{G−1}) [K]`` (module
-    docstring) at ``(batch · H + head) · NG + group``."""
+    ``W̃ [G·NP, K]`` and ``Ũ [G·NP, V]`` (module docstring) at ``(batch · H + head) · NG + group``;
+    with ``GROUP_STEP`` (the chain steps a whole group at once) also ``K̃ [G·NP, K]`` and
+    ``exp(c_{G−1}) [K]``."""
     BR: tl.constexpr = G * NP
     i_g, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
@@ -106,10 +108,11 @@ def chunked_prep_kernel(
     m_av = (o_r < BR)[:, None] & m_v[None, :]
     b_e = b_p * tl.exp(tl.cumsum(b_g, axis=0))                # E_j = P_j ⊙ exp(c_j)
     tl.store(wt + grp * BR * K + o_rk, tl.dot(b_inv, b_e, input_precision=DOT_PRECISION), mask=m_ak)
-    # K̃ = κ ⊙ exp(Σ_{m > j(r)} γ_m) (a reverse running sum less the row's own γ, on its first row only)
-    b_after = tl.cumsum(b_g, axis=0, reverse=True) - b_g
-    tl.store(kt + grp * BR * K + o_rk, b_kappa * tl.exp(b_after), mask=m_ak)
-    tl.store(gt + grp * K + o_k, tl.exp(tl.sum(b_g, axis=0)), mask=m_k)
+    if GROUP_STEP:
+        # K̃ = κ ⊙ exp(Σ_{m > j(r)} γ_m) (a reverse running sum less the row's own γ, on its first row only)
+        b_after = tl.cumsum(b_g, axis=0, reverse=True) - b_g
+        tl.store(kt + grp * BR * K + o_rk, b_kappa * tl.exp(b_after), mask=m_ak)
+        tl.store(gt + grp * K + o_k, tl.exp(tl.sum(b_g, axis=0)), mask=m_k)
     b_u = (tl.load(omega + row[:, None] * V + o_v[None, :], mask=m_rv, other=0.0)
            * tl.load(nu + row[:, None] * V + o_v[None, :], mask=m_rv, other=0.0))
     tl.store(ut + grp * BR * V + o_rv, tl.dot(b_inv, b_u, input_precision=DOT_PRECISION), mask=m_av)
@@ -188,6 +191,55 @@ def chunked_fill_kernel(
         tl.store(p_states + (f + 1).to(tl.int64) * H * K * V + o_kv, b_m, mask=m_kv & live)
 
 
+@triton.jit(do_not_specialize=["F", "N"])
+def chunked_chain_fill_kernel(
+    m0, wt, ut, kappa, gamma, states,
+    F, N, NG, stride_sb,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    NP: tl.constexpr, G: tl.constexpr, HAS_M0: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    """The chain and the fill in one pass, one program per (V block, batch · head):
+    ``states[0] = M``, then per group ``X = Ũ − W̃ M`` from its start state and, firing by
+    firing, ``M ← D_j M + κ_j^T X_j`` stored at ``states[m + 1]``. The G products ``κ_j^T X_j``
+    depend on ``X`` only (``κ_j`` is the group's key tile with the other firings' rows zeroed), not
+    on each other: what runs one after another inside a group is ``G`` multiply-adds, and
+    between groups the two dots of ``X``."""
+    BR: tl.constexpr = G * NP
+    i_v, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = i_bh // H, i_bh % H
+    o_k = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    o_r = tl.arange(0, BR)
+    j_r, a_r = o_r // NP, o_r % NP
+    m_k, m_v = o_k < K, o_v < V
+    o_kv, m_kv = o_k[:, None] * V + o_v[None, :], m_k[:, None] & m_v[None, :]
+    o_rk, m_rk = o_r[:, None] * K + o_k[None, :], (o_r < BR)[:, None] & m_k[None, :]
+    o_rv, m_rv = o_r[:, None] * V + o_v[None, :], (o_r < BR)[:, None] & m_v[None, :]
+    p_states = states + i_b.to(tl.int64) * stride_sb + i_h * K * V
+
+    b_m = tl.zeros([BK, BV], dtype=tl.float32)
+    if HAS_M0:
+        b_m += tl.load(m0 + i_bh.to(tl.int64) * K * V + o_kv, mask=m_kv, other=0.0)
+    tl.store(p_states + o_kv, b_m, mask=m_kv)
+    for g in range(0, NG):
+        grp = i_bh.to(tl.int64) * NG + g
+        b_w = tl.load(wt + grp * BR * K + o_rk, mask=m_rk, other=0.0)
+        b_x = tl.load(ut + grp * BR * V + o_rv, mask=m_rv, other=0.0)
+        b_x -= tl.dot(b_w, b_m, input_precision=DOT_PRECISION)
+        f_r = g * G + j_r
+        row = ((i_b.to(tl.int64) * F + f_r) * H + i_h) * N + a_r
+        b_kappa = tl.load(kappa + row[:, None] * K + o_k[None, :],
+                          mask=((a_r < N) & (f_r < F))[:, None] & m_k[None, :], other=0.0)
+        for j in tl.static_range(G):
+            f = g * G + j
+            live = f < F
+            b_decay = tl.exp(tl.load(gamma + ((i_b.to(tl.int64) * F + f) * H + i_h) * K + o_k,
+                                     mask=m_k & live, other=0.0))
+            b_kj = tl.where((j_r == j)[:, None], b_kappa, 0.0)
+            b_m = b_m * b_decay[:, None] + tl.dot(tl.trans(b_kj), b_x, input_precision=DOT_PRECISION)
+            tl.store(p_states + (f + 1).to(tl.int64) * H * K * V + o_kv, b_m, mask=m_kv & live)
+
+
 def group_size(n: int, group_rows: int = GROUP_ROWS) -> tuple[int, int]:
     """``(G, NP)``: firings per group and rows per firing (``n`` padded to a power of two ≥ 16,
     what ``tl.dot`` needs); ``G = group_rows // NP``, at least 1."""
@@ -205,15 +257,20 @@ def chain_block_v(V: int, precision: str, block_v: int | None) -> int:
 def promote_scan_fwd_chunked(M0, kappa, nu, beta, omega, gamma, block_v: int | None = None,
                              block_n: int | None = None, out: torch.Tensor | None = None, precision: str = "ieee",
                              fire_offsets: torch.Tensor | None = None, num_warps: int | None = None,
-                             num_stages: int | None = None, group_rows: int = GROUP_ROWS):
+                             num_stages: int | None = None, group_rows: int = GROUP_ROWS, fill: str = "kernel"):
     """``promote_scan.promote_scan_fwd``'s result (the same arguments; ``block_n`` unused here)
     made in groups of firings (module docstring). ``group_rows``: a power of two ≥ 16, the rows
-    of a group, ``G · NP``. Packed sequences (``fire_offsets``) and groups of one firing
-    (``n > group_rows / 2``) run ``promote_scan_fwd``."""
+    of a group, ``G · NP``. ``fill``: ``"kernel"``, the chain steps whole groups and a third
+    kernel fills the states inside them; ``"chain"``, the chain makes every state itself
+    (``chunked_chain_fill_kernel``: no K̃, no ``X`` written and read back, no third launch). Packed
+    sequences (``fire_offsets``) and groups of one firing (``n > group_rows / 2``) run
+    ``promote_scan_fwd``."""
     B, F, H, n, K, V = _check(M0, kappa, nu, beta, omega, gamma, fire_offsets)
     _check_precision(precision)
     if not isinstance(group_rows, int) or group_rows < 16 or group_rows & (group_rows - 1):
         raise ValueError(f"group_rows must be a power of two >= 16, got {group_rows!r}")
+    if fill not in ("kernel", "chain"):
+        raise ValueError(f"fill must be 'kernel' or 'chain', got {fill!r}")
     G, NP = group_size(n, group_rows)
     if fire_offsets is not None or G == 1 or F == 0:
         return promote_scan_fwd(M0, kappa, nu, beta, omega, gamma, block_v=block_v, block_n=block_n, out=out,
@@ -227,23 +284,36 @@ def promote_scan_fwd_chunked(M0, kappa, nu, beta, omega, gamma, block_v: int | N
     kappa, nu, beta, omega, gamma = (x.contiguous() for x in (kappa, nu, beta, omega, gamma))
     NG = triton.cdiv(F, G)
     BR = G * NP
+    group_step = fill == "kernel"
     wt = kappa.new_empty(B * H * NG, BR, K)
-    kt = kappa.new_empty(B * H * NG, BR, K)
     ut = kappa.new_empty(B * H * NG, BR, V)
-    xs = kappa.new_empty(B * H * NG, BR, V)
-    gt = kappa.new_empty(B * H * NG, K)
+    kt = kappa.new_empty(B * H * NG, BR, K) if group_step else None
+    gt = kappa.new_empty(B * H * NG, K) if group_step else None
     chunked_prep_kernel[(NG, B * H)](
         kappa, nu, beta, omega, gamma, wt, ut, kt, gt, F, n, NG, H=H, K=K, V=V, BK=BK, BVF=BVF, NP=NP, G=G,
-        LOG_G=G.bit_length() - 1, DOT_PRECISION=precision, num_warps=8 if BR * max(BK, BVF) > 64 * 64 else 4)
+        LOG_G=G.bit_length() - 1, DOT_PRECISION=precision, GROUP_STEP=group_step,
+        num_warps=8 if BR * max(BK, BVF) > 64 * 64 else 4)
     opts = launch_options(BK, BV, num_warps, num_stages)
     # Triton's default 3 stages needs ≈ 256 KiB of shared memory in the chain at BV = 64, K = 128 and
     # 64 rows (sm_90): 2, and where a launch is refused for shared memory, 1 (then narrower V blocks)
     tries = [(opts, BV)] if num_stages is not None else [(dict(opts, num_stages=st), BV) for st in (2, 1)]
     tries += [(dict(opts, num_stages=1), bv) for bv in (32, 16) if bv < BV and block_v is None]
+    m0 = M0.contiguous() if M0 is not None else None
+    if not group_step:
+        for i, (chain_opts, chain_bv) in enumerate(tries):
+            try:
+                chunked_chain_fill_kernel[(triton.cdiv(V, chain_bv), B * H)](
+                    m0, wt, ut, kappa, gamma, states, F, n, NG, states.stride(0), H=H, K=K, V=V, BK=BK,
+                    BV=chain_bv, NP=NP, G=G, HAS_M0=M0 is not None, DOT_PRECISION=precision, **chain_opts)
+                return states
+            except OutOfResources:
+                if i == len(tries) - 1:
+                    raise
+    xs = kappa.new_empty(B * H * NG, BR, V)
     for i, (chain_opts, chain_bv) in enumerate(tries):
         try:
             chunked_chain_kernel[(triton.cdiv(V, chain_bv), B * H)](
-                M0.contiguous() if M0 is not None else None, wt, ut, kt, gt, xs, states, F, NG, states.stride(0),
+                m0, wt, ut, kt, gt, xs, states, F, NG, states.stride(0),
                 H=H, K=K, V=V, BK=BK, BV=chain_bv, BR=BR, G=G, HAS_M0=M0 is not None, DOT_PRECISION=precision,
                 **chain_opts)
             break

@@ -35,23 +35,33 @@ def _fwd(group_rows, block_v=None, **kw):
     return functools.partial(promote_scan_fwd_chunked, group_rows=group_rows, block_v=block_v, **kw)
 
 
+FILLS = ("kernel", "chain")     # the states inside a group: a third kernel, or the chain itself
+
+
 @examples(ci=6)
-@given(d=scan_draws(), group_rows=st.sampled_from((32, 64, 128)), bv=st.sampled_from((None, 16)))
-@example(d=GROUPS_DRAW, group_rows=64, bv=16)
-@example(d=GROUPS_DRAW, group_rows=128, bv=None)
-@example(d=GROUPS_DRAW._replace(F=7), group_rows=32, bv=16)
-@example(d=EXTREME_DRAW, group_rows=64, bv=None)
+@given(d=scan_draws(), group_rows=st.sampled_from((32, 64, 128)), bv=st.sampled_from((None, 16)),
+       fill=st.sampled_from(FILLS))
+@example(d=GROUPS_DRAW, group_rows=64, bv=16, fill="kernel")
+@example(d=GROUPS_DRAW, group_rows=128, bv=None, fill="kernel")
+@example(d=GROUPS_DRAW._replace(F=7), group_rows=32, bv=16, fill="kernel")
+@example(d=EXTREME_DRAW, group_rows=64, bv=None, fill="kernel")
+@example(d=GROUPS_DRAW, group_rows=64, bv=16, fill="chain")
+@example(d=GROUPS_DRAW, group_rows=128, bv=None, fill="chain")
+@example(d=EXTREME_DRAW, group_rows=64, bv=None, fill="chain")
 @pytest.mark.compiles
-def test_chunked_scan_equals_reference_promote_firing_by_firing(d, group_rows, bv):
-    assert_passes(checks.scan_vs_reference(d, scan_fwd=_fwd(group_rows, bv), scan_bwd=promote_scan_bwd))
+def test_chunked_scan_equals_reference_promote_firing_by_firing(d, group_rows, bv, fill):
+    assert_passes(checks.scan_vs_reference(d, scan_fwd=_fwd(group_rows, bv, fill=fill), scan_bwd=promote_scan_bwd))
 
 
 def test_group_sizes():
     assert group_size(5, 64) == (4, 16) and group_size(16, 128) == (8, 16) and group_size(17, 64) == (2, 32)
     assert group_size(33, 64) == (1, 64)
     assert group_size(44, 128) == (2, 64) and group_size(128, 64) == (1, 128)
+    pairs = [p.float() for p in checks.scan_inputs(GROUPS_DRAW._replace(F=1))["pairs"]]
     with pytest.raises(ValueError, match="group_rows"):
-        _fwd(48)(None, *[p.float() for p in checks.scan_inputs(GROUPS_DRAW._replace(F=1))["pairs"]])
+        _fwd(48)(None, *pairs)
+    with pytest.raises(ValueError, match="fill"):
+        _fwd(64, fill="fused")(None, *pairs)
 
 
 def test_packed_sequences_and_single_firing_groups_run_the_sequential_scan():
@@ -67,21 +77,25 @@ def test_packed_sequences_and_single_firing_groups_run_the_sequential_scan():
 
 # Planted errors: the inverse one doubling step short (groups of 4 firings solved as pairs), the
 # group's keys undecayed in the chain's update, the fill reading the next firing's X, the decay of a
-# group's first firing dropped in T.
+# group's first firing dropped in T; in the chain that fills (fill="chain"), each firing's update
+# with the keys of every firing up to it, and the decay of the next firing.
 PLANTS = {
     "inverse_short": Plant(chunked, "chunked_prep_kernel", "for s in tl.static_range(LOG_G):",
                            "for s in tl.static_range(LOG_G - 1):"),
     "keys_undecayed": Plant(chunked, "chunked_prep_kernel", "b_kappa * tl.exp(b_after)", "b_kappa"),
     "fill_next_x": Plant(chunked, "chunked_fill_kernel", "(j * NP + o_n[:, None]) * V", "((j + 1) * NP + o_n[:, None]) * V"),
     "t_decay_from_i": Plant(chunked, "chunked_prep_kernel", "later = j_r > i", "later = j_r >= i"),
+    "chain_fill_keys_so_far": Plant(chunked, "chunked_chain_fill_kernel", "(j_r == j)[:, None]", "(j_r <= j)[:, None]"),
+    "chain_fill_next_decay": Plant(chunked, "chunked_chain_fill_kernel", "f = g * G + j", "f = g * G + j + 1"),
 }
+PLANT_FILL = {"chain_fill_keys_so_far": "chain", "chain_fill_next_decay": "chain"}
 
 
 @pytest.mark.parametrize("plant", PLANTS, ids=list(PLANTS))
 def test_chunked_scan_vs_reference_catches(plant):
     with planted(PLANTS[plant]):
-        assert failures(checks.scan_vs_reference(GROUPS_DRAW, scan_fwd=_fwd(64, 16), scan_bwd=promote_scan_bwd,
-                                                 log=False))
+        assert failures(checks.scan_vs_reference(GROUPS_DRAW, scan_fwd=_fwd(64, 16, fill=PLANT_FILL.get(plant, "kernel")),
+                                                 scan_bwd=promote_scan_bwd, log=False))
 
 
 # CUDA at the op's sizes in TF32 (its bf16 precision), against the promote_scan tf32 bounds:
@@ -92,15 +106,17 @@ TF32_DRAWS = [Draw(B=2, F=13, H=2, K=128, V=128, n=16, scheme="learned", seed=4)
 
 
 @pytest.mark.skipif(not on_cuda(), reason="the interpreter computes every dot in float32")
+@pytest.mark.parametrize("fill", FILLS)
 @pytest.mark.parametrize("group_rows", [64, 128])
 @pytest.mark.parametrize("d", TF32_DRAWS, ids=lambda d: f"{d.scheme}-K{d.K}-V{d.V}-n{d.n}")
-def test_tf32_chunked_scan_equals_reference(d, group_rows):
-    assert_passes(checks.scan_vs_reference(d, scan_fwd=_fwd(group_rows, precision="tf32"),
+def test_tf32_chunked_scan_equals_reference(d, group_rows, fill):
+    assert_passes(checks.scan_vs_reference(d, scan_fwd=_fwd(group_rows, precision="tf32", fill=fill),
                                            scan_bwd=functools.partial(promote_scan_bwd, precision="tf32"),
                                            tolerance_dtype="tf32"))
 
 
-def test_chain_retries_with_less_shared_memory(monkeypatch):
+@pytest.mark.parametrize("fill,chain", [("kernel", "chunked_chain_kernel"), ("chain", "chunked_chain_fill_kernel")])
+def test_chain_retries_with_less_shared_memory(monkeypatch, fill, chain):
     """On the H200 the chain at 128 rows and 2 stages asks 352 KiB of shared memory (227 KiB there):
     a launch refused with ``OutOfResources`` runs again at 1 stage, then at narrower V blocks (the
     same states: the stages and the V split do not change a column's arithmetic). A fake launch
@@ -110,8 +126,8 @@ def test_chain_retries_with_less_shared_memory(monkeypatch):
     x = checks.scan_inputs(GROUPS_DRAW._replace(K=16, V=64, F=6))
     dev = triton_mode.device()
     M0, *pairs = (t.to(dev, torch.float32).contiguous() for t in (x["M0"], *x["pairs"]))
-    want = promote_scan_fwd_chunked(M0, *pairs, precision="tf32")
-    kernel, tried = chunked.chunked_chain_kernel, []
+    want = promote_scan_fwd_chunked(M0, *pairs, precision="tf32", fill=fill)
+    kernel, tried = getattr(chunked, chain), []
 
     def small_gpu(limit_bv):
         class SmallGPU:
@@ -124,10 +140,10 @@ def test_chain_retries_with_less_shared_memory(monkeypatch):
                 return launch
         return SmallGPU()
 
-    monkeypatch.setattr(chunked, "chunked_chain_kernel", small_gpu(32))
-    got = promote_scan_fwd_chunked(M0, *pairs, precision="tf32")
+    monkeypatch.setattr(chunked, chain, small_gpu(32))
+    got = promote_scan_fwd_chunked(M0, *pairs, precision="tf32", fill=fill)
     assert tried == [(2, 64), (1, 64), (1, 32)]
     assert torch.equal(got, want)
-    monkeypatch.setattr(chunked, "chunked_chain_kernel", small_gpu(8))
+    monkeypatch.setattr(chunked, chain, small_gpu(8))
     with pytest.raises(OutOfResources):
-        promote_scan_fwd_chunked(M0, *pairs, precision="tf32")
+        promote_scan_fwd_chunked(M0, *pairs, precision="tf32", fill=fill)

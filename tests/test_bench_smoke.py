@@ -539,3 +539,20 @@ def test_reads_ab_builds_every_variant_off_the_gpu():
     want = sum(t.numel() * t.element_size() for t in nested) / 2 ** 30
     assert reads_ab.inputs_gib(nested + [nested[0].view(-1)]) == want
     assert reads_ab.inputs_gib(ops["flat"][0] + [ops["flat"][2]]) != want
+
+
+def test_reads_ab_ranges_always_opens_the_op_ranges_and_restores_stage():
+    """``reads_ab`` variant ``ranges-always`` (the op before ``optimized.stages.stage``): while it
+    is measured every stage opens a ``record_function`` range; afterwards the op's ``stage`` is back."""
+    from torch.profiler import record_function
+
+    from bench import reads_ab
+    import optimized.nested.bwd as nbwd
+    import optimized.nested.fwd as nfwd
+    from optimized.stages import stage
+
+    with reads_ab.ranges_always(True):
+        assert nfwd.stage is record_function and nbwd.stage is record_function
+    assert nfwd.stage is stage and nbwd.stage is stage
+    with reads_ab.ranges_always(False):
+        assert nfwd.stage is stage

@@ -70,14 +70,14 @@ def test_stage_peaks_on_the_cpu_tracker():
     from bench.memory_cpu import LiveStorages, TrackerCounter, storages_of
 
     x = torch.zeros(MIB // 4)                            # an input: not counted
-    module = types.SimpleNamespace(record_function=lambda name: contextlib.nullcontext())
+    module = types.SimpleNamespace(stage=lambda name: contextlib.nullcontext())
 
     def step():
-        with module.record_function("big"):
+        with module.stage("big"):
             a = torch.ones(2 * MIB // 4)                 # 2 MiB, freed in the stage
             del a
         keep = torch.ones(MIB // 4)                      # 1 MiB between the stages, kept
-        with module.record_function("small"):
+        with module.stage("small"):
             b = torch.ones(MIB // 8)                     # 0.5 MiB on top of the kept 1 MiB
             del b
         return keep

@@ -1,4 +1,4 @@
-"""``bench.stage_peaks`` on a fake allocator and a fake module with ``record_function`` stages."""
+"""``bench.stage_peaks`` on a fake allocator and a fake module with ``stage`` stages."""
 import contextlib
 import types
 
@@ -35,16 +35,16 @@ def run(counter):
         entered.append(name)
         yield
 
-    module = types.SimpleNamespace(record_function=original)
+    module = types.SimpleNamespace(stage=original)
 
     def step():
-        with module.record_function("a"):
+        with module.stage("a"):
             counter.alloc(50)
             counter.free(30)                   # a: peak 50, leaves 20
         counter.alloc(70)                      # between: 90
         counter.free(70)
         for size in (10, 40):                  # b twice: peaks 30 and 60 above the base
-            with module.record_function("b"):
+            with module.stage("b"):
                 counter.alloc(size)
                 counter.free(size)
 
@@ -58,7 +58,7 @@ def test_each_stage_gets_its_own_peak_and_the_ranges_are_restored():
     peaks, entered, module, original = run(FakeCounter())
     assert peaks == WANT
     assert entered == ["a", "b", "b"]          # the op's own ranges still run (the profiler sees them)
-    assert module.record_function is original
+    assert module.stage is original
     text = stage_peaks.write_table(None, "t", peaks, total_peak=90)
     assert text.index(stage_peaks.BETWEEN) < text.index("`b`") < text.index("`a`")
 

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import torch
-from torch.profiler import record_function
+from optimized.stages import stage
 
 from optimized.level0 import level0_bwd
 from optimized.nested.fwd import NestedSaved, scan_kwargs
@@ -29,13 +29,13 @@ def nested_bwd(saved: NestedSaved, do, dfinals, release: bool = False):
     # reads and router: dq of levels ≥ 1 written in place, in q's dtype (the one rounding the
     # returned gradient gets anyway: no float32 buffer and no cast copy); the state gradients per level, later
     dq = torch.empty(B, T, H, L, K, dtype=q.dtype, device=q.device)
-    with record_function("nested.reads_bwd"):   # the stages' device times in the profiler's table
+    with stage("nested.reads_bwd"):   # the stages' device times in the profiler's table
         dr, do0, dstates_of = s.pieces.reads_bwd(do, q, r, s.o0, s.states, plan, tables, s.scale, dq,
                                                 block_v=s.pieces.block_v)
 
     def level_dstates_of(ℓ):
         """Level ℓ's state gradients from the reads, plus its final state's gradient."""
-        with record_function("nested.reads_bwd_states"):
+        with stage("nested.reads_bwd_states"):
             d = dstates_of(ℓ)
             if dfinals[ℓ] is not None:
                 if tables.packed is None:
@@ -72,7 +72,7 @@ def nested_bwd(saved: NestedSaved, do, dfinals, release: bool = False):
         if s.probes[ℓ] is not None:         # fused probe of a built-in scheme: hand-written backward
             pairs, probe_saved = s.probes[ℓ]
             p32 = {n: t.detach().float() for n, t in s.params[ℓ].items()}
-            with record_function("nested.scan_bwd"):
+            with stage("nested.scan_bwd"):
                 dM0, *d_pairs = s.pieces.scan_bwd(s.level_states(ℓ), *pairs, level_dstates[ℓ],
                                                  block_v=s.pieces.scan_block(), block_n=s.pieces.block_n,
                                                  reduce_partials=s.pieces.reduce_partials,
@@ -83,12 +83,12 @@ def nested_bwd(saved: NestedSaved, do, dfinals, release: bool = False):
             # the snapshots only after the scan: not alive at its peak (level 1's are a float32
             # copy of fla's h, 0.5 GiB at L = 4, where the step peaked in level 1's scan), or
             # none at all: the rows that hold them, read in place by the probe's backward
-            with record_function("nested.snapshots"):
+            with stage("nested.snapshots"):
                 if s.pieces.reads_rows(level.scheme):
                     snaps = snapshot_rows(tables, ℓ, s.states, h, ht0)
                 else:
                     snaps = _snapshots(plan, tables, ℓ, s.states, h, ht0)
-            with record_function("nested.probe_bwd"):
+            with stage("nested.probe_bwd"):
                 d_snaps, d_p = probe_bwd(level.scheme, probe_saved, snaps, p32, level.reduction, *d_pairs,
                                          precision=s.pieces.probe_precision(q.dtype), gates=s.pieces.probe_gates,
                                          dz_over_z=s.pieces.gates_dz_over_z)
@@ -97,7 +97,7 @@ def nested_bwd(saved: NestedSaved, do, dfinals, release: bool = False):
                 s.release_probe(ℓ)          # (H200, L = 6: the peak was level 2's probe backward with
                 pairs = probe_saved = None  # every level's, 1.13 GiB, alive)
         else:                               # generic: replay the scheme's probe under autograd
-            with record_function("nested.generic_probe_bwd"):
+            with stage("nested.generic_probe_bwd"):
                 dM0, dparams[ℓ], d_snaps = _generic_probe_bwd(s, plan, tables, ℓ, level, level_dstates[ℓ], H, K, V)
             release_spent_states(ℓ)
         dinit[ℓ] = dM0 if s.has_initial[ℓ] else None
@@ -107,7 +107,7 @@ def nested_bwd(saved: NestedSaved, do, dfinals, release: bool = False):
         else:
             level_dstates[ℓ - 1] = level_dstates_of(ℓ - 1)
             if plan.sources[ℓ]:
-                with record_function("nested.add_snapshot_grads"):
+                with stage("nested.add_snapshot_grads"):
                     add_in_rounds(level_dstates[ℓ - 1], tables.add_rounds[ℓ], d_snaps)   # repeated targets: rounds
             snaps = d_snaps = None          # spent: not alive through the next level's scan
 
@@ -122,7 +122,7 @@ def nested_bwd(saved: NestedSaved, do, dfinals, release: bool = False):
     h = ht0 = None                          # level 0's h is freed inside its backward once spent
 
     # level 0: fla's backward with the injected end-of-chunk gradients
-    with record_function("nested.level0_bwd"):
+    with stage("nested.level0_bwd"):
         dq0, dk, dv, dg, db, dw, dh0 = level0_bwd(
             s.level0, do0, dht=None if dfinals[0] is None else dfinals[0].float().contiguous(),
             d_ends=d_ends, end_chunks=plan.sources[1] if L > 1 else (), state_grad=s.pieces.state_grad,

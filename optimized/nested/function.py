@@ -12,6 +12,7 @@ from optimized.gdn2 import MAX_HEAD_DIM
 from optimized.nested.bwd import nested_bwd
 from optimized.nested.fwd import nested_fwd
 from optimized.nested.pieces import DEFAULT_PIECES, Pieces
+from optimized.stages import stage
 from reference.nested import validate_nested_inputs
 from reference.validation import sequences
 
@@ -57,7 +58,7 @@ class NestedGDN2Function(torch.autograd.Function):
             flat += [dparams[ℓ][n].to(p.dtype) for n, p in level.params.items()]
         if not kept:
             ctx.saved = None   # as autograd frees saved tensors: nothing outlives a plain backward
-        with torch.profiler.record_function("nested.grad_casts"):
+        with stage("nested.grad_casts"):
             grads = (dq.to(q.dtype), dk.to(q.dtype), dv.to(q.dtype), dg.to(q.dtype), db.to(q.dtype),
                      dw.to(q.dtype), dr.to(saved.r.dtype))
         return (None, *grads, *flat)

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
-from torch.profiler import record_function
+from optimized.stages import stage
 
 from optimized.level0 import Level0Saved, level0_fwd
 from optimized.nested.pieces import DEFAULT_PIECES, Pieces
@@ -98,7 +98,7 @@ def nested_fwd(q, k, v, g, b, w, r, levels, scale, initial_states, pieces: Piece
     plan = pieces.plan(T, intervals) if lengths is None else make_packed_plan(tuple(lengths), intervals, pieces.plan)
     tables = device_tables(plan, q.device)
     # record_function ranges: the profiler's table gives each stage's device time (bench.reads_ab --profile)
-    with record_function("nested.level0_fwd"):
+    with stage("nested.level0_fwd"):
         o0, ht0, h, saved0 = level0_fwd(q[:, :, :, 0].contiguous(), k, v, g, b, w, scale, initial_states[0],
                                         packed=tables.packed, recompute=pieces.level0_recompute)
     split = pieces.split_stored_states and L > 1
@@ -108,13 +108,13 @@ def nested_fwd(q, k, v, g, b, w, r, levels, scale, initial_states, pieces: Piece
     for ℓ in range(1, L):
         level = levels[ℓ - 1]
         fused = pieces.fused_probe and level.scheme in FUSED_SCHEMES and plan.firings(ℓ) > 0
-        with record_function("nested.snapshots"):
+        with stage("nested.snapshots"):
             p32 = {n: p.detach().float() for n, p in params[ℓ].items()}
             if fused and pieces.reads_rows(level.scheme):       # read in place by the probe: no copy
                 snaps = snapshot_rows(tables, ℓ, states, h, ht0)
             else:
                 snaps = _snapshots(plan, tables, ℓ, states, h, ht0)
-        with record_function("nested.probe_fwd"):
+        with stage("nested.probe_fwd"):
             if fused:
                 # built-in scheme: fused probe; its outputs and intermediates kept for the hand backward
                 pairs, probe_saved = probe_fwd(level.scheme, snaps, p32, level.reduction,
@@ -132,11 +132,11 @@ def nested_fwd(q, k, v, g, b, w, r, levels, scale, initial_states, pieces: Piece
         if pieces.scan_block() is None:     # at the scan's default V block: its precision for this launch
             seqs = B if tables.packed is None else len(lengths)
             precision = pieces.forward_precision(precision, seqs * H, q.device)
-        with record_function("nested.scan_fwd"):
+        with stage("nested.scan_fwd"):
             pieces.scan_fwd(None if M0 is None else M0.detach().float(), *pairs, block_v=pieces.scan_block(),
                             block_n=pieces.block_n, out=states.level(tables, ℓ),
                             precision=precision, **scan_kwargs(tables, ℓ))
-    with record_function("nested.reads_fwd"):
+    with stage("nested.reads_fwd"):
         o = pieces.reads_fwd(q, r, o0, states, plan, tables, scale, block_v=pieces.block_v)
     # fresh tensors: outputs must not alias what the backward keeps (no reference cycles)
     finals = [ht0.clone()] + [final_states(states, tables, ℓ).clone() for ℓ in range(1, L)]
