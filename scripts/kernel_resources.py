@@ -90,8 +90,9 @@ def _kernels():
 def _chunked_scan_kernels():
     """The forward scan in groups of firings (``optimized.promote_scan_chunked``), TF32, n = 16:
     groups of 4 firings (64 rows, the default) and of 8 (128 rows); the chain and the fill at their
-    default V block of 64 and at 128."""
-    from optimized.promote_scan_chunked import chunked_chain_kernel, chunked_fill_kernel, chunked_prep_kernel
+    default V block of 64 and at 128; the chain that fills (``fill="chain"``) at both."""
+    from optimized.promote_scan_chunked import (chunked_chain_fill_kernel, chunked_chain_kernel, chunked_fill_kernel,
+                                                chunked_prep_kernel)
 
     f32 = "*fp32"
     sizes = dict(H=16, K=128, V=128, BK=128, DOT_PRECISION="tf32")
@@ -100,7 +101,7 @@ def _chunked_scan_kernels():
         rows.append((f"chunked_prep (G = {G})", chunked_prep_kernel,
                      dict.fromkeys(("kappa", "nu", "beta", "omega", "gamma", "wt", "ut", "kt", "gt"), f32)
                      | dict.fromkeys(("F", "N", "NG"), "i32"),
-                     sizes | dict(BVF=128, NP=16, G=G, LOG_G=G.bit_length() - 1), 8))
+                     sizes | dict(BVF=128, NP=16, G=G, LOG_G=G.bit_length() - 1, GROUP_STEP=True), 8))
         for BV in (64, 128):
             rows.append((f"chunked_chain (G = {G}, bv{BV})", chunked_chain_kernel,
                          dict.fromkeys(("m0", "wt", "ut", "kt", "gt", "xs", "states"), f32)
@@ -110,6 +111,10 @@ def _chunked_scan_kernels():
                          dict.fromkeys(("kappa", "gamma", "xs", "states"), f32)
                          | dict.fromkeys(("F", "N", "NG", "stride_sb"), "i32"),
                          sizes | dict(BV=BV, NP=16, G=G), 8))
+            rows.append((f"chunked_chain_fill (G = {G}, bv{BV})", chunked_chain_fill_kernel,
+                         dict.fromkeys(("m0", "wt", "ut", "kappa", "gamma", "states"), f32)
+                         | dict.fromkeys(("F", "N", "NG", "stride_sb"), "i32"),
+                         sizes | dict(BV=BV, NP=16, G=G, HAS_M0=True), {"num_warps": 8, "num_stages": 2}))
     return rows
 
 
