@@ -118,21 +118,30 @@ def chunked_prep_kernel(
     tl.store(ut + grp * BR * V + o_rv, tl.dot(b_inv, b_u, input_precision=DOT_PRECISION), mask=m_av)
 
 
-@triton.jit(do_not_specialize=["F"])
+@triton.jit(do_not_specialize=["F", "N"])
 def chunked_chain_kernel(
-    m0, wt, ut, kt, gt, xs, states,
-    F, NG, stride_sb,
+    m0, wt, ut, kt, gt, xs, kappa, gamma, states,
+    F, N, NG, stride_sb,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    BR: tl.constexpr, G: tl.constexpr, HAS_M0: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    NP: tl.constexpr, G: tl.constexpr, FILL: tl.constexpr, HAS_M0: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
-    """One program per (batch, head, V block): ``states[0] = M``, then per group
-    ``X = Ũ − W̃ M`` (kept in ``xs`` for the fill), ``M ← exp(c_{G−1}) ⊙ M + K̃^T X`` and
-    ``states[min((g + 1) G, F)] = M`` (the firings past F are zero pairs with γ = 0)."""
+    """One program per (V block, batch · head): ``states[0] = M``, then per group
+    ``X = Ũ − W̃ M`` from its start state, and
+
+    - without ``FILL``: ``M ← exp(c_{G−1}) ⊙ M + K̃^T X`` stored at ``states[min((g + 1) G, F)]``
+      (the firings past F are zero pairs with γ = 0), ``X`` kept in ``xs`` for
+      ``chunked_fill_kernel``;
+    - with ``FILL``: firing by firing ``M ← D_j M + κ_j^T X_j``, each stored at ``states[m + 1]``.
+      The G products ``κ_j^T X_j`` (``κ_j``: the group's key tile with the other firings' rows
+      zeroed) depend on ``X`` only, not on each other: what runs one after another inside a group
+      is ``G`` multiply-adds; no K̃, no ``X`` written and read back, no third launch."""
+    BR: tl.constexpr = G * NP
     i_v, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     o_k = tl.arange(0, BK)
     o_v = i_v * BV + tl.arange(0, BV)
     o_r = tl.arange(0, BR)
+    j_r, a_r = o_r // NP, o_r % NP
     m_k, m_v = o_k < K, o_v < V
     o_kv, m_kv = o_k[:, None] * V + o_v[None, :], m_k[:, None] & m_v[None, :]
     o_rk, m_rk = o_r[:, None] * K + o_k[None, :], (o_r < BR)[:, None] & m_k[None, :]
@@ -148,12 +157,26 @@ def chunked_chain_kernel(
         b_w = tl.load(wt + grp * BR * K + o_rk, mask=m_rk, other=0.0)
         b_x = tl.load(ut + grp * BR * V + o_rv, mask=m_rv, other=0.0)
         b_x -= tl.dot(b_w, b_m, input_precision=DOT_PRECISION)
-        tl.store(xs + grp * BR * V + o_rv, b_x, mask=m_rv)
-        b_kt = tl.load(kt + grp * BR * K + o_rk, mask=m_rk, other=0.0)
-        b_decay = tl.load(gt + grp * K + o_k, mask=m_k, other=0.0)
-        b_m = b_m * b_decay[:, None] + tl.dot(tl.trans(b_kt), b_x, input_precision=DOT_PRECISION)
-        end = tl.minimum((g + 1) * G, F)
-        tl.store(p_states + end.to(tl.int64) * H * K * V + o_kv, b_m, mask=m_kv)
+        if FILL:
+            f_r = g * G + j_r
+            row = ((i_b.to(tl.int64) * F + f_r) * H + i_h) * N + a_r
+            b_kappa = tl.load(kappa + row[:, None] * K + o_k[None, :],
+                              mask=((a_r < N) & (f_r < F))[:, None] & m_k[None, :], other=0.0)
+            for j in tl.static_range(G):
+                f = g * G + j
+                live = f < F
+                b_decay = tl.exp(tl.load(gamma + ((i_b.to(tl.int64) * F + f) * H + i_h) * K + o_k,
+                                         mask=m_k & live, other=0.0))
+                b_kj = tl.where((j_r == j)[:, None], b_kappa, 0.0)
+                b_m = b_m * b_decay[:, None] + tl.dot(tl.trans(b_kj), b_x, input_precision=DOT_PRECISION)
+                tl.store(p_states + (f + 1).to(tl.int64) * H * K * V + o_kv, b_m, mask=m_kv & live)
+        else:
+            tl.store(xs + grp * BR * V + o_rv, b_x, mask=m_rv)
+            b_kt = tl.load(kt + grp * BR * K + o_rk, mask=m_rk, other=0.0)
+            b_decay = tl.load(gt + grp * K + o_k, mask=m_k, other=0.0)
+            b_m = b_m * b_decay[:, None] + tl.dot(tl.trans(b_kt), b_x, input_precision=DOT_PRECISION)
+            end = tl.minimum((g + 1) * G, F)
+            tl.store(p_states + end.to(tl.int64) * H * K * V + o_kv, b_m, mask=m_kv)
 
 
 @triton.jit(do_not_specialize=["F", "N"])
@@ -191,55 +214,6 @@ def chunked_fill_kernel(
         tl.store(p_states + (f + 1).to(tl.int64) * H * K * V + o_kv, b_m, mask=m_kv & live)
 
 
-@triton.jit(do_not_specialize=["F", "N"])
-def chunked_chain_fill_kernel(
-    m0, wt, ut, kappa, gamma, states,
-    F, N, NG, stride_sb,
-    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    NP: tl.constexpr, G: tl.constexpr, HAS_M0: tl.constexpr, DOT_PRECISION: tl.constexpr,
-):
-    """The chain and the fill in one pass, one program per (V block, batch · head):
-    ``states[0] = M``, then per group ``X = Ũ − W̃ M`` from its start state and, firing by
-    firing, ``M ← D_j M + κ_j^T X_j`` stored at ``states[m + 1]``. The G products ``κ_j^T X_j``
-    depend on ``X`` only (``κ_j`` is the group's key tile with the other firings' rows zeroed), not
-    on each other: what runs one after another inside a group is ``G`` multiply-adds, and
-    between groups the two dots of ``X``."""
-    BR: tl.constexpr = G * NP
-    i_v, i_bh = tl.program_id(0), tl.program_id(1)
-    i_b, i_h = i_bh // H, i_bh % H
-    o_k = tl.arange(0, BK)
-    o_v = i_v * BV + tl.arange(0, BV)
-    o_r = tl.arange(0, BR)
-    j_r, a_r = o_r // NP, o_r % NP
-    m_k, m_v = o_k < K, o_v < V
-    o_kv, m_kv = o_k[:, None] * V + o_v[None, :], m_k[:, None] & m_v[None, :]
-    o_rk, m_rk = o_r[:, None] * K + o_k[None, :], (o_r < BR)[:, None] & m_k[None, :]
-    o_rv, m_rv = o_r[:, None] * V + o_v[None, :], (o_r < BR)[:, None] & m_v[None, :]
-    p_states = states + i_b.to(tl.int64) * stride_sb + i_h * K * V
-
-    b_m = tl.zeros([BK, BV], dtype=tl.float32)
-    if HAS_M0:
-        b_m += tl.load(m0 + i_bh.to(tl.int64) * K * V + o_kv, mask=m_kv, other=0.0)
-    tl.store(p_states + o_kv, b_m, mask=m_kv)
-    for g in range(0, NG):
-        grp = i_bh.to(tl.int64) * NG + g
-        b_w = tl.load(wt + grp * BR * K + o_rk, mask=m_rk, other=0.0)
-        b_x = tl.load(ut + grp * BR * V + o_rv, mask=m_rv, other=0.0)
-        b_x -= tl.dot(b_w, b_m, input_precision=DOT_PRECISION)
-        f_r = g * G + j_r
-        row = ((i_b.to(tl.int64) * F + f_r) * H + i_h) * N + a_r
-        b_kappa = tl.load(kappa + row[:, None] * K + o_k[None, :],
-                          mask=((a_r < N) & (f_r < F))[:, None] & m_k[None, :], other=0.0)
-        for j in tl.static_range(G):
-            f = g * G + j
-            live = f < F
-            b_decay = tl.exp(tl.load(gamma + ((i_b.to(tl.int64) * F + f) * H + i_h) * K + o_k,
-                                     mask=m_k & live, other=0.0))
-            b_kj = tl.where((j_r == j)[:, None], b_kappa, 0.0)
-            b_m = b_m * b_decay[:, None] + tl.dot(tl.trans(b_kj), b_x, input_precision=DOT_PRECISION)
-            tl.store(p_states + (f + 1).to(tl.int64) * H * K * V + o_kv, b_m, mask=m_kv & live)
-
-
 def group_size(n: int, group_rows: int = GROUP_ROWS) -> tuple[int, int]:
     """``(G, NP)``: firings per group and rows per firing (``n`` padded to a power of two ≥ 16,
     what ``tl.dot`` needs); ``G = group_rows // NP``, at least 1."""
@@ -262,7 +236,7 @@ def promote_scan_fwd_chunked(M0, kappa, nu, beta, omega, gamma, block_v: int | N
     made in groups of firings (module docstring). ``group_rows``: a power of two ≥ 16, the rows
     of a group, ``G · NP``. ``fill``: ``"kernel"``, the chain steps whole groups and a third
     kernel fills the states inside them; ``"chain"``, the chain makes every state itself
-    (``chunked_chain_fill_kernel``: no K̃, no ``X`` written and read back, no third launch). Packed
+    (``chunked_chain_kernel``'s ``FILL``: no K̃, no ``X`` written and read back, no third launch). Packed
     sequences (``fire_offsets``) and groups of one firing (``n > group_rows / 2``) run
     ``promote_scan_fwd``."""
     B, F, H, n, K, V = _check(M0, kappa, nu, beta, omega, gamma, fire_offsets)
@@ -299,27 +273,19 @@ def promote_scan_fwd_chunked(M0, kappa, nu, beta, omega, gamma, block_v: int | N
     tries = [(opts, BV)] if num_stages is not None else [(dict(opts, num_stages=st), BV) for st in (2, 1)]
     tries += [(dict(opts, num_stages=1), bv) for bv in (32, 16) if bv < BV and block_v is None]
     m0 = M0.contiguous() if M0 is not None else None
-    if not group_step:
-        for i, (chain_opts, chain_bv) in enumerate(tries):
-            try:
-                chunked_chain_fill_kernel[(triton.cdiv(V, chain_bv), B * H)](
-                    m0, wt, ut, kappa, gamma, states, F, n, NG, states.stride(0), H=H, K=K, V=V, BK=BK,
-                    BV=chain_bv, NP=NP, G=G, HAS_M0=M0 is not None, DOT_PRECISION=precision, **chain_opts)
-                return states
-            except OutOfResources:
-                if i == len(tries) - 1:
-                    raise
-    xs = kappa.new_empty(B * H * NG, BR, V)
+    xs = None if fill == "chain" else kappa.new_empty(B * H * NG, BR, V)
     for i, (chain_opts, chain_bv) in enumerate(tries):
         try:
             chunked_chain_kernel[(triton.cdiv(V, chain_bv), B * H)](
-                m0, wt, ut, kt, gt, xs, states, F, NG, states.stride(0),
-                H=H, K=K, V=V, BK=BK, BV=chain_bv, BR=BR, G=G, HAS_M0=M0 is not None, DOT_PRECISION=precision,
+                m0, wt, ut, kt, gt, xs, kappa, gamma, states, F, n, NG, states.stride(0), H=H, K=K, V=V, BK=BK,
+                BV=chain_bv, NP=NP, G=G, FILL=fill == "chain", HAS_M0=M0 is not None, DOT_PRECISION=precision,
                 **chain_opts)
             break
         except OutOfResources:
             if i == len(tries) - 1:
                 raise
+    if fill == "chain":
+        return states
     chunked_fill_kernel[(triton.cdiv(V, BV), B * H, NG)](
         kappa, gamma, xs, states, F, n, NG, states.stride(0), H=H, K=K, V=V, BK=BK, BV=BV, NP=NP, G=G,
         DOT_PRECISION=precision, **opts)

@@ -91,8 +91,7 @@ def _chunked_scan_kernels():
     """The forward scan in groups of firings (``optimized.promote_scan_chunked``), TF32, n = 16:
     groups of 4 firings (64 rows, the default) and of 8 (128 rows); the chain and the fill at their
     default V block of 64 and at 128; the chain that fills (``fill="chain"``) at both."""
-    from optimized.promote_scan_chunked import (chunked_chain_fill_kernel, chunked_chain_kernel, chunked_fill_kernel,
-                                                chunked_prep_kernel)
+    from optimized.promote_scan_chunked import chunked_chain_kernel, chunked_fill_kernel, chunked_prep_kernel
 
     f32 = "*fp32"
     sizes = dict(H=16, K=128, V=128, BK=128, DOT_PRECISION="tf32")
@@ -103,18 +102,15 @@ def _chunked_scan_kernels():
                      | dict.fromkeys(("F", "N", "NG"), "i32"),
                      sizes | dict(BVF=128, NP=16, G=G, LOG_G=G.bit_length() - 1, GROUP_STEP=True), 8))
         for BV in (64, 128):
-            rows.append((f"chunked_chain (G = {G}, bv{BV})", chunked_chain_kernel,
-                         dict.fromkeys(("m0", "wt", "ut", "kt", "gt", "xs", "states"), f32)
-                         | dict.fromkeys(("F", "NG", "stride_sb"), "i32"),
-                         sizes | dict(BV=BV, BR=16 * G, G=G, HAS_M0=True), {"num_warps": 8, "num_stages": 2}))
+            for fill in (False, True):
+                rows.append((f"chunked_chain{' FILL' if fill else ''} (G = {G}, bv{BV})", chunked_chain_kernel,
+                             dict.fromkeys(("m0", "wt", "ut", "kt", "gt", "xs", "kappa", "gamma", "states"), f32)
+                             | dict.fromkeys(("F", "N", "NG", "stride_sb"), "i32"),
+                             sizes | dict(BV=BV, NP=16, G=G, FILL=fill, HAS_M0=True), {"num_warps": 8, "num_stages": 2}))
             rows.append((f"chunked_fill (G = {G}, bv{BV})", chunked_fill_kernel,
                          dict.fromkeys(("kappa", "gamma", "xs", "states"), f32)
                          | dict.fromkeys(("F", "N", "NG", "stride_sb"), "i32"),
                          sizes | dict(BV=BV, NP=16, G=G), 8))
-            rows.append((f"chunked_chain_fill (G = {G}, bv{BV})", chunked_chain_fill_kernel,
-                         dict.fromkeys(("m0", "wt", "ut", "kappa", "gamma", "states"), f32)
-                         | dict.fromkeys(("F", "N", "NG", "stride_sb"), "i32"),
-                         sizes | dict(BV=BV, NP=16, G=G, HAS_M0=True), {"num_warps": 8, "num_stages": 2}))
     return rows
 
 
