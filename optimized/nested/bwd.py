@@ -2,13 +2,13 @@
 from __future__ import annotations
 
 import torch
-from optimized.stages import stage
 
 from optimized.level0 import level0_bwd
 from optimized.nested.fwd import NestedSaved, scan_kwargs
 from optimized.nested.plan import add_in_rounds
 from optimized.nested.probe import _probe, _snapshots, snapshot_rows
 from optimized.nested.probe_fused import probe_bwd
+from optimized.stages import stage
 
 
 def nested_bwd(saved: NestedSaved, do, dfinals, release: bool = False):

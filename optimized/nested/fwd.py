@@ -4,7 +4,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
-from optimized.stages import stage
 
 from optimized.level0 import Level0Saved, level0_fwd
 from optimized.nested.pieces import DEFAULT_PIECES, Pieces
@@ -12,6 +11,7 @@ from optimized.nested.plan import DeviceTables, PackedPlan, Plan, device_tables,
 from optimized.nested.probe import _probe, _snapshots, snapshot_rows
 from optimized.nested.probe_fused import FUSED_SCHEMES, probe_fwd
 from optimized.nested.stored_states import StoredStates, as_stored
+from optimized.stages import stage
 
 
 def final_states(rows, tables: DeviceTables, ℓ: int) -> torch.Tensor:
@@ -97,7 +97,7 @@ def nested_fwd(q, k, v, g, b, w, r, levels, scale, initial_states, pieces: Piece
     intervals = tuple(lv.interval for lv in levels)
     plan = pieces.plan(T, intervals) if lengths is None else make_packed_plan(tuple(lengths), intervals, pieces.plan)
     tables = device_tables(plan, q.device)
-    # record_function ranges: the profiler's table gives each stage's device time (bench.reads_ab --profile)
+    # stage ranges (under a profiler): the profiler's table gives each stage's device time (bench.reads_ab --profile)
     with stage("nested.level0_fwd"):
         o0, ht0, h, saved0 = level0_fwd(q[:, :, :, 0].contiguous(), k, v, g, b, w, scale, initial_states[0],
                                         packed=tables.packed, recompute=pieces.level0_recompute)
