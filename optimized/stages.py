@@ -2,8 +2,8 @@
 
 A ``torch.profiler.record_function`` range costs host time on every entry whether or not a
 profiler listens (a dispatcher call to open it and one to close it); the nested op opens one per
-stage and level, ≈ 28 a forward+backward step at L = 4, on a path that is launch-bound at head
-dim 64 (bench/NOTES.md). ``stage`` opens the range only under an active profiler, so
+stage and level, ≈ 28 a forward+backward step at L = 4, a third of the host's time to launch a
+step at head dim 64 (bench/NOTES.md). ``stage`` opens the range only under an active profiler, so
 ``bench.reads_ab --profile`` still gets its stage table and a plain step pays one flag check."""
 from __future__ import annotations
 
