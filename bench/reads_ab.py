@@ -126,7 +126,8 @@ def _floor_ms(name, B, T, H, K, L, dtype, rates) -> tuple[float, float]:
 
 
 VARIANTS = ("torch", "generic", "fused-ieee", "scan-tf32", "triton", "triton+check", "bv16", "bv64", "keep-z",
-            "scan-2phase", "scan-fwd-ieee", "scan-fwd-tf32", "scan-fwd-chunked", "scan-fwd-chunked-chain", "reads-fwd-bv32", "reads-fwd-bv64",
+            "scan-2phase", "scan-fwd-ieee", "scan-fwd-tf32", "scan-fwd-chunked", "scan-fwd-chunked-chain",
+            "reads-fwd-bv32", "reads-fwd-bv64",
             "scan-bv16", "scan-bv32", "bn32", "bn64", "gates-triton", "gates-torch", "rstates-bv32", "rstates-bv64",
             "states-one-buffer", "snapshot-copies", "dz-new-buffer", "l0-keep", "l0-recompute-wy", "ranges-always")
 

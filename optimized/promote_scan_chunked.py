@@ -258,14 +258,14 @@ def promote_scan_fwd_chunked(M0, kappa, nu, beta, omega, gamma, block_v: int | N
     kappa, nu, beta, omega, gamma = (x.contiguous() for x in (kappa, nu, beta, omega, gamma))
     NG = triton.cdiv(F, G)
     BR = G * NP
-    group_step = fill == "kernel"
+    chain_fills = fill == "chain"
     wt = kappa.new_empty(B * H * NG, BR, K)
     ut = kappa.new_empty(B * H * NG, BR, V)
-    kt = kappa.new_empty(B * H * NG, BR, K) if group_step else None
-    gt = kappa.new_empty(B * H * NG, K) if group_step else None
+    kt = None if chain_fills else kappa.new_empty(B * H * NG, BR, K)
+    gt = None if chain_fills else kappa.new_empty(B * H * NG, K)
     chunked_prep_kernel[(NG, B * H)](
         kappa, nu, beta, omega, gamma, wt, ut, kt, gt, F, n, NG, H=H, K=K, V=V, BK=BK, BVF=BVF, NP=NP, G=G,
-        LOG_G=G.bit_length() - 1, DOT_PRECISION=precision, GROUP_STEP=group_step,
+        LOG_G=G.bit_length() - 1, DOT_PRECISION=precision, GROUP_STEP=not chain_fills,
         num_warps=8 if BR * max(BK, BVF) > 64 * 64 else 4)
     opts = launch_options(BK, BV, num_warps, num_stages)
     # Triton's default 3 stages needs ≈ 256 KiB of shared memory in the chain at BV = 64, K = 128 and
@@ -273,18 +273,18 @@ def promote_scan_fwd_chunked(M0, kappa, nu, beta, omega, gamma, block_v: int | N
     tries = [(opts, BV)] if num_stages is not None else [(dict(opts, num_stages=st), BV) for st in (2, 1)]
     tries += [(dict(opts, num_stages=1), bv) for bv in (32, 16) if bv < BV and block_v is None]
     m0 = M0.contiguous() if M0 is not None else None
-    xs = None if fill == "chain" else kappa.new_empty(B * H * NG, BR, V)
+    xs = None if chain_fills else kappa.new_empty(B * H * NG, BR, V)
     for i, (chain_opts, chain_bv) in enumerate(tries):
         try:
             chunked_chain_kernel[(triton.cdiv(V, chain_bv), B * H)](
                 m0, wt, ut, kt, gt, xs, kappa, gamma, states, F, n, NG, states.stride(0), H=H, K=K, V=V, BK=BK,
-                BV=chain_bv, NP=NP, G=G, FILL=fill == "chain", HAS_M0=M0 is not None, DOT_PRECISION=precision,
+                BV=chain_bv, NP=NP, G=G, FILL=chain_fills, HAS_M0=M0 is not None, DOT_PRECISION=precision,
                 **chain_opts)
             break
         except OutOfResources:
             if i == len(tries) - 1:
                 raise
-    if fill == "chain":
+    if chain_fills:
         return states
     chunked_fill_kernel[(triton.cdiv(V, BV), B * H, NG)](
         kappa, gamma, xs, states, F, n, NG, states.stride(0), H=H, K=K, V=V, BK=BK, BV=BV, NP=NP, G=G,

@@ -85,7 +85,8 @@ PLANTS = {
     "keys_undecayed": Plant(chunked, "chunked_prep_kernel", "b_kappa * tl.exp(b_after)", "b_kappa"),
     "fill_next_x": Plant(chunked, "chunked_fill_kernel", "(j * NP + o_n[:, None]) * V", "((j + 1) * NP + o_n[:, None]) * V"),
     "t_decay_from_i": Plant(chunked, "chunked_prep_kernel", "later = j_r > i", "later = j_r >= i"),
-    "chain_fill_keys_so_far": Plant(chunked, "chunked_chain_kernel", "(j_r == j)[:, None]", "(j_r <= j)[:, None]"),
+    "chain_fill_keys_so_far": Plant(chunked, "chunked_chain_kernel", "(j_r == j)[:, None]",
+                                    "(j_r <= j)[:, None]"),
     "chain_fill_next_decay": Plant(chunked, "chunked_chain_kernel", "f = g * G + j", "f = g * G + j + 1"),
 }
 PLANT_FILL = {"chain_fill_keys_so_far": "chain", "chain_fill_next_decay": "chain"}
@@ -94,8 +95,8 @@ PLANT_FILL = {"chain_fill_keys_so_far": "chain", "chain_fill_next_decay": "chain
 @pytest.mark.parametrize("plant", PLANTS, ids=list(PLANTS))
 def test_chunked_scan_vs_reference_catches(plant):
     with planted(PLANTS[plant]):
-        assert failures(checks.scan_vs_reference(GROUPS_DRAW, scan_fwd=_fwd(64, 16, fill=PLANT_FILL.get(plant, "kernel")),
-                                                 scan_bwd=promote_scan_bwd, log=False))
+        fwd = _fwd(64, 16, fill=PLANT_FILL.get(plant, "kernel"))
+        assert failures(checks.scan_vs_reference(GROUPS_DRAW, scan_fwd=fwd, scan_bwd=promote_scan_bwd, log=False))
 
 
 # CUDA at the op's sizes in TF32 (its bf16 precision), against the promote_scan tf32 bounds:
