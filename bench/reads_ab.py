@@ -45,7 +45,10 @@ heads. Variants (``--variants``, default all):
   and gated q, k besides the gates' chunk cumsum (``"cumsum+wy"``); the default makes again only
   the cumsum (``"cumsum"``);
 - ``gates-triton``: the default op with the fused probe's gates (l2norm, sigmoids, softplus and its
-  reduction, and their backward) in one Triton kernel per pass (``optimized.nested.probe_gates``).
+  reduction, and their backward) in one Triton kernel per pass on the pre-activations ``z`` of a
+  cuBLAS bmm (``optimized.nested.probe_gates``);
+- ``gates-nu``: the default op with gates that make ``z = ν W`` inside their kernels and never store
+  it (``Pieces(probe_gates="triton-nu")``, ``optimized.nested.probe_gates_nu``).
 
 For each depth: forward and forward+backward times (``triton.testing.do_bench`` medians,
 autotuners tuned: one warm step first), the nested/flat ratios, peak memory of one step,
@@ -128,7 +131,8 @@ def _floor_ms(name, B, T, H, K, L, dtype, rates) -> tuple[float, float]:
 VARIANTS = ("torch", "generic", "fused-ieee", "scan-tf32", "triton", "triton+check", "bv16", "bv64", "keep-z",
             "scan-2phase", "scan-fwd-ieee", "scan-fwd-tf32", "scan-fwd-chunked", "scan-fwd-chunked-chain",
             "reads-fwd-bv32", "reads-fwd-bv64",
-            "scan-bv16", "scan-bv32", "bn32", "bn64", "gates-triton", "gates-torch", "rstates-bv32", "rstates-bv64",
+            "scan-bv16", "scan-bv32", "bn32", "bn64", "gates-nu", "gates-triton", "gates-torch",
+            "rstates-bv32", "rstates-bv64",
             "states-one-buffer", "snapshot-copies", "dz-new-buffer", "l0-keep", "l0-recompute-wy", "ranges-always")
 
 
@@ -227,6 +231,7 @@ def _ops(B, T, H, K, V, L, dtype, seed, names=VARIANTS, device="cuda"):
         "scan-bv32": Pieces(scan_block_v=32),
         "bn32": Pieces(block_n=32),
         "bn64": Pieces(block_n=64),
+        "gates-nu": Pieces(probe_gates="triton-nu"),    # z made inside the gates' kernels
         "gates-triton": Pieces(probe_gates="triton"),   # the default
         "gates-torch": Pieces(probe_gates="torch"),
         # the reads' state-gradient kernel alone with V blocks of 32 / 64 (default 128 at K ≤ 128: one

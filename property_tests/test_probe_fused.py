@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 from typing import NamedTuple
+from unittest import mock
 
 import pytest
 import torch
@@ -34,6 +35,7 @@ from ngdn.tolerances import assert_passes, failures, record, relative_error, tol
 from optimized import triton_mode
 import optimized.nested.probe_fused as probe_fused_module
 import optimized.nested.probe_gates as probe_gates_module
+import optimized.nested.probe_gates_nu as probe_gates_nu_module
 from kernel_mutation import Plant, planted
 from optimized.nested.probe_fused import FUSED_SCHEMES, probe_bwd, probe_fwd
 from optimized.nested.probe_gates import GATE_SCHEMES
@@ -184,7 +186,7 @@ def fused_vs_generic(d: ProbeDraw, dtype=torch.float64, mutant=None, log=True, g
     else:                               # on the Triton device and back
         dev = lambda x: None if x is None else x.to(DEV)            # noqa: E731
         outs, saved = probe_fwd(d.scheme, dev(snaps_f), {k: dev(p) for k, p in params_f.items()}, d.reduction,
-                                gates=gates)
+                                gates=gates, keep_preactivations=gates != "triton-nu")
         with planted(*plants):
             ds, dp = probe_bwd(d.scheme, saved, dev(snaps_f), {k: dev(p) for k, p in params_f.items()},
                                d.reduction, *(dev(g) for g in grads_f), gates=gates)
@@ -271,19 +273,141 @@ GATE_COMBOS = [(s, r) for s, r in COMBOS if s in GATE_SCHEMES]
 GATE_FIXED = [d for d in FIXED_DRAWS if d.scheme in GATE_SCHEMES]
 
 
+# the gates that make z themselves (gates="triton-nu") with tiles of 16 rows, two a program: on these
+# small draws (n ≤ 8) a tile holds 2–16 firings, so the draws reach several tiles and programs per
+# head, a ragged last one (B·F not a multiple of the firings per tile) and rows past n in a firing
+SMALL_ROWS = 16
+
+
+SMALL_TILES = 2
+
+
+@contextlib.contextmanager
+def gates_rows(gates):
+    """The gates' launch for a property: ``triton-nu`` at ``SMALL_ROWS`` rows a tile and
+    ``SMALL_TILES`` tiles a program."""
+    if gates != "triton-nu":
+        yield
+        return
+    with mock.patch.object(probe_gates_nu_module, "ROWS", SMALL_ROWS), \
+            mock.patch.object(probe_gates_nu_module, "TILES", SMALL_TILES):
+        yield
+
+
+@pytest.mark.parametrize("gates", ["triton", "triton-nu"])
 @pytest.mark.parametrize("d", GATE_FIXED, ids=lambda d: f"{d.scheme}-{d.reduction}-F{d.F}-n{d.n}-{d.snaps}")
-def test_triton_gates_fixed_draws(d):
+def test_triton_gates_fixed_draws(d, gates):
     """Float32 on the Triton device against the generic float64 path, as the PyTorch gates are:
     the fixed draws cover n = 1 … K, the largest gates (softplus above its threshold, saturated
     sigmoids), zero snapshots and every missing upstream gradient."""
-    assert_passes(fused_vs_generic(d, torch.float32, gates="triton"))
+    with gates_rows(gates):
+        assert_passes(fused_vs_generic(d, torch.float32, gates=gates))
 
 
+@pytest.mark.parametrize("gates", ["triton", "triton-nu"])
 @pytest.mark.parametrize("scheme,reduction", GATE_COMBOS)
 @examples(scale=3)
 @given(data=st.data())
-def test_triton_gates_float32_near_generic_float64(scheme, reduction, data):
-    assert_passes(fused_vs_generic(data.draw(probe_draws(scheme, reduction)), torch.float32, gates="triton"))
+def test_triton_gates_float32_near_generic_float64(scheme, reduction, gates, data):
+    with gates_rows(gates):
+        assert_passes(fused_vs_generic(data.draw(probe_draws(scheme, reduction)), torch.float32, gates=gates))
+
+
+def test_gates_from_nu_at_the_ops_blocks():
+    """``triton-nu`` at its default tiles and K = V = 128, n = 16 (the op's level 1): 4 firings a
+    tile, B·F = 10 firings in three tiles of one program per head and block, the last ragged; and
+    with one tile a program, three programs."""
+    d = ProbeDraw("learned", "mean", B=2, F=5, H=2, K=128, V=128, n=16, seed=12, gate_scale=30.0)
+    assert probe_gates_nu_module.blocks(16, 128, 128) == (4, 16, 128, 128)
+    assert_passes(fused_vs_generic(d, torch.float32, gates="triton-nu"))
+    with mock.patch.object(probe_gates_nu_module, "TILES", 1):
+        assert_passes(fused_vs_generic(d, torch.float32, gates="triton-nu"))
+
+
+def test_gates_from_nu_fall_back_where_their_blocks_do_not_fit():
+    """Above 128 rows a firing or K, V above 128 the gates take the bmm's ``z``
+    (``probe_gates``): ``blocks`` says None and the kernels' launchers refuse."""
+    from optimized.nested.probe_fused import _gates_from_nu
+
+    assert probe_gates_nu_module.blocks(200, 64, 64) is None and probe_gates_nu_module.blocks(16, 256, 64) is None
+    assert _gates_from_nu("triton-nu", "learned", 16, 128, 128)
+    assert not _gates_from_nu("triton-nu", "learned", 16, 256, 128)
+    assert not _gates_from_nu("triton-nu", "bounded_erase", 16, 128, 128)
+    assert not _gates_from_nu("triton", "learned", 16, 128, 128)
+    nu, W = torch.zeros(1, 1, 2, 300), torch.zeros(1, 300, 3 * 4 + 300)
+    with pytest.raises(ValueError, match="use the bmm and probe_gates"):
+        probe_gates_nu_module.probe_gates_nu_bwd("learned", nu, W, 1, 1, 2, 4, 300, "mean")
+    nu, W = torch.zeros(1, 1, 2, 5), torch.zeros(1, 5, 3 * 4 + 5)
+    with pytest.raises(ValueError, match="bounded_erase keeps the PyTorch gates"):
+        probe_gates_nu_module.probe_gates_nu_bwd("bounded_erase", nu, W, 1, 1, 2, 4, 5, "mean")
+    with pytest.raises(ValueError, match="precision must be one of"):
+        probe_gates_nu_module.probe_gates_nu_bwd("learned", nu, W, 1, 1, 2, 4, 5, "mean", precision="bf16")
+    with pytest.raises(ValueError, match="rows must be a power of two"):
+        probe_gates_nu_module.probe_gates_nu_bwd("learned", nu, W, 1, 1, 2, 4, 5, "mean", rows=24)
+    with pytest.raises(ValueError, match=r"W must be a contiguous float32 \(1, 5, 17\)"):
+        probe_gates_nu_module.probe_gates_nu_bwd("learned", nu, W[..., :-1], 1, 1, 2, 4, 5, "mean")
+
+
+@pytest.mark.parametrize("keep", [True, False], ids=["kept", "recomputed"])
+def test_gates_from_nu_keep_z_only_when_asked(keep):
+    """``triton-nu`` with ``keep_preactivations`` keeps the bmm's ``z`` (the ``triton`` path); without
+    it nothing is kept and ``z`` is never made outside the kernels: the two agree."""
+    d = ProbeDraw("learned", "sum", B=2, F=2, H=2, K=8, V=6, n=4, seed=4)
+    snaps, params, grads = probe_inputs(d)
+    f32 = lambda x: None if x is None else x.float().to(DEV)        # noqa: E731
+    snaps, params, grads = f32(snaps), {k: f32(p) for k, p in params.items()}, [f32(g) for g in grads]
+    outs, saved = probe_fwd("learned", snaps, params, "sum", keep_preactivations=keep, gates="triton-nu")
+    assert (saved.z is not None) == keep
+    ref_outs, ref_saved = probe_fwd("learned", snaps, params, "sum", keep_preactivations=True, gates="triton")
+    for x, y in zip(outs, ref_outs):
+        assert torch.allclose(x, y, rtol=1e-5, atol=1e-6)
+    got = probe_bwd("learned", saved, snaps, params, "sum", *grads, gates="triton-nu")
+    want = probe_bwd("learned", ref_saved, snaps, params, "sum", *grads, gates="triton")
+    assert torch.allclose(got[0], want[0], rtol=1e-5, atol=1e-6)
+    assert all(torch.allclose(got[1][k], want[1][k], rtol=1e-5, atol=1e-5) for k in want[1])
+
+
+# The kernels that make z themselves: each error must fail the float32 property at SMALL_ROWS.
+def _nu(kernel, old, new):
+    return [Plant(probe_gates_nu_module, kernel, old, new)]
+
+
+NU_GATE_MUTANTS = {
+    # γ summed over the wrong rows: the tile's rows grouped as (NP, G) instead of (G, NP)
+    "gamma_wrong_firing": _nu("probe_gates_nu_fwd_kernel", "(G, NP, BC)), axis=1)", "(NP, G, BC)), axis=0)"),
+    # the backward's reduction factor forgotten
+    "gamma_no_mean": _nu("probe_gates_nu_bwd_kernel", "dg_i = -c_reduce * tl.load(", "dg_i = -tl.load("),
+    # the program's tiles overlap: tile j of program p is tile p + j
+    "tiles_overlap": _nu("probe_gates_nu_fwd_kernel", "i_t = i_p * TILES + j", "i_t = i_p + j"),
+    # l2norm's backward without its projection
+    "no_projection": _nu("probe_gates_nu_bwd_kernel",
+                         "d = (d_y - kap * tl.sum(kap * d_y, axis=1)[:, None]) * s[:, None]",
+                         "d = d_y * s[:, None]"),
+    # dz's rows in the outputs' (bt, h) order instead of the bmm's (h, bt)
+    "dz_rows_bt_major": _nu("probe_gates_nu_bwd_kernel", "p_dz = dz + ((i_h.to(tl.int64) * Bt + bt) * n + i_n)",
+                            "p_dz = dz + ((bt.to(tl.int64) * H + i_h) * n + i_n)"),
+    # β made from ω's columns of W (its column offset one block late)
+    "beta_from_omega_columns": [Plant(probe_gates_nu_module, "_column_block",
+                                      "        col0 = OFF_B\n", "        col0 = OFF_B + K\n",
+                                      rebind=((probe_gates_nu_module, "probe_gates_nu_fwd_kernel"),))],
+}
+# B·F = 10 firings, n = 5 of 8 rows: 2 firings a tile at 16 rows, two tiles a program, three programs
+# per head and block (the third's last tile empty)
+NU_MUTANT_DRAW = ProbeDraw("learned", "mean", B=2, F=5, H=2, K=6, V=5, n=5, seed=8, gate_scale=8.0)
+
+
+@pytest.mark.mutation
+@pytest.mark.parametrize("mutant", sorted(NU_GATE_MUTANTS))
+def test_gates_from_nu_mutant_fails(mutant):
+    """Each planted error of the kernels that make ``z`` themselves fails the float32 property on a
+    draw of several tiles and programs per head (``NU_MUTANT_DRAW``), which the kernels pass
+    unmutated."""
+    d = NU_MUTANT_DRAW
+    with gates_rows("triton-nu"):
+        assert not failures(fused_vs_generic(d, torch.float32, gates="triton-nu"))
+        with planted(*NU_GATE_MUTANTS[mutant]):
+            bad = failures(fused_vs_generic(d, torch.float32, log=False, gates="triton-nu"))
+    assert bad and max(e for e, _ in bad.values()) > 1e-4, bad
 
 
 def test_triton_gates_cover_more_than_one_row_block():

@@ -84,6 +84,24 @@ def _kernels():
                      dict.fromkeys(("z", "dkappa", "dbeta", "domega", "dgamma", "dz"), f32) | {"c_reduce": "fp32"}
                      | dict.fromkeys(("Bt", "n", "H", "K", "V", "C", "OFF_B"), "i32"),
                      g | dict(HAS_KAPPA=True, HAS_DK=True, HAS_DB=True, HAS_DW=True, HAS_DG=True), 4))
+    rows += _gates_from_nu_kernels()
+    return rows
+
+
+def _gates_from_nu_kernels():
+    """The gates that make ``z = ν W`` themselves (``optimized.nested.probe_gates_nu``) at the
+    launcher's blocks (tiles of 64 rows: 4 firings of n = 16, 1 of 64) and warps."""
+    from optimized.nested.probe_gates_nu import TILES, probe_gates_nu_bwd_kernel, probe_gates_nu_fwd_kernel
+
+    f32, rows = "*fp32", []
+    ints = dict.fromkeys(("Bt", "n", "H", "K", "V", "C", "OFF_B"), "i32") | {"c_reduce": "fp32"}
+    for n, G in ((16, 4), (64, 1)):
+        for seg, gate in enumerate(("κ", "β", "ω", "γ")):
+            g = dict(G=G, NP=n, BV=128, BC=128, SEG=seg, TILES=TILES, PREC="tf32")
+            rows.append((f"probe_gates_nu_fwd (n = {n}, {gate})", probe_gates_nu_fwd_kernel,
+                         dict.fromkeys(("nu", "w", "out"), f32) | ints, g, 8))
+            rows.append((f"probe_gates_nu_bwd (n = {n}, {gate})", probe_gates_nu_bwd_kernel,
+                         dict.fromkeys(("nu", "w", "dy", "dz"), f32) | ints, g | dict(HAS_D=True), 8))
     return rows
 
 

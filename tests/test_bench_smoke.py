@@ -504,6 +504,25 @@ def test_scan_ab_times_variants_off_the_gpu(tmp_path):
         scan_ab.main(["--out", str(tmp_path), "--quick", "--variants", "nope"])
 
 
+def test_gates_ab_variants_run_off_the_gpu():
+    """``bench.gates_ab``'s variants (the gates on a bmm's ``z``, the gates that make ``z``
+    themselves, at Triton's stages and at one) run on the CPU at a tiny shape; ``main`` refuses to
+    time without a GPU."""
+    from bench import gates_ab
+    from optimized import triton_mode
+
+    passes = gates_ab._passes(6, 2, 4, 16, 16, triton_mode.device())
+    assert set(passes) == {"bmm+gates", "gates-nu", "gates-nu-s1"}
+    for fwd, bwd in passes.values():
+        fwd()
+        bwd()
+    with pytest.raises(SystemExit):          # no GPU here: refused, not timed on the CPU
+        if not torch.cuda.is_available():
+            gates_ab.main(["--out", "unused"])
+        else:
+            raise SystemExit
+
+
 def test_fenwick_scan_ab_times_variants_off_the_gpu(tmp_path):
     """``bench.fenwick_scan_ab --quick`` on the CPU: two launch widths and a baseline ``states.py``
     (here this commit's own) at a tiny shape, each with its difference from the first variant

@@ -62,7 +62,8 @@ def test_probe_reads_snapshot_rows_in_place(monkeypatch):
     """The default op's fused probe reads ``ν = Q M`` and ``dQ`` from fla's chunk states and the
     stored states in place (``optimized.nested.snapshot_reads``): no gathered snapshots in either
     pass, and the values and gradients of ``Pieces(probe_reads_rows=False)``, which gathers them;
-    its backward writes the gates' gradient over the pre-activations it recomputed.
+    with the Triton gates on a bmm's ``z`` (``probe_gates="triton"``) the backward writes the gates'
+    gradient over the pre-activations it recomputed.
     B = 2: the rows' batch offsets (the kernels' own test, tests/test_snapshot_reads.py, has H = 2)."""
     from optimized.nested import bwd, fwd
 
@@ -79,7 +80,7 @@ def test_probe_reads_snapshot_rows_in_place(monkeypatch):
     overwrites, gates_bwd = [], probe_fused.probe_gates_bwd
     monkeypatch.setattr(probe_fused, "probe_gates_bwd", lambda *a, overwrite_z=False, **k: (
         overwrites.append(overwrite_z), gates_bwd(*a, overwrite_z=overwrite_z, **k))[1])
-    in_place = run("learned", "mean", Pieces(), shape)
+    in_place = run("learned", "mean", Pieces(probe_gates="triton"), shape)
     assert overwrites == [True, True]                               # levels 2 and 1
     errors = {k: relative_error(in_place[k], gathered[k]) for k in gathered}
     bounds = {k: tolerance("nested_fused_probe", "gradients" if k.startswith("d") else "values", torch.float32)

@@ -236,23 +236,30 @@ def test_stored_states_in_one_allocation_agree_bit_for_bit():
 
 @pytest.mark.parametrize("scheme", ["learned", "merge"])
 def test_triton_probe_gates_in_the_op_agree(scheme, monkeypatch):
-    """The op's default gates (``Pieces(probe_gates="triton")``): its values and every gradient
-    agree with the PyTorch gates (``probe_gates="torch"``, reads_ab ``gates-torch``). The kernels'
-    own properties: property_tests/test_probe_fused.py."""
+    """The op's default gates (``Pieces(probe_gates="triton")``: the Triton gates on a bmm's ``z``)
+    and the gates that make ``z`` themselves from ν and the weights (``"triton-nu"``, reads_ab
+    ``gates-nu``): their values and every gradient agree with the PyTorch gates
+    (``probe_gates="torch"``, reads_ab ``gates-torch``), and each runs its own kernels, once per
+    upper level and pass. The kernels' own properties: property_tests/test_probe_fused.py."""
     from optimized.nested import Pieces, _nested
     import optimized.nested.probe_fused as probe_fused_module
 
     calls = []
-    gates_fwd = probe_fused_module.probe_gates_fwd
 
-    def spy(*a, **kw):
-        calls.append(a[0])
-        return gates_fwd(*a, **kw)
+    def spy(name):
+        real = getattr(probe_fused_module, name)
 
-    monkeypatch.setattr(probe_fused_module, "probe_gates_fwd", spy)
-    results = []
+        def call(*a, **kw):
+            calls.append(name)
+            return real(*a, **kw)
+        monkeypatch.setattr(probe_fused_module, name, call)
+
+    for name in ("probe_gates_fwd", "probe_gates_bwd", "probe_gates_nu_fwd", "probe_gates_nu_bwd"):
+        spy(name)
+    results, seen = [], []
     assert Pieces().probe_gates == "triton"
-    for pieces in (Pieces(probe_gates="torch"), Pieces()):
+    for pieces in (Pieces(probe_gates="torch"), Pieces(), Pieces(probe_gates="triton-nu")):
+        calls.clear()
         args = inputs(on_bucket(NestedShape(B=1, T=130, H=1, L=3, K=16, V=16)), scheme=scheme)
         args["levels"] = [Level(lv.scheme, lv.interval, {n: p.requires_grad_() for n, p in lv.params.items()},
                                 lv.reduction) for lv in args["levels"]]
@@ -260,6 +267,9 @@ def test_triton_probe_gates_in_the_op_agree(scheme, monkeypatch):
         leaves = [args[n] for n in NAMES] + [p for lv in args["levels"] for p in lv.params.values()]
         do = torch.randn(o.shape, generator=torch.Generator().manual_seed(1)).to(o.device)
         results.append([o, *torch.autograd.grad(o, leaves, do)])
-    assert calls == [scheme, scheme]          # the second run only, one call per upper level
-    for want, got in zip(*results):
-        assert torch.allclose(got, want, rtol=1e-4, atol=1e-6), (got - want).abs().max()
+        seen.append(sorted(calls))
+    assert seen == [[], ["probe_gates_bwd"] * 2 + ["probe_gates_fwd"] * 2,
+                    ["probe_gates_nu_bwd"] * 2 + ["probe_gates_nu_fwd"] * 2]
+    for twin in results[1:]:
+        for want, got in zip(results[0], twin):
+            assert torch.allclose(got, want, rtol=1e-4, atol=1e-6), (got - want).abs().max()

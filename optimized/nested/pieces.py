@@ -118,9 +118,11 @@ class Pieces:
     probe_precision: Callable = probe_precision  # dtype -> the fused probe's float32 matmul precision
     block_v: int | None = None      # the scan's V block and pair block (None: promote_scan's
     block_n: int | None = None      # defaults); tests shrink them to reach several blocks
-    probe_gates: str = "triton"     # the fused probe's gates in one kernel per pass
+    probe_gates: str = "triton"     # the fused probe's gates in one kernel per pass on a bmm's z
     #                                 (optimized.nested.probe_gates; learned and merge; bounded_erase keeps
-    #                                 the PyTorch gates); "torch": the PyTorch gates
+    #                                 the PyTorch gates); "triton-nu": kernels that make z = ν W themselves
+    #                                 (optimized.nested.probe_gates_nu; opt-in until measured in the op:
+    #                                 bench/NOTES.md); "torch": the PyTorch gates
     scan_block_v: int | None = None  # the scans' V block alone (None: block_v; the reads keep block_v)
     probe_reads_rows: bool = True   # the fused probe (learned, bounded_erase) reads ν = Q M and dQ from the
     #                                 rows of fla's h and of the stored states (optimized.nested.snapshot_reads);
@@ -128,7 +130,8 @@ class Pieces:
     split_stored_states: bool = True  # level 1's stored states and the higher levels' in two allocations
     #                                   (optimized.nested.stored_states; the second freed after level 2's
     #                                   reverse scan); False: one allocation, alive until level 1's scan
-    gates_dz_over_z: bool = True    # the Triton gates' backward writes dz over the z the probe's backward
+    gates_dz_over_z: bool = True    # the Triton gates on a bmm's z ("triton", or "triton-nu" where its blocks
+    #                                 do not fit): their backward writes dz over the z the probe's backward
     #                                 recomputed (never over kept z); False: dz in a new buffer
     level0_recompute: str = "cumsum"  # level 0's intermediates its backward makes again instead of keeping
     #                                   through the upper levels' backward (optimized.level0.RECOMPUTE:

@@ -62,6 +62,8 @@ import torch
 import torch.nn.functional as F
 
 from optimized.nested.probe_gates import GATE_SCHEMES, probe_gates_bwd, probe_gates_fwd
+from optimized.nested.probe_gates_nu import blocks as nu_gate_blocks
+from optimized.nested.probe_gates_nu import probe_gates_nu_bwd, probe_gates_nu_fwd
 from optimized.nested.snapshot_reads import SnapshotRows, snapshot_read, snapshot_read_dq
 from reference.schemes import check_reduction
 
@@ -116,7 +118,14 @@ def float32_matmuls(precision: str):
         flags.fp32_precision = before
 
 
-GATES = ("torch", "triton")
+GATES = ("torch", "triton", "triton-nu")
+
+
+def _gates_from_nu(gates, scheme, n, K, V) -> bool:
+    """Whether the gates make ``z`` themselves from ``ν`` and ``W`` (``gates="triton-nu"``,
+    ``optimized.nested.probe_gates_nu``): for learned and merge where its blocks fit; else the bmm
+    and ``probe_gates``."""
+    return gates == "triton-nu" and scheme in GATE_SCHEMES and nu_gate_blocks(n, K, V) is not None
 
 
 def _check_gates(gates):
@@ -133,7 +142,9 @@ def probe_fwd(scheme: str, snaps, params: dict, reduction: str = "mean",
     ``snapshot_reads.SnapshotRows`` ``[B, F, H, K, V]``: ``ν = Q M`` read from the rows that hold
     them, no gathered copy. ``precision``: of its float32 matmuls on CUDA (``float32_matmuls``)
     and of the in-place read's dots. ``gates="triton"``: κ, β, ω, γ from ``z`` in one kernel
-    (``optimized.nested.probe_gates``; learned and merge, bounded_erase keeps these PyTorch gates)."""
+    (``optimized.nested.probe_gates``; learned and merge, bounded_erase keeps these PyTorch gates);
+    ``"triton-nu"``: without ``keep_preactivations``, ``z`` made inside that kernel from ``ν`` and the
+    weights and never stored (``optimized.nested.probe_gates_nu``; with it, ``"triton"``'s path)."""
     _check_gates(gates)
     _check_rows(scheme, snaps)
     with float32_matmuls(precision):
@@ -158,22 +169,26 @@ def _probe_fwd(scheme, snaps, params, reduction, keep_preactivations, gates="tor
         n = params["Q"].shape[-2]
         ν4 = (snapshot_read(params["Q"], snaps, precision).view(Bt, H, n, V) if isinstance(snaps, SnapshotRows)
               else torch.matmul(params["Q"], snaps.reshape(Bt, H, K, V)))
-    nu_h = ν4.transpose(0, 1).reshape(H, Bt * n, V)                # head-major copy
     _, W = _weights(scheme, params)
-    z = torch.bmm(nu_h, W)                                         # [H, Bt·n, C]: the one matmul
-    z4 = z.view(H, Bt, n, W.shape[-1])
-
     new = ν4.new_empty
     κ, β, ω, γ = new(Bt, H, n, K), new(Bt, H, n, K), new(Bt, H, n, V), new(Bt, H, K)
-    κh, βh, ωh = κ.transpose(0, 1), β.transpose(0, 1), ω.transpose(0, 1)   # [H, Bt, n, *] views
     if scheme == "merge":
         κ.copy_(torch.eye(K, dtype=ν4.dtype, device=ν4.device))
-    if gates == "triton" and scheme in GATE_SCHEMES:
+    outs = (κ.view(*lead, H, n, K), ν4.view(*lead, H, n, V), β.view(*lead, H, n, K),
+            ω.view(*lead, H, n, V), γ.view(*lead, H, K))
+    if not keep_preactivations and _gates_from_nu(gates, scheme, n, K, V):
+        # z made block by block inside the gates' kernel: no head-major copy of ν, no bmm, no z
+        probe_gates_nu_fwd(scheme, ν4.contiguous(), W.contiguous(), Bt, H, n, K, V, reduction,
+                           None if scheme == "merge" else κ, β, ω, γ, precision=precision)
+        return outs, FusedSaved(scheme, lead, n, outs[1], None)
+    nu_h = ν4.transpose(0, 1).reshape(H, Bt * n, V)                # head-major copy
+    z = torch.bmm(nu_h, W)                                         # [H, Bt·n, C]: the one matmul
+    z4 = z.view(H, Bt, n, W.shape[-1])
+    κh, βh, ωh = κ.transpose(0, 1), β.transpose(0, 1), ω.transpose(0, 1)   # [H, Bt, n, *] views
+    if gates in ("triton", "triton-nu") and scheme in GATE_SCHEMES:
         probe_gates_fwd(scheme, z, Bt, H, n, K, V, reduction, None if scheme == "merge" else κ, β, ω, γ)
     else:
         _gates_fwd_torch(scheme, z4, reduction, K, V, κh, βh, ωh, γ)
-    outs = (κ.view(*lead, H, n, K), ν4.view(*lead, H, n, V), β.view(*lead, H, n, K),
-            ω.view(*lead, H, n, V), γ.view(*lead, H, K))
     return outs, FusedSaved(scheme, lead, n, outs[1], z if keep_preactivations else None)
 
 
@@ -226,13 +241,18 @@ def _probe_bwd(scheme, saved, snaps, params, reduction, dκ, dν, dβ, dω, dγ,
     names, W = _weights(scheme, params)
     C = W.shape[-1]
     nu_h = saved.nu.reshape(Bt, H, n, V).transpose(0, 1).reshape(H, Bt * n, V)   # head-major copy
-    z = torch.bmm(nu_h, W) if saved.z is None else saved.z
-    if gates == "triton" and scheme in GATE_SCHEMES:
+    if saved.z is None and _gates_from_nu(gates, scheme, n, K, V):
+        # z made again inside the gates' kernel from ν and W, never stored; dz in a new buffer
+        dz = probe_gates_nu_bwd(scheme, saved.nu.reshape(Bt, H, n, V).contiguous(), W.contiguous(), Bt, H, n,
+                                K, V, reduction, dκ, dβ, dω, dγ, precision=precision)
+    elif gates in ("triton", "triton-nu") and scheme in GATE_SCHEMES:
+        z = torch.bmm(nu_h, W) if saved.z is None else saved.z
         # a recomputed z is spent once the gates' backward has read it: dz goes over it (the
         # probe backward's largest buffer, 0.25 GiB a level at L = 4, where the step peaks)
         dz = probe_gates_bwd(scheme, z, Bt, H, n, K, V, reduction, dκ, dβ, dω, dγ,
                              overwrite_z=dz_over_z and saved.z is None)
     else:
+        z = torch.bmm(nu_h, W) if saved.z is None else saved.z
         dz = _gates_bwd_torch(scheme, z, Bt, H, n, K, V, reduction, dκ, dβ, dω, dγ)
 
     # the one matmul: dν' = dν + dZ Wᵀ (ν is itself an output), dW = νᵀ dZ

@@ -1,0 +1,249 @@
+"""The fused probe's gates straight from ``ν`` and the gate weights (``probe_fused``'s
+``gates="triton-nu"``, ``Pieces(probe_gates="triton-nu")``, reads_ab ``gates-nu``; opt-in): the
+pre-activations ``z = ν W`` are made inside the gates' kernels, a tile of rows at a time, and never
+written to memory. Measured (bench/NOTES.md, ``bench.gates_ab``): the forward below the bmm and
+``probe_gates`` it replaces, the backward level with them; not yet measured inside the op.
+
+``probe_gates`` takes ``z [H, Bt·n, C]`` from one cuBLAS bmm; with the pre-activations not kept
+for the backward (``keep_preactivations=False``, the op's default) ``z`` is written by the bmm,
+read once by the gates and dropped, in the forward and again in the backward's recompute. Here a
+launch per block of ``z``'s columns (``Z_K``, ``Z_β``, ``Z_ω``, ``Z_γ``: their gates are independent,
+κ's row norm runs over ``Z_K``'s columns only, γ's sum over a firing's rows) runs one program per
+head and ``TILES`` tiles of ``G`` firings (``G · NP`` rows, ``NP`` = n rounded up to a power of two):
+it loads that block of the head's weights once (``[V, K]``), then per tile a ``[G·NP, V] @ [V, K]``
+dot of the tile's ``ν`` rows and the block's gate. ``ν`` is read once per block (four times), ``z``
+never stored. The gates are those of ``probe_gates`` (same formulas,
+module docstring there)::
+
+    Z_K = ν W_K   κ = Z_K / sqrt(|Z_K|² + ε)      (not for merge)
+    Z_β = ν W_β   β = σ(Z_β)
+    Z_ω = ν W_ω   ω = σ(Z_ω)
+    Z_γ = ν W_γ   γ = c Σ_i −softplus(Z_γ,i)        (summed over each firing's n rows)
+
+and backward, from ``dκ, dβ, dω, dγ`` (each may be absent: its columns of ``dz`` are 0)::
+
+    dZ_K = s (dκ − κ ⟨κ, dκ⟩)   dZ_β = dβ β (1 − β)   dZ_ω = dω ω (1 − ω)
+    dZ_γ = −c dγ σ(Z_γ)  (−c dγ above 20)
+
+``dz [H, Bt·n, C]`` is written (the probe's backward needs it for ``dν'`` and ``dW``); ``z`` is
+not. The dots' input precision is an argument (``"tf32"`` in bf16 runs, as the cuBLAS bmm it
+replaces; ``"ieee"`` otherwise); the interpreter computes them in float32.
+
+Layouts: ``ν, ω, dω [Bt, H, n, V]``, ``κ, β, dκ, dβ [Bt, H, n, K]``, ``γ, dγ [Bt, H, K]``,
+``W [H, V, C]`` (columns ``[W_K | W_β | W_ω | W_γ]``, merge without ``W_K``), ``dz [H, Bt·n, C]``
+(rows ``(h, bt, i)``, as the bmm's), all float32 contiguous. Rows past ``n`` and firings past
+``Bt`` are masked (a ragged last group), as are K and V past their power-of-two blocks.
+
+Where a tile would be too large (``NP``, K or V above ``MAX_BLOCK``), ``blocks`` returns None and ``probe_fused`` runs the bmm and ``probe_gates`` instead.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from triton.runtime.errors import OutOfResources
+
+from optimized.nested.probe_gates import GATE_SCHEMES, _expect, _reduce_factor, _softplus
+
+ROWS = 64           # a tile's rows (G firings of NP rows) by default
+TILES = 8           # tiles a program runs with its block of W (512 rows by default)
+MAX_BLOCK = 128     # the largest NP, BK, BV: [rows, BK] float32 tiles and a [BV, 128] block of W in registers
+PRECISIONS = ("ieee", "tf32")
+
+
+@triton.jit
+def _rows(i_t, i_h, Bt, n, H, G: tl.constexpr, NP: tl.constexpr):
+    """Tile ``i_t``'s rows (firings ``i_t·G ..``): ``(bt, i, mask, row)``, ``row`` the offset in
+    ``[Bt, H, n, *]`` rows."""
+    o_r = tl.arange(0, G * NP)
+    i_n = o_r % NP
+    bt = i_t * G + o_r // NP
+    m_r = (i_n < n) & (bt < Bt)
+    return bt, i_n, m_r, (bt.to(tl.int64) * H + i_h) * n + i_n
+
+
+@triton.jit
+def _column_block(K, V, OFF_B, SEG: tl.constexpr, BV: tl.constexpr, BC: tl.constexpr):
+    """Block ``SEG`` of ``z``'s columns (0 ``Z_K``, 1 ``Z_β``, 2 ``Z_ω``, 3 ``Z_γ``) and its columns
+    of ``W``: ``(o_v, m_v, o_c, m_c, col0)``."""
+    if SEG == 0:
+        col0 = 0
+    elif SEG == 1:
+        col0 = OFF_B
+    elif SEG == 2:
+        col0 = OFF_B + K
+    else:
+        col0 = OFF_B + K + V
+    o_v, o_c = tl.arange(0, BV), tl.arange(0, BC)
+    return o_v, o_v < V, o_c, o_c < (V if SEG == 2 else K), col0
+
+
+# Bt, n and H are runtime sizes (a new level, schedule or batch reuses the compiled kernel); K, V,
+# C and OFF_B are row strides and column offsets, specialised on divisibility by 16 as in
+# probe_gates (aligned 16-byte loads and stores). The block SEG is a constexpr: each block's
+# launch compiles only its gate (a runtime branch on it inside the pipelined loop does not compile
+# with Triton 3.6; straight-line code computing every gate and storing one was 4x the ALU work)
+@triton.jit(do_not_specialize=["Bt", "n", "H"])
+def probe_gates_nu_fwd_kernel(
+    nu, w, out, Bt, n, c_reduce, H, K, V, C, OFF_B,
+    SEG: tl.constexpr, G: tl.constexpr, NP: tl.constexpr, TILES: tl.constexpr,
+    BV: tl.constexpr, BC: tl.constexpr, PREC: tl.constexpr,
+):
+    """One head, block ``SEG`` of ``z``'s columns, ``TILES`` tiles of G firings: the block of ``W``
+    loaded once, then per tile ``z``'s block from ``ν W`` and its gate into ``out`` (module
+    docstring): κ (row norms over the block), β, ω per row, γ per firing."""
+    i_h, i_p = tl.program_id(0), tl.program_id(1)
+    o_v, m_v, o_c, m_c, col0 = _column_block(K, V, OFF_B, SEG, BV, BC)
+    b_w = tl.load(w + i_h.to(tl.int64) * V * C + o_v[:, None] * C + col0 + o_c[None, :],
+                  mask=m_v[:, None] & m_c[None, :], other=0.0)
+    for j in range(0, TILES):
+        i_t = i_p * TILES + j
+        bt, i_n, m_r, row = _rows(i_t, i_h, Bt, n, H, G, NP)
+        b_nu = tl.load(nu + row[:, None] * V + o_v[None, :], mask=m_r[:, None] & m_v[None, :], other=0.0)
+        zc = tl.dot(b_nu, b_w, input_precision=PREC)                    # [G·NP, BC]
+        m_rc = m_r[:, None] & m_c[None, :]
+        if SEG == 0:
+            s = 1.0 / tl.sqrt(tl.sum(zc * zc, axis=1) + 1e-6)
+            tl.store(out + row[:, None] * K + o_c[None, :], zc * s[:, None], mask=m_rc)
+        elif SEG == 1:
+            tl.store(out + row[:, None] * K + o_c[None, :], tl.sigmoid(zc), mask=m_rc)
+        elif SEG == 2:
+            tl.store(out + row[:, None] * V + o_c[None, :], tl.sigmoid(zc), mask=m_rc)
+        else:
+            acc = tl.sum(tl.reshape(tl.where(m_rc, -_softplus(zc), 0.0), (G, NP, BC)), axis=1)    # [G, BC]
+            o_g = i_t * G + tl.arange(0, G)
+            tl.store(out + (o_g.to(tl.int64)[:, None] * H + i_h) * K + o_c[None, :], acc * c_reduce,
+                     mask=(o_g < Bt)[:, None] & m_c[None, :])
+
+
+@triton.jit(do_not_specialize=["Bt", "n", "H"])
+def probe_gates_nu_bwd_kernel(
+    nu, w, dy, dz, Bt, n, c_reduce, H, K, V, C, OFF_B,
+    SEG: tl.constexpr, HAS_D: tl.constexpr, G: tl.constexpr, NP: tl.constexpr, TILES: tl.constexpr,
+    BV: tl.constexpr, BC: tl.constexpr, PREC: tl.constexpr,
+):
+    """One head, block ``SEG`` of ``dz``'s columns, ``TILES`` tiles of G firings, from the gradient
+    ``dy`` of that block's output (``HAS_D`` False: absent, the block is written as 0), ``z``'s block
+    made again from ``ν W``."""
+    i_h, i_p = tl.program_id(0), tl.program_id(1)
+    o_v, m_v, o_c, m_c, col0 = _column_block(K, V, OFF_B, SEG, BV, BC)
+    b_w = tl.load(w + i_h.to(tl.int64) * V * C + o_v[:, None] * C + col0 + o_c[None, :],
+                  mask=m_v[:, None] & m_c[None, :], other=0.0)
+    for j in range(0, TILES):
+        i_t = i_p * TILES + j
+        bt, i_n, m_r, row = _rows(i_t, i_h, Bt, n, H, G, NP)
+        m_rc = m_r[:, None] & m_c[None, :]
+        d = tl.zeros([G * NP, BC], dtype=tl.float32)
+        if HAS_D:
+            b_nu = tl.load(nu + row[:, None] * V + o_v[None, :], mask=m_r[:, None] & m_v[None, :], other=0.0)
+            zc = tl.dot(b_nu, b_w, input_precision=PREC)                # [G·NP, BC]
+            if SEG == 0:
+                d_y = tl.load(dy + row[:, None] * K + o_c[None, :], mask=m_rc, other=0.0)
+                s = 1.0 / tl.sqrt(tl.sum(zc * zc, axis=1) + 1e-6)
+                kap = zc * s[:, None]
+                d = (d_y - kap * tl.sum(kap * d_y, axis=1)[:, None]) * s[:, None]
+            elif SEG == 1:
+                sg = tl.sigmoid(zc)
+                d = tl.load(dy + row[:, None] * K + o_c[None, :], mask=m_rc, other=0.0) * (1.0 - sg) * sg
+            elif SEG == 2:
+                sg = tl.sigmoid(zc)
+                d = tl.load(dy + row[:, None] * V + o_c[None, :], mask=m_rc, other=0.0) * (1.0 - sg) * sg
+            else:
+                dg_i = -c_reduce * tl.load(dy + (bt.to(tl.int64)[:, None] * H + i_h) * K + o_c[None, :],
+                                           mask=m_rc, other=0.0)
+                d = tl.where(zc > 20.0, dg_i, dg_i * tl.sigmoid(zc))
+        p_dz = dz + ((i_h.to(tl.int64) * Bt + bt) * n + i_n)[:, None] * C
+        tl.store(p_dz + col0 + o_c[None, :], d, mask=m_rc)
+
+
+def blocks(n: int, K: int, V: int, rows: int | None = None) -> tuple | None:
+    """``(G, NP, BV, BC)`` of a launch (``rows``: a tile's rows, a power of two ≥ 16, default
+    ``ROWS``; a program runs ``TILES`` tiles), or None where ``NP``, ``BK`` or ``BV`` would exceed
+    ``MAX_BLOCK`` (the caller then runs the bmm and ``probe_gates``)."""
+    rows = ROWS if rows is None else rows
+    if rows < 16 or rows & (rows - 1):
+        raise ValueError(f"rows must be a power of two >= 16, got {rows!r}")
+    NP = triton.next_power_of_2(max(n, 1))
+    BK, BV = max(16, triton.next_power_of_2(K)), max(16, triton.next_power_of_2(V))
+    if max(NP, BK, BV) > MAX_BLOCK:
+        return None
+    return max(1, rows // NP), NP, BV, max(BK, BV)
+
+
+def _check(scheme, nu, W, Bt, H, n, K, V, precision, rows):
+    if scheme not in GATE_SCHEMES:
+        raise ValueError(f"scheme {scheme!r} has no Triton gates; they cover {list(GATE_SCHEMES)} "
+                         f"(bounded_erase keeps the PyTorch gates)")
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    C = (2 * K + V) if scheme == "merge" else (3 * K + V)
+    _expect("nu", nu, (Bt, H, n, V))
+    _expect("W", W, (H, V, C), nu.device)
+    sizes = blocks(n, K, V, rows)
+    if sizes is None:
+        raise ValueError(f"n = {n}, K = {K}, V = {V}: blocks above {MAX_BLOCK}; use the bmm and probe_gates")
+    return C, 0 if scheme == "merge" else K, sizes
+
+
+def probe_gates_nu_fwd(scheme: str, nu: torch.Tensor, W: torch.Tensor, Bt: int, H: int, n: int, K: int, V: int,
+                       reduction: str, kappa: torch.Tensor | None, beta: torch.Tensor, omega: torch.Tensor,
+                       gamma: torch.Tensor, precision: str = "ieee", rows: int | None = None):
+    """Writes ``κ`` (not for ``merge``: pass None), ``β``, ``ω``, ``γ`` from ``ν`` and ``W`` (layouts in
+    the module docstring); ``z`` is never stored."""
+    C, off_b, (G, NP, BV, BC) = _check(scheme, nu, W, Bt, H, n, K, V, precision, rows)
+    if (kappa is None) != (scheme == "merge"):
+        raise ValueError("kappa must be given exactly when the scheme has Z_K (not merge)")
+    for name, x, shape in (("kappa", kappa, (Bt, H, n, K)), ("beta", beta, (Bt, H, n, K)),
+                           ("omega", omega, (Bt, H, n, V)), ("gamma", gamma, (Bt, H, K))):
+        if x is not None:
+            _expect(name, x, shape, nu.device)
+    if Bt * H * n == 0:
+        gamma.zero_()
+        return
+    c = _reduce_factor(reduction, n)
+    grid = (H, triton.cdiv(Bt, G * TILES))
+    for seg, out in enumerate((kappa, beta, omega, gamma)):
+        if out is not None:
+            _launch(probe_gates_nu_fwd_kernel, grid, nu, W, out, Bt, n, c, H, K, V, C, off_b, SEG=seg, G=G, NP=NP,
+                    TILES=TILES, BV=BV, BC=BC, PREC=precision, num_warps=_warps(G * NP, BV, BC))
+
+
+def probe_gates_nu_bwd(scheme: str, nu: torch.Tensor, W: torch.Tensor, Bt: int, H: int, n: int, K: int, V: int,
+                       reduction: str, dkappa=None, dbeta=None, domega=None, dgamma=None, precision: str = "ieee",
+                       rows: int | None = None) -> torch.Tensor:
+    """``dz [H, Bt·n, C]`` float32 from the gates' gradients (any may be None), ``z`` made again from
+    ``ν W`` inside the kernel."""
+    C, off_b, (G, NP, BV, BC) = _check(scheme, nu, W, Bt, H, n, K, V, precision, rows)
+    dz = nu.new_empty(H, Bt * n, C)
+    if Bt * H * n == 0:
+        return dz
+    grads = [None if x is None else x.float().contiguous() for x in (dkappa, dbeta, domega, dgamma)]
+    for name, x, shape in (("dkappa", grads[0], (Bt, H, n, K)), ("dbeta", grads[1], (Bt, H, n, K)),
+                           ("domega", grads[2], (Bt, H, n, V)), ("dgamma", grads[3], (Bt, H, K))):
+        if x is not None:       # any leading dims that flatten to Bt (the op's [B, F, H, ...])
+            tail = shape[1:]
+            _expect(name, x.reshape(-1, *tail) if tuple(x.shape[-len(tail):]) == tail else x, shape, nu.device)
+    c = _reduce_factor(reduction, n)
+    grid = (H, triton.cdiv(Bt, G * TILES))
+    for seg, d in enumerate(grads):
+        if seg == 0 and scheme == "merge":
+            continue                        # no Z_K
+        _launch(probe_gates_nu_bwd_kernel, grid, nu, W, nu if d is None else d, dz, Bt, n, c, H, K, V, C, off_b,
+                SEG=seg, HAS_D=d is not None, G=G, NP=NP, TILES=TILES, BV=BV, BC=BC, PREC=precision,
+                num_warps=_warps(G * NP, BV, BC))
+    return dz
+
+
+def _launch(kernel, grid, *args, **kwargs):
+    """Triton's default pipelining of the tiles' ν loads (192 KiB of shared memory at the largest
+    tiles, sm_90), or none (96 KiB) on a GPU that gives a block less."""
+    try:
+        kernel[grid](*args, **kwargs)
+    except OutOfResources:
+        kernel[grid](*args, num_stages=1, **kwargs)
+
+
+def _warps(R: int, BV: int, BC: int) -> int:
+    """8 warps for the largest tiles (``[64, 128]`` rows and a ``[128, 128]`` block of ``W``: no
+    spill at sm_90, ``scripts/kernel_resources.py``), else 4."""
+    return 8 if R * BC + BV * BC > 64 * 64 * 2 else 4
