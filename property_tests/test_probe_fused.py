@@ -387,9 +387,10 @@ NU_GATE_MUTANTS = {
     "dz_rows_bt_major": _nu("probe_gates_nu_bwd_kernel", "p_dz = dz + ((i_h.to(tl.int64) * Bt + bt) * n + i_n)",
                             "p_dz = dz + ((bt.to(tl.int64) * H + i_h) * n + i_n)"),
     # β made from ω's columns of W (its column offset one block late)
-    "beta_from_omega_columns": [Plant(probe_gates_nu_module, "_column_block",
+    "beta_from_omega_columns": [Plant(probe_gates_nu_module, "_first_column",
                                       "        col0 = OFF_B\n", "        col0 = OFF_B + K\n",
-                                      rebind=((probe_gates_nu_module, "probe_gates_nu_fwd_kernel"),))],
+                                      rebind=((probe_gates_nu_module, "_column_block"),
+                                              (probe_gates_nu_module, "probe_gates_nu_fwd_kernel")))],
 }
 # B·F = 10 firings, n = 5 of 8 rows: 2 firings a tile at 16 rows, two tiles a program, three programs
 # per head and block (the third's last tile empty)

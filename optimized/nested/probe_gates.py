@@ -163,17 +163,35 @@ def _reduce_factor(reduction, n):
     return 1.0 / n if reduction == "mean" else 1.0
 
 
-def probe_gates_fwd(scheme: str, z: torch.Tensor, Bt: int, H: int, n: int, K: int, V: int, reduction: str,
-                    kappa: torch.Tensor | None, beta: torch.Tensor, omega: torch.Tensor, gamma: torch.Tensor):
-    """Writes ``κ`` (not for ``merge``: pass None), ``β``, ``ω``, ``γ`` (contiguous float32, layouts in
-    the module docstring) from ``z``."""
-    C, off_b, BN, BK, BV = _sizes(scheme, z, Bt, H, n, K, V)
+def check_outputs(scheme, kappa, beta, omega, gamma, Bt, H, n, K, V, device):
+    """The gates' outputs (layouts in the module docstring) on ``device``; ``kappa`` exactly when the
+    scheme has ``Z_K`` (not merge)."""
     if (kappa is None) != (scheme == "merge"):
         raise ValueError("kappa must be given exactly when the scheme has Z_K (not merge)")
     for name, x, shape in (("kappa", kappa, (Bt, H, n, K)), ("beta", beta, (Bt, H, n, K)),
                            ("omega", omega, (Bt, H, n, V)), ("gamma", gamma, (Bt, H, K))):
         if x is not None:
-            _expect(name, x, shape, z.device)
+            _expect(name, x, shape, device)
+
+
+def checked_grads(dkappa, dbeta, domega, dgamma, Bt, H, n, K, V, device) -> list:
+    """The gates' gradients (any may be None) as contiguous float32, each checked: any leading dims
+    that flatten to ``Bt`` (the op's ``[B, F, H, ...]``)."""
+    grads = [None if x is None else x.float().contiguous() for x in (dkappa, dbeta, domega, dgamma)]
+    for name, x, shape in (("dkappa", grads[0], (Bt, H, n, K)), ("dbeta", grads[1], (Bt, H, n, K)),
+                           ("domega", grads[2], (Bt, H, n, V)), ("dgamma", grads[3], (Bt, H, K))):
+        if x is not None:
+            tail = shape[1:]
+            _expect(name, x.reshape(-1, *tail) if tuple(x.shape[-len(tail):]) == tail else x, shape, device)
+    return grads
+
+
+def probe_gates_fwd(scheme: str, z: torch.Tensor, Bt: int, H: int, n: int, K: int, V: int, reduction: str,
+                    kappa: torch.Tensor | None, beta: torch.Tensor, omega: torch.Tensor, gamma: torch.Tensor):
+    """Writes ``κ`` (not for ``merge``: pass None), ``β``, ``ω``, ``γ`` (contiguous float32, layouts in
+    the module docstring) from ``z``."""
+    C, off_b, BN, BK, BV = _sizes(scheme, z, Bt, H, n, K, V)
+    check_outputs(scheme, kappa, beta, omega, gamma, Bt, H, n, K, V, z.device)
     if Bt * H * n == 0:
         gamma.zero_()
         return
@@ -195,12 +213,7 @@ def probe_gates_bwd(scheme: str, z: torch.Tensor, Bt: int, H: int, n: int, K: in
     dz = z if overwrite_z else torch.empty_like(z)
     if Bt * H * n == 0:
         return dz
-    grads = [None if x is None else x.float().contiguous() for x in (dkappa, dbeta, domega, dgamma)]
-    for name, x, shape in (("dkappa", grads[0], (Bt, H, n, K)), ("dbeta", grads[1], (Bt, H, n, K)),
-                           ("domega", grads[2], (Bt, H, n, V)), ("dgamma", grads[3], (Bt, H, K))):
-        if x is not None:       # any leading dims that flatten to Bt (the op's [B, F, H, ...])
-            tail = shape[1:]
-            _expect(name, x.reshape(-1, *tail) if tuple(x.shape[-len(tail):]) == tail else x, shape, z.device)
+    grads = checked_grads(dkappa, dbeta, domega, dgamma, Bt, H, n, K, V, z.device)
     stand_in = z   # an unused pointer for an absent gradient (its branch is compiled out)
     probe_gates_bwd_kernel[(Bt, H)](
         z, *(stand_in if x is None else x for x in grads), dz, Bt, n, _reduce_factor(reduction, n),

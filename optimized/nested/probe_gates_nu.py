@@ -43,7 +43,8 @@ import triton
 import triton.language as tl
 from triton.runtime.errors import OutOfResources
 
-from optimized.nested.probe_gates import GATE_SCHEMES, _expect, _reduce_factor, _softplus
+from optimized.nested.probe_gates import (GATE_SCHEMES, _expect, _reduce_factor, _softplus, check_outputs,
+                                          checked_grads)
 
 ROWS = 64           # a tile's rows (G firings of NP rows) by default
 TILES = 8           # tiles a program runs with its block of W (512 rows by default)
@@ -63,9 +64,8 @@ def _rows(i_t, i_h, Bt, n, H, G: tl.constexpr, NP: tl.constexpr):
 
 
 @triton.jit
-def _column_block(K, V, OFF_B, SEG: tl.constexpr, BV: tl.constexpr, BC: tl.constexpr):
-    """Block ``SEG`` of ``z``'s columns (0 ``Z_K``, 1 ``Z_β``, 2 ``Z_ω``, 3 ``Z_γ``) and its columns
-    of ``W``: ``(o_v, m_v, o_c, m_c, col0)``."""
+def _first_column(K, V, OFF_B, SEG: tl.constexpr):
+    """The first column of ``z``'s block ``SEG`` (0 ``Z_K``, 1 ``Z_β``, 2 ``Z_ω``, 3 ``Z_γ``)."""
     if SEG == 0:
         col0 = 0
     elif SEG == 1:
@@ -74,8 +74,17 @@ def _column_block(K, V, OFF_B, SEG: tl.constexpr, BV: tl.constexpr, BC: tl.const
         col0 = OFF_B + K
     else:
         col0 = OFF_B + K + V
+    return col0
+
+
+@triton.jit
+def _column_block(w, i_h, K, V, C, OFF_B, SEG: tl.constexpr, BV: tl.constexpr, BC: tl.constexpr):
+    """Block ``SEG`` of head ``i_h``'s ``W`` (``[BV, BC]``, masked): ``(o_v, m_v, o_c, m_c, W block)``."""
     o_v, o_c = tl.arange(0, BV), tl.arange(0, BC)
-    return o_v, o_v < V, o_c, o_c < (V if SEG == 2 else K), col0
+    m_v, m_c = o_v < V, o_c < (V if SEG == 2 else K)
+    p_w = w + i_h.to(tl.int64) * V * C + _first_column(K, V, OFF_B, SEG)
+    b_w = tl.load(p_w + o_v[:, None] * C + o_c[None, :], mask=m_v[:, None] & m_c[None, :], other=0.0)
+    return o_v, m_v, o_c, m_c, b_w
 
 
 # Bt, n and H are runtime sizes (a new level, schedule or batch reuses the compiled kernel); K, V,
@@ -93,9 +102,7 @@ def probe_gates_nu_fwd_kernel(
     loaded once, then per tile ``z``'s block from ``ν W`` and its gate into ``out`` (module
     docstring): κ (row norms over the block), β, ω per row, γ per firing."""
     i_h, i_p = tl.program_id(0), tl.program_id(1)
-    o_v, m_v, o_c, m_c, col0 = _column_block(K, V, OFF_B, SEG, BV, BC)
-    b_w = tl.load(w + i_h.to(tl.int64) * V * C + o_v[:, None] * C + col0 + o_c[None, :],
-                  mask=m_v[:, None] & m_c[None, :], other=0.0)
+    o_v, m_v, o_c, m_c, b_w = _column_block(w, i_h, K, V, C, OFF_B, SEG, BV, BC)
     for j in range(0, TILES):
         i_t = i_p * TILES + j
         bt, i_n, m_r, row = _rows(i_t, i_h, Bt, n, H, G, NP)
@@ -126,9 +133,7 @@ def probe_gates_nu_bwd_kernel(
     ``dy`` of that block's output (``HAS_D`` False: absent, the block is written as 0), ``z``'s block
     made again from ``ν W``."""
     i_h, i_p = tl.program_id(0), tl.program_id(1)
-    o_v, m_v, o_c, m_c, col0 = _column_block(K, V, OFF_B, SEG, BV, BC)
-    b_w = tl.load(w + i_h.to(tl.int64) * V * C + o_v[:, None] * C + col0 + o_c[None, :],
-                  mask=m_v[:, None] & m_c[None, :], other=0.0)
+    o_v, m_v, o_c, m_c, b_w = _column_block(w, i_h, K, V, C, OFF_B, SEG, BV, BC)
     for j in range(0, TILES):
         i_t = i_p * TILES + j
         bt, i_n, m_r, row = _rows(i_t, i_h, Bt, n, H, G, NP)
@@ -153,7 +158,7 @@ def probe_gates_nu_bwd_kernel(
                                            mask=m_rc, other=0.0)
                 d = tl.where(zc > 20.0, dg_i, dg_i * tl.sigmoid(zc))
         p_dz = dz + ((i_h.to(tl.int64) * Bt + bt) * n + i_n)[:, None] * C
-        tl.store(p_dz + col0 + o_c[None, :], d, mask=m_rc)
+        tl.store(p_dz + _first_column(K, V, OFF_B, SEG) + o_c[None, :], d, mask=m_rc)
 
 
 def blocks(n: int, K: int, V: int, rows: int | None = None) -> tuple | None:
@@ -191,12 +196,7 @@ def probe_gates_nu_fwd(scheme: str, nu: torch.Tensor, W: torch.Tensor, Bt: int, 
     """Writes ``κ`` (not for ``merge``: pass None), ``β``, ``ω``, ``γ`` from ``ν`` and ``W`` (layouts in
     the module docstring); ``z`` is never stored."""
     C, off_b, (G, NP, BV, BC) = _check(scheme, nu, W, Bt, H, n, K, V, precision, rows)
-    if (kappa is None) != (scheme == "merge"):
-        raise ValueError("kappa must be given exactly when the scheme has Z_K (not merge)")
-    for name, x, shape in (("kappa", kappa, (Bt, H, n, K)), ("beta", beta, (Bt, H, n, K)),
-                           ("omega", omega, (Bt, H, n, V)), ("gamma", gamma, (Bt, H, K))):
-        if x is not None:
-            _expect(name, x, shape, nu.device)
+    check_outputs(scheme, kappa, beta, omega, gamma, Bt, H, n, K, V, nu.device)
     if Bt * H * n == 0:
         gamma.zero_()
         return
@@ -217,12 +217,7 @@ def probe_gates_nu_bwd(scheme: str, nu: torch.Tensor, W: torch.Tensor, Bt: int, 
     dz = nu.new_empty(H, Bt * n, C)
     if Bt * H * n == 0:
         return dz
-    grads = [None if x is None else x.float().contiguous() for x in (dkappa, dbeta, domega, dgamma)]
-    for name, x, shape in (("dkappa", grads[0], (Bt, H, n, K)), ("dbeta", grads[1], (Bt, H, n, K)),
-                           ("domega", grads[2], (Bt, H, n, V)), ("dgamma", grads[3], (Bt, H, K))):
-        if x is not None:       # any leading dims that flatten to Bt (the op's [B, F, H, ...])
-            tail = shape[1:]
-            _expect(name, x.reshape(-1, *tail) if tuple(x.shape[-len(tail):]) == tail else x, shape, nu.device)
+    grads = checked_grads(dkappa, dbeta, domega, dgamma, Bt, H, n, K, V, nu.device)
     c = _reduce_factor(reduction, n)
     grid = (H, triton.cdiv(Bt, G * TILES))
     for seg, d in enumerate(grads):
