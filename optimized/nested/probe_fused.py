@@ -245,15 +245,15 @@ def _probe_bwd(scheme, saved, snaps, params, reduction, dκ, dν, dβ, dω, dγ,
         # z made again inside the gates' kernel from ν and W, never stored; dz in a new buffer
         dz = probe_gates_nu_bwd(scheme, saved.nu.reshape(Bt, H, n, V).contiguous(), W.contiguous(), Bt, H, n,
                                 K, V, reduction, dκ, dβ, dω, dγ, precision=precision)
-    elif gates in ("triton", "triton-nu") and scheme in GATE_SCHEMES:
-        z = torch.bmm(nu_h, W) if saved.z is None else saved.z
-        # a recomputed z is spent once the gates' backward has read it: dz goes over it (the
-        # probe backward's largest buffer, 0.25 GiB a level at L = 4, where the step peaks)
-        dz = probe_gates_bwd(scheme, z, Bt, H, n, K, V, reduction, dκ, dβ, dω, dγ,
-                             overwrite_z=dz_over_z and saved.z is None)
     else:
         z = torch.bmm(nu_h, W) if saved.z is None else saved.z
-        dz = _gates_bwd_torch(scheme, z, Bt, H, n, K, V, reduction, dκ, dβ, dω, dγ)
+        if gates in ("triton", "triton-nu") and scheme in GATE_SCHEMES:
+            # a recomputed z is spent once the gates' backward has read it: dz goes over it (the
+            # probe backward's largest buffer, 0.25 GiB a level at L = 4, where the step peaks)
+            dz = probe_gates_bwd(scheme, z, Bt, H, n, K, V, reduction, dκ, dβ, dω, dγ,
+                                 overwrite_z=dz_over_z and saved.z is None)
+        else:
+            dz = _gates_bwd_torch(scheme, z, Bt, H, n, K, V, reduction, dκ, dβ, dω, dγ)
 
     # the one matmul: dν' = dν + dZ Wᵀ (ν is itself an output), dW = νᵀ dZ
     dz_rows = dz.view(H, Bt * n, C)
