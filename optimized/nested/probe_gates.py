@@ -138,11 +138,16 @@ def probe_gates_bwd_kernel(
         tl.store(p_dz + OFF_B + K + V + o_k[None, :], d_g, mask=m_nk)
 
 
-def _sizes(scheme, z, Bt, H, n, K, V):
+def gate_columns(scheme, K, V) -> int:
+    """``z``'s columns ``C`` for a scheme with Triton gates (refused for the others)."""
     if scheme not in GATE_SCHEMES:
         raise ValueError(f"scheme {scheme!r} has no Triton gates; they cover {list(GATE_SCHEMES)} "
                          f"(bounded_erase keeps the PyTorch gates)")
-    C = (2 * K + V) if scheme == "merge" else (3 * K + V)
+    return (2 * K + V) if scheme == "merge" else (3 * K + V)
+
+
+def _sizes(scheme, z, Bt, H, n, K, V):
+    C = gate_columns(scheme, K, V)
     _expect("z", z, (H, Bt * n, C))
     off_b = 0 if scheme == "merge" else K
     BK, BV = triton.next_power_of_2(K), triton.next_power_of_2(V)

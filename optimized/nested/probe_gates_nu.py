@@ -43,8 +43,8 @@ import triton
 import triton.language as tl
 from triton.runtime.errors import OutOfResources
 
-from optimized.nested.probe_gates import (GATE_SCHEMES, _expect, _reduce_factor, _softplus, check_outputs,
-                                          checked_grads)
+from optimized.nested.probe_gates import (_expect, _reduce_factor, _softplus, check_outputs, checked_grads,
+                                          gate_columns)
 
 ROWS = 64           # a tile's rows (G firings of NP rows) by default
 TILES = 8           # tiles a program runs with its block of W (512 rows by default)
@@ -176,12 +176,9 @@ def blocks(n: int, K: int, V: int, rows: int | None = None) -> tuple | None:
 
 
 def _check(scheme, nu, W, Bt, H, n, K, V, precision, rows):
-    if scheme not in GATE_SCHEMES:
-        raise ValueError(f"scheme {scheme!r} has no Triton gates; they cover {list(GATE_SCHEMES)} "
-                         f"(bounded_erase keeps the PyTorch gates)")
+    C = gate_columns(scheme, K, V)
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
-    C = (2 * K + V) if scheme == "merge" else (3 * K + V)
     _expect("nu", nu, (Bt, H, n, V))
     _expect("W", W, (H, V, C), nu.device)
     sizes = blocks(n, K, V, rows)
