@@ -37,18 +37,20 @@ heads. Variants (``--variants``, default all):
 - ``snapshot-copies``: the default op with the fused probe reading a gathered float32 copy of its
   snapshots in each pass (``Pieces(probe_reads_rows=False)``; the default reads ``ν = Q M`` and
   ``dQ`` from fla's chunk states and the stored states in place, ``optimized.nested.snapshot_reads``);
-- ``dz-new-buffer``: the default op with the Triton gates' backward writing ``dz`` into a new buffer
-  (``Pieces(gates_dz_over_z=False)``; the default writes it over the ``z`` the probe's backward
-  recomputed);
+- ``dz-new-buffer``: the op with the gates on a bmm's ``z`` (``gates-triton``) and their backward
+  writing ``dz`` into a new buffer (``Pieces(probe_gates="triton", gates_dz_over_z=False)``; by
+  default that path writes it over the ``z`` the probe's backward recomputed; the default gates never
+  store ``z``);
 - ``l0-keep``, ``l0-recompute-wy``: the default op with level 0's backward keeping every fla
   intermediate from the forward (``Pieces(level0_recompute="none")``), or making again the WY keys
   and gated q, k besides the gates' chunk cumsum (``"cumsum+wy"``); the default makes again only
   the cumsum (``"cumsum"``);
-- ``gates-triton``: the default op with the fused probe's gates (l2norm, sigmoids, softplus and its
-  reduction, and their backward) in one Triton kernel per pass on the pre-activations ``z`` of a
-  cuBLAS bmm (``optimized.nested.probe_gates``);
-- ``gates-nu``: the default op with gates that make ``z = ν W`` inside their kernels and never store
-  it (``Pieces(probe_gates="triton-nu")``, ``optimized.nested.probe_gates_nu``).
+- ``gates-triton``: the op before its gates made ``z`` themselves: the fused probe's gates (l2norm,
+  sigmoids, softplus and its reduction, and their backward) in one Triton kernel per pass on the
+  pre-activations ``z`` of a cuBLAS bmm (``Pieces(probe_gates="triton")``,
+  ``optimized.nested.probe_gates``);
+- ``gates-nu``: the default op named by its gates, which make ``z = ν W`` inside their kernels and
+  never store it (``Pieces(probe_gates="triton-nu")``, ``optimized.nested.probe_gates_nu``).
 
 For each depth: forward and forward+backward times (``triton.testing.do_bench`` medians,
 autotuners tuned: one warm step first), the nested/flat ratios, peak memory of one step,
@@ -231,8 +233,8 @@ def _ops(B, T, H, K, V, L, dtype, seed, names=VARIANTS, device="cuda"):
         "scan-bv32": Pieces(scan_block_v=32),
         "bn32": Pieces(block_n=32),
         "bn64": Pieces(block_n=64),
-        "gates-nu": Pieces(probe_gates="triton-nu"),    # z made inside the gates' kernels
-        "gates-triton": Pieces(probe_gates="triton"),   # the default
+        "gates-nu": Pieces(probe_gates="triton-nu"),    # the default: z made inside the gates' kernels
+        "gates-triton": Pieces(probe_gates="triton"),   # the op before: the gates on a bmm's z
         "gates-torch": Pieces(probe_gates="torch"),
         # the reads' state-gradient kernel alone with V blocks of 32 / 64 (default 128 at K ≤ 128: one
         # program per stored row and head; at 32, four, each recomputing the router and p ⊙ q)
@@ -242,7 +244,7 @@ def _ops(B, T, H, K, V, L, dtype, seed, names=VARIANTS, device="cuda"):
         # (the default splits off the levels ≥ 2, freed after level 2's scan)
         "states-one-buffer": Pieces(split_stored_states=False),
         "snapshot-copies": Pieces(probe_reads_rows=False),
-        "dz-new-buffer": Pieces(gates_dz_over_z=False),
+        "dz-new-buffer": Pieces(probe_gates="triton", gates_dz_over_z=False),
         "l0-keep": Pieces(level0_recompute="none"),
         "l0-recompute-wy": Pieces(level0_recompute="cumsum+wy"),
         "ranges-always": Pieces(),      # the default op; main() opens its stage ranges on every call

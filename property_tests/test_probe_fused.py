@@ -379,6 +379,10 @@ NU_GATE_MUTANTS = {
     "gamma_no_mean": _nu("probe_gates_nu_bwd_kernel", "dg_i = -c_reduce * tl.load(", "dg_i = -tl.load("),
     # the program's tiles overlap: tile j of program p is tile p + j
     "tiles_overlap": _nu("probe_gates_nu_fwd_kernel", "i_t = i_p * TILES + j", "i_t = i_p + j"),
+    # the tiles counted by whole tiles: the ragged last tile's firings never written
+    "ragged_tile_dropped": _nu("probe_gates_nu_fwd_kernel", "tl.cdiv(Bt, G) - i_p * TILES", "Bt // G - i_p * TILES"),
+    "ragged_tile_dropped_bwd": _nu("probe_gates_nu_bwd_kernel", "tl.cdiv(Bt, G) - i_p * TILES",
+                                   "Bt // G - i_p * TILES"),
     # l2norm's backward without its projection
     "no_projection": _nu("probe_gates_nu_bwd_kernel",
                          "d = (d_y - kap * tl.sum(kap * d_y, axis=1)[:, None]) * s[:, None]",
@@ -392,9 +396,9 @@ NU_GATE_MUTANTS = {
                                       rebind=((probe_gates_nu_module, "_column_block"),
                                               (probe_gates_nu_module, "probe_gates_nu_fwd_kernel")))],
 }
-# B·F = 10 firings, n = 5 of 8 rows: 2 firings a tile at 16 rows, two tiles a program, three programs
-# per head and block (the third's last tile empty)
-NU_MUTANT_DRAW = ProbeDraw("learned", "mean", B=2, F=5, H=2, K=6, V=5, n=5, seed=8, gate_scale=8.0)
+# B·F = 9 firings, n = 5 of 8 rows: 2 firings a tile at 16 rows (the fifth tile ragged), two tiles a
+# program, three programs per head and block (the third runs one tile)
+NU_MUTANT_DRAW = ProbeDraw("learned", "mean", B=3, F=3, H=2, K=6, V=5, n=5, seed=8, gate_scale=8.0)
 
 
 @pytest.mark.mutation

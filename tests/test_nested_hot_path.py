@@ -236,9 +236,9 @@ def test_stored_states_in_one_allocation_agree_bit_for_bit():
 
 @pytest.mark.parametrize("scheme", ["learned", "merge"])
 def test_triton_probe_gates_in_the_op_agree(scheme, monkeypatch):
-    """The op's default gates (``Pieces(probe_gates="triton")``: the Triton gates on a bmm's ``z``)
-    and the gates that make ``z`` themselves from ν and the weights (``"triton-nu"``, reads_ab
-    ``gates-nu``): their values and every gradient agree with the PyTorch gates
+    """The op's default gates, which make ``z`` themselves from ν and the weights
+    (``Pieces(probe_gates="triton-nu")``, reads_ab ``gates-nu``), and the Triton gates on a bmm's
+    ``z`` (``"triton"``, reads_ab ``gates-triton``): their values and every gradient agree with the PyTorch gates
     (``probe_gates="torch"``, reads_ab ``gates-torch``), and each runs its own kernels, once per
     upper level and pass. The kernels' own properties: property_tests/test_probe_fused.py."""
     from optimized.nested import Pieces, _nested
@@ -257,8 +257,8 @@ def test_triton_probe_gates_in_the_op_agree(scheme, monkeypatch):
     for name in ("probe_gates_fwd", "probe_gates_bwd", "probe_gates_nu_fwd", "probe_gates_nu_bwd"):
         spy(name)
     results, seen = [], []
-    assert Pieces().probe_gates == "triton"
-    for pieces in (Pieces(probe_gates="torch"), Pieces(), Pieces(probe_gates="triton-nu")):
+    assert Pieces().probe_gates == "triton-nu"
+    for pieces in (Pieces(probe_gates="torch"), Pieces(probe_gates="triton"), Pieces()):
         calls.clear()
         args = inputs(on_bucket(NestedShape(B=1, T=130, H=1, L=3, K=16, V=16)), scheme=scheme)
         args["levels"] = [Level(lv.scheme, lv.interval, {n: p.requires_grad_() for n, p in lv.params.items()},

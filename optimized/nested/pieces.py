@@ -118,11 +118,11 @@ class Pieces:
     probe_precision: Callable = probe_precision  # dtype -> the fused probe's float32 matmul precision
     block_v: int | None = None      # the scan's V block and pair block (None: promote_scan's
     block_n: int | None = None      # defaults); tests shrink them to reach several blocks
-    probe_gates: str = "triton"     # the fused probe's gates in one kernel per pass on a bmm's z
-    #                                 (optimized.nested.probe_gates; learned and merge; bounded_erase keeps
-    #                                 the PyTorch gates); "triton-nu": kernels that make z = ν W themselves
-    #                                 (optimized.nested.probe_gates_nu; opt-in until measured in the op:
-    #                                 bench/NOTES.md); "torch": the PyTorch gates
+    probe_gates: str = "triton-nu"  # the fused probe's gates in kernels that make z = ν W themselves
+    #                                 (optimized.nested.probe_gates_nu; learned and merge where its blocks
+    #                                 fit, else "triton"'s path); "triton": one kernel per pass on a bmm's z
+    #                                 (optimized.nested.probe_gates); bounded_erase keeps the PyTorch gates;
+    #                                 "torch": the PyTorch gates (the measured choice: bench/NOTES.md)
     scan_block_v: int | None = None  # the scans' V block alone (None: block_v; the reads keep block_v)
     probe_reads_rows: bool = True   # the fused probe (learned, bounded_erase) reads ν = Q M and dQ from the
     #                                 rows of fla's h and of the stored states (optimized.nested.snapshot_reads);

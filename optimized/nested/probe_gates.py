@@ -1,8 +1,8 @@
 """The fused probe's gates in one Triton kernel per pass on the pre-activations of a bmm
-(``probe_fused``'s ``gates="triton"``; the nested op's default, ``Pieces(probe_gates="triton")``;
-``"triton-nu"``, ``probe_gates_nu``, makes the pre-activations inside its kernels instead and comes
-here where its blocks would not fit or ``z`` is kept; reads_ab ``gates-torch`` is the PyTorch
-gates), for ``learned`` and ``merge``.
+(``probe_fused``'s ``gates="triton"``, ``Pieces(probe_gates="triton")``, reads_ab ``gates-triton``;
+the nested op's default, ``"triton-nu"``, ``probe_gates_nu``, makes the pre-activations inside its
+kernels instead and comes here where its blocks would not fit or ``z`` is kept; reads_ab
+``gates-torch`` is the PyTorch gates), for ``learned`` and ``merge``.
 
 The probe's one bmm gives the pre-activations ``z [H, Bt·n, C]`` (rows ``(bt, i)`` of one head,
 columns ``[Z_K | Z_β | Z_ω | Z_γ]``; ``merge`` has no ``Z_K``). The gates then take, in PyTorch,

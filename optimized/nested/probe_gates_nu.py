@@ -1,8 +1,7 @@
 """The fused probe's gates straight from ``ν`` and the gate weights (``probe_fused``'s
-``gates="triton-nu"``, ``Pieces(probe_gates="triton-nu")``, reads_ab ``gates-nu``; opt-in): the
-pre-activations ``z = ν W`` are made inside the gates' kernels, a tile of rows at a time, and never
-written to memory. Measured (bench/NOTES.md, ``bench.gates_ab``): the forward below the bmm and
-``probe_gates`` it replaces, the backward level with them; not yet measured inside the op.
+``gates="triton-nu"``; the nested op's default, ``Pieces(probe_gates="triton-nu")``, reads_ab
+``gates-nu``): the pre-activations ``z = ν W`` are made inside the gates' kernels, a tile of rows at
+a time, and never written to memory (their measured effect, alone and in the op: bench/NOTES.md).
 
 ``probe_gates`` takes ``z [H, Bt·n, C]`` from one cuBLAS bmm; with the pre-activations not kept
 for the backward (``keep_preactivations=False``, the op's default) ``z`` is written by the bmm,
@@ -11,7 +10,8 @@ launch per block of ``z``'s columns (``Z_K``, ``Z_β``, ``Z_ω``, ``Z_γ``: thei
 κ's row norm runs over ``Z_K``'s columns only, γ's sum over a firing's rows) runs one program per
 head and ``TILES`` tiles of ``G`` firings (``G · NP`` rows, ``NP`` = n rounded up to a power of two):
 it loads that block of the head's weights once (``[V, K]``), then per tile a ``[G·NP, V] @ [V, K]``
-dot of the tile's ``ν`` rows and the block's gate. ``ν`` is read once per block (four times), ``z``
+dot of the tile's ``ν`` rows and the block's gate (the last program runs only the tiles that hold
+firings). ``ν`` is read once per block (four times), ``z``
 never stored. The gates are those of ``probe_gates`` (same formulas,
 module docstring there)::
 
@@ -103,7 +103,7 @@ def probe_gates_nu_fwd_kernel(
     docstring): κ (row norms over the block), β, ω per row, γ per firing."""
     i_h, i_p = tl.program_id(0), tl.program_id(1)
     o_v, m_v, o_c, m_c, b_w = _column_block(w, i_h, K, V, C, OFF_B, SEG, BV, BC)
-    for j in range(0, TILES):
+    for j in range(0, tl.minimum(TILES, tl.cdiv(Bt, G) - i_p * TILES)):     # the last program's tiles past Bt skipped
         i_t = i_p * TILES + j
         bt, i_n, m_r, row = _rows(i_t, i_h, Bt, n, H, G, NP)
         b_nu = tl.load(nu + row[:, None] * V + o_v[None, :], mask=m_r[:, None] & m_v[None, :], other=0.0)
@@ -134,7 +134,7 @@ def probe_gates_nu_bwd_kernel(
     made again from ``ν W``."""
     i_h, i_p = tl.program_id(0), tl.program_id(1)
     o_v, m_v, o_c, m_c, b_w = _column_block(w, i_h, K, V, C, OFF_B, SEG, BV, BC)
-    for j in range(0, TILES):
+    for j in range(0, tl.minimum(TILES, tl.cdiv(Bt, G) - i_p * TILES)):     # the last program's tiles past Bt skipped
         i_t = i_p * TILES + j
         bt, i_n, m_r, row = _rows(i_t, i_h, Bt, n, H, G, NP)
         m_rc = m_r[:, None] & m_c[None, :]
