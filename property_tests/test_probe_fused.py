@@ -29,6 +29,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from ngdn.checks.generic import nan_filled_allocations
 from ngdn.inputs import generator, randn
 from ngdn.strategies import examples, seeds
 from ngdn.tolerances import assert_passes, failures, record, relative_error, tolerance
@@ -406,9 +407,10 @@ NU_MUTANT_DRAW = ProbeDraw("learned", "mean", B=3, F=3, H=2, K=6, V=5, n=5, seed
 def test_gates_from_nu_mutant_fails(mutant):
     """Each planted error of the kernels that make ``z`` themselves fails the float32 property on a
     draw of several tiles and programs per head (``NU_MUTANT_DRAW``), which the kernels pass
-    unmutated."""
+    unmutated. Every new buffer starts as NaN, so a row the kernels never write fails (on CUDA the
+    allocator would hand back the unmutated run's buffer, right values included)."""
     d = NU_MUTANT_DRAW
-    with gates_rows("triton-nu"):
+    with gates_rows("triton-nu"), nan_filled_allocations():
         assert not failures(fused_vs_generic(d, torch.float32, gates="triton-nu"))
         with planted(*NU_GATE_MUTANTS[mutant]):
             bad = failures(fused_vs_generic(d, torch.float32, log=False, gates="triton-nu"))
