@@ -238,9 +238,9 @@ def test_stored_states_in_one_allocation_agree_bit_for_bit():
 def test_triton_probe_gates_in_the_op_agree(scheme, monkeypatch):
     """The op's default gates, which make ``z`` themselves from ν and the weights
     (``Pieces(probe_gates="triton-nu")``, reads_ab ``gates-nu``), and the Triton gates on a bmm's
-    ``z`` (``"triton"``, reads_ab ``gates-triton``): their values and every gradient agree with the PyTorch gates
-    (``probe_gates="torch"``, reads_ab ``gates-torch``), and each runs its own kernels, once per
-    upper level and pass. The kernels' own properties: property_tests/test_probe_fused.py."""
+    ``z`` (``"triton"``, reads_ab ``gates-triton``): their values and every gradient agree with the
+    PyTorch gates (``probe_gates="torch"``, reads_ab ``gates-torch``), and each runs its own
+    kernels, once per upper level and pass. The kernels' own properties: property_tests/test_probe_fused.py."""
     from optimized.nested import Pieces, _nested
     import optimized.nested.probe_fused as probe_fused_module
 

@@ -103,7 +103,8 @@ def probe_gates_nu_fwd_kernel(
     docstring): κ (row norms over the block), β, ω per row, γ per firing."""
     i_h, i_p = tl.program_id(0), tl.program_id(1)
     o_v, m_v, o_c, m_c, b_w = _column_block(w, i_h, K, V, C, OFF_B, SEG, BV, BC)
-    for j in range(0, tl.minimum(TILES, tl.cdiv(Bt, G) - i_p * TILES)):     # the last program's tiles past Bt skipped
+    # only the tiles that hold firings (the last program's may be fewer than TILES)
+    for j in range(0, tl.minimum(TILES, tl.cdiv(Bt, G) - i_p * TILES)):
         i_t = i_p * TILES + j
         bt, i_n, m_r, row = _rows(i_t, i_h, Bt, n, H, G, NP)
         b_nu = tl.load(nu + row[:, None] * V + o_v[None, :], mask=m_r[:, None] & m_v[None, :], other=0.0)
@@ -134,7 +135,8 @@ def probe_gates_nu_bwd_kernel(
     made again from ``ν W``."""
     i_h, i_p = tl.program_id(0), tl.program_id(1)
     o_v, m_v, o_c, m_c, b_w = _column_block(w, i_h, K, V, C, OFF_B, SEG, BV, BC)
-    for j in range(0, tl.minimum(TILES, tl.cdiv(Bt, G) - i_p * TILES)):     # the last program's tiles past Bt skipped
+    # only the tiles that hold firings (the last program's may be fewer than TILES)
+    for j in range(0, tl.minimum(TILES, tl.cdiv(Bt, G) - i_p * TILES)):
         i_t = i_p * TILES + j
         bt, i_n, m_r, row = _rows(i_t, i_h, Bt, n, H, G, NP)
         m_rc = m_r[:, None] & m_c[None, :]
