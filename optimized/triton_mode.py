@@ -10,17 +10,22 @@ Two device modes:
 imported, because ``triton.jit`` decides at decoration time whether a kernel is
 interpreted. ``import optimized`` calls it first thing.
 
-Under the interpreter three harness fixes are installed:
+Under the interpreter four harness fixes are installed:
 
-1. Autotuners are pinned to their first surviving config (the interpreter cannot
-   time kernels). In ``cuda`` mode the same pin is applied when
-   ``NGDN_PIN_AUTOTUNE=1`` (the test suite sets it), so tests never pay fla's
-   multi-minute autotuning; benchmarks leave it unset and autotune.
+1. Autotuners are pinned to one config (the interpreter cannot time kernels): the
+   surviving config with the largest blocks, since the interpreter's cost is per
+   program and per operation, not per element. In ``cuda`` mode a pin to the
+   first surviving config is applied when ``NGDN_PIN_AUTOTUNE=1`` (the test
+   suite sets it), so tests never pay fla's multi-minute autotuning; benchmarks
+   leave it unset and autotune.
 2. Loop variables of ``for i in range(...)`` inside kernels are turned into
    interpreter tensors: the interpreter hands them over as Python ints, and fla
    calls ``.to()`` on them.
 3. ``tl.load``/``tl.store`` masks are cast to bool (some fla kernels build masks
    with integer arithmetic, which the interpreter rejects).
+4. A ``@triton.jit`` helper called from inside a kernel patches ``triton.language``
+   once per launch, not at every call (the interpreter's own cost, not a
+   semantic change: the later patches replace nothing).
 
 ``NGDN_IEEE_F32=1`` (set by the test suite on CUDA) asks for float32 dots at
 float32 accuracy, not TF32: it sets ``TRITON_F32_DEFAULT`` to
@@ -36,6 +41,7 @@ themselves (IEEE for float32 operands), whatever the default.
 from __future__ import annotations
 
 import ast
+import math
 import os
 import sys
 import warnings
@@ -93,7 +99,7 @@ def configure() -> str:
                 f"{'.'.join(map(str, MIN_INTERPRETER_TRITON))} for fla's kernels; "
                 f"found triton {triton.__version__}. Install triton==3.9.0."
             )
-        _pin_autotuners()
+        _pin_autotuners(largest_blocks=True)
         _install_interpreter_fixes()
         # fla warns once that it "rolls back to CPU"; in this mode that is the point.
         warnings.filterwarnings("ignore", message="Triton is not supported on current platform")
@@ -140,17 +146,30 @@ def _fla_solves_in(precision: str) -> None:
             module.SOLVE_TRIL_DOT_PRECISION = tl.constexpr(precision)
 
 
-def _pin_autotuners() -> None:
+def _block_volume(config) -> int:
+    """The product of a config's integer meta-parameters (its block sizes)."""
+    return math.prod(v for v in config.kwargs.values() if isinstance(v, int) and not isinstance(v, bool))
+
+
+def _pin_autotuners(largest_blocks: bool = False) -> None:
+    """Every autotuner runs one config: the first that survives its pruning, or with
+    ``largest_blocks`` (the interpreter) the one with the largest blocks (the first of those).
+    The interpreter pays per program and per operation, not per element: fla's token-parallel
+    intra-chunk kernel at four heads a program, say, runs a quarter of the programs at one head's
+    cost each."""
     from triton.runtime import autotuner
 
     if getattr(autotuner.Autotuner, "_ngdn_pinned", False):
         return
     prune_all = autotuner.Autotuner.prune_configs
 
-    def prune_to_first(self, kwargs):
-        return prune_all(self, kwargs)[:1]
+    def prune_to_one(self, kwargs):
+        configs = prune_all(self, kwargs)
+        if largest_blocks and configs:
+            return [max(configs, key=_block_volume)]
+        return configs[:1]
 
-    autotuner.Autotuner.prune_configs = prune_to_first
+    autotuner.Autotuner.prune_configs = prune_to_one
     autotuner.Autotuner._ngdn_pinned = True
 
 
@@ -198,4 +217,30 @@ def _install_interpreter_fixes() -> None:
 
     builder.create_masked_load = masked_load
     builder.create_masked_store = masked_store
+
+    # Each call of a ``@triton.jit`` helper from inside a kernel (fla's ``exp2``, for one) makes
+    # the interpreter patch ``triton.language`` again: ``inspect.getmembers`` over its modules,
+    # ≈ 1 ms a call, a quarter of a fla kernel whose loop calls one. The first call of each
+    # helper in a launch patches as before; later calls in the same launch find every builtin
+    # already replaced (the patch skips non-builtins, and its unconditional parts set the same
+    # attributes again), so they skip it.
+    patched_in_launch = set()
+    run_grid = interpreter.GridExecutor.__call__
+
+    def run_grid_fresh(self, *args, **kwargs):
+        patched_in_launch.clear()
+        return run_grid(self, *args, **kwargs)
+
+    def call_device_function(self, *args, **kwargs):
+        if self.fn not in patched_in_launch:
+            interpreter._patch_lang(self.fn)
+            patched_in_launch.add(self.fn)
+        fn = self.rewrite()
+        try:
+            return fn(*args, **kwargs)
+        except Exception as e:
+            raise interpreter.InterpreterError(repr(e)) from e
+
+    interpreter.GridExecutor.__call__ = run_grid_fresh
+    interpreter.InterpretedFunction.__call__ = call_device_function
     interpreter._ngdn_fixed = True
