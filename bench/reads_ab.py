@@ -135,7 +135,8 @@ VARIANTS = ("torch", "generic", "fused-ieee", "scan-tf32", "triton", "triton+che
             "reads-fwd-bv32", "reads-fwd-bv64",
             "scan-bv16", "scan-bv32", "bn32", "bn64", "gates-nu", "gates-triton", "gates-torch",
             "rstates-bv32", "rstates-bv64",
-            "states-one-buffer", "snapshot-copies", "dz-new-buffer", "l0-keep", "l0-recompute-wy", "ranges-always")
+            "states-one-buffer", "snapshot-copies", "dz-new-buffer", "l0-keep", "l0-recompute-wy", "ranges-always",
+            "gates-nu-128")
 
 
 @contextlib.contextmanager
@@ -160,6 +161,23 @@ def ranges_always(on: bool):
     finally:
         for m, original in zip(modules, originals):
             m.stage = original
+
+
+@contextlib.contextmanager
+def nu_gates_up_to(pairs: int | None):
+    """With ``pairs``, the gates that make ``z`` themselves serve firings of up to that many pairs
+    (``probe_fused.NU_GATES_MAX_PAIRS``; variant ``gates-nu-128``, the op before the bound of 64)."""
+    if pairs is None:
+        yield
+        return
+    import optimized.nested.probe_fused as probe_fused
+
+    original = probe_fused.NU_GATES_MAX_PAIRS
+    probe_fused.NU_GATES_MAX_PAIRS = pairs
+    try:
+        yield
+    finally:
+        probe_fused.NU_GATES_MAX_PAIRS = original
 
 
 def _reads_fwd_at(block_v: int):
@@ -248,6 +266,7 @@ def _ops(B, T, H, K, V, L, dtype, seed, names=VARIANTS, device="cuda"):
         "l0-keep": Pieces(level0_recompute="none"),
         "l0-recompute-wy": Pieces(level0_recompute="cumsum+wy"),
         "ranges-always": Pieces(),      # the default op; main() opens its stage ranges on every call
+        "gates-nu-128": Pieces(),       # the default op; main() lets its gates make z up to 128 pairs a firing
     }
     for name in names:
         if name == "flat":
@@ -393,7 +412,8 @@ def main(argv=None) -> int:
                 forward().backward(do)
 
             try:
-                with finite_checks(check), ranges_always(name == "ranges-always"):
+                with finite_checks(check), ranges_always(name == "ranges-always"), \
+                        nu_gates_up_to(128 if name == "gates-nu-128" else None):
                     started = time.perf_counter()
                     _log(f"L={L} {name}: first step (compile, autotune) …")
                     step()                                   # compile, autotune, tables

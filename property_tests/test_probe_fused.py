@@ -327,11 +327,15 @@ def test_gates_from_nu_at_the_ops_blocks():
 
 def test_gates_from_nu_fall_back_where_their_blocks_do_not_fit():
     """Above 128 rows a firing or K, V above 128 the gates take the bmm's ``z``
-    (``probe_gates``): ``blocks`` says None and the kernels' launchers refuse."""
+    (``probe_gates``): ``blocks`` says None and the kernels' launchers refuse. The op's rule also
+    keeps firings above ``NU_GATES_MAX_PAIRS`` pairs (64) on the bmm, where the blocks fit."""
     from optimized.nested.probe_fused import _gates_from_nu
 
     assert probe_gates_nu_module.blocks(200, 64, 64) is None and probe_gates_nu_module.blocks(16, 256, 64) is None
     assert _gates_from_nu("triton-nu", "learned", 16, 128, 128)
+    assert _gates_from_nu("triton-nu", "learned", 64, 128, 128)
+    assert not _gates_from_nu("triton-nu", "learned", 128, 128, 128)      # blocks fit; measured slower
+    assert not _gates_from_nu("triton-nu", "merge", 128, 128, 128)
     assert not _gates_from_nu("triton-nu", "learned", 16, 256, 128)
     assert not _gates_from_nu("triton-nu", "bounded_erase", 16, 128, 128)
     assert not _gates_from_nu("triton", "learned", 16, 128, 128)
@@ -347,6 +351,48 @@ def test_gates_from_nu_fall_back_where_their_blocks_do_not_fit():
         probe_gates_nu_module.probe_gates_nu_bwd("learned", nu, W, 1, 1, 2, 4, 5, "mean", rows=24)
     with pytest.raises(ValueError, match=r"W must be a contiguous float32 \(1, 5, 17\)"):
         probe_gates_nu_module.probe_gates_nu_bwd("learned", nu, W[..., :-1], 1, 1, 2, 4, 5, "mean")
+
+
+class _RefusesStages:
+    """A stand-in kernel the GPU refuses at Triton's default stages: counts its launches."""
+    class fn:
+        __name__ = "refuses_stages"
+
+    def __init__(self):
+        self.launches = []
+
+    def __getitem__(self, grid):
+        def launch(*args, num_stages=None, **kwargs):
+            self.launches.append(num_stages)
+            if num_stages is None:
+                from triton.runtime.errors import OutOfResources
+                raise OutOfResources(327680, 232448, "shared memory")
+        return launch
+
+
+def _launches_of_three_calls(launch):
+    kernel, x = _RefusesStages(), torch.zeros(1)
+    with mock.patch.object(probe_gates_nu_module, "_ONE_STAGE", set()):
+        for _ in range(3):
+            launch(kernel, (1,), x, SEG=0, G=1)
+    return kernel.launches
+
+
+def test_gates_launch_remembers_a_refused_stage_count():
+    """A launch refused at the default stages goes to one stage, and the next calls go there at
+    once: one refusal, not one a call."""
+    assert _launches_of_three_calls(probe_gates_nu_module._launch) == [None, 1, 1, 1]
+
+
+def test_launch_count_catches_a_launch_retried_every_call():
+    def retry_every_call(kernel, grid, *args, **kwargs):
+        from triton.runtime.errors import OutOfResources
+        try:
+            kernel[grid](*args, **kwargs)
+        except OutOfResources:
+            kernel[grid](*args, num_stages=1, **kwargs)
+
+    assert _launches_of_three_calls(retry_every_call) == [None, 1] * 3
 
 
 @pytest.mark.parametrize("keep", [True, False], ids=["kept", "recomputed"])

@@ -90,12 +90,13 @@ def _kernels():
 
 def _gates_from_nu_kernels():
     """The gates that make ``z = ν W`` themselves (``optimized.nested.probe_gates_nu``) at the
-    launcher's blocks (tiles of 64 rows: 4 firings of n = 16, 1 of 64) and warps."""
+    launcher's blocks (tiles of 64 rows: 4 firings of n = 16, 1 of 64; at n = 128, which the op
+    leaves to the bmm (``probe_fused.NU_GATES_MAX_PAIRS``), one firing of 128 rows) and warps."""
     from optimized.nested.probe_gates_nu import TILES, probe_gates_nu_bwd_kernel, probe_gates_nu_fwd_kernel
 
     f32, rows = "*fp32", []
     ints = dict.fromkeys(("Bt", "n", "H", "K", "V", "C", "OFF_B"), "i32") | {"c_reduce": "fp32"}
-    for n, G in ((16, 4), (64, 1)):
+    for n, G in ((16, 4), (64, 1), (128, 1)):
         for seg, gate in enumerate(("κ", "β", "ω", "γ")):
             g = dict(G=G, NP=n, BV=128, BC=128, SEG=seg, TILES=TILES, PREC="tf32")
             rows.append((f"probe_gates_nu_fwd (n = {n}, {gate})", probe_gates_nu_fwd_kernel,

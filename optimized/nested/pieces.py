@@ -119,8 +119,9 @@ class Pieces:
     block_v: int | None = None      # the scan's V block and pair block (None: promote_scan's
     block_n: int | None = None      # defaults); tests shrink them to reach several blocks
     probe_gates: str = "triton-nu"  # the fused probe's gates in kernels that make z = ν W themselves
-    #                                 (optimized.nested.probe_gates_nu; learned and merge where its blocks
-    #                                 fit, else "triton"'s path); "triton": one kernel per pass on a bmm's z
+    #                                 (optimized.nested.probe_gates_nu; learned and merge with at most
+    #                                 probe_fused.NU_GATES_MAX_PAIRS pairs a firing where its blocks fit,
+    #                                 else "triton"'s path); "triton": one kernel per pass on a bmm's z
     #                                 (optimized.nested.probe_gates); bounded_erase keeps the PyTorch gates;
     #                                 "torch": the PyTorch gates (the measured choice: bench/NOTES.md)
     scan_block_v: int | None = None  # the scans' V block alone (None: block_v; the reads keep block_v)

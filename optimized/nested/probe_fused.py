@@ -121,11 +121,19 @@ def float32_matmuls(precision: str):
 GATES = ("torch", "triton", "triton-nu")
 
 
+# The most pairs a firing may have for ``gates="triton-nu"`` to make ``z`` inside its kernels; above
+# it the bmm's ``z`` and ``probe_gates``. At 128 pairs (the query ladder's top levels from L = 5 on,
+# merge at K = 128) a kernel tile is one firing of 128 rows, and the L = 6 step was slower and
+# peaked higher with them there (bench/NOTES.md).
+NU_GATES_MAX_PAIRS = 64
+
+
 def _gates_from_nu(gates, scheme, n, K, V) -> bool:
     """Whether the gates make ``z`` themselves from ``ν`` and ``W`` (``gates="triton-nu"``,
-    ``optimized.nested.probe_gates_nu``): for learned and merge where its blocks fit; else the bmm
-    and ``probe_gates``."""
-    return gates == "triton-nu" and scheme in GATE_SCHEMES and nu_gate_blocks(n, K, V) is not None
+    ``optimized.nested.probe_gates_nu``): for learned and merge with at most ``NU_GATES_MAX_PAIRS``
+    pairs a firing where its blocks fit; else the bmm and ``probe_gates``."""
+    return (gates == "triton-nu" and scheme in GATE_SCHEMES and n <= NU_GATES_MAX_PAIRS
+            and nu_gate_blocks(n, K, V) is not None)
 
 
 def _check_gates(gates):
@@ -144,7 +152,8 @@ def probe_fwd(scheme: str, snaps, params: dict, reduction: str = "mean",
     and of the in-place read's dots. ``gates="triton"``: κ, β, ω, γ from ``z`` in one kernel
     (``optimized.nested.probe_gates``; learned and merge, bounded_erase keeps these PyTorch gates);
     ``"triton-nu"``: without ``keep_preactivations``, ``z`` made inside that kernel from ``ν`` and the
-    weights and never stored (``optimized.nested.probe_gates_nu``; with it, ``"triton"``'s path)."""
+    weights and never stored (``optimized.nested.probe_gates_nu``; with it, or above
+    ``NU_GATES_MAX_PAIRS`` pairs a firing, ``"triton"``'s path)."""
     _check_gates(gates)
     _check_rows(scheme, snaps)
     with float32_matmuls(precision):
