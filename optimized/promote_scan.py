@@ -35,7 +35,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from triton.runtime.errors import OutOfResources
+
+from optimized.fits import first_that_fits
 
 
 @triton.jit
@@ -312,14 +313,14 @@ def promote_scan_fwd(M0, kappa, nu, beta, omega, gamma, block_v: int | None = No
             *args, H=H, K=K, V=V, BK=BK, BN=BN, BV=BV, HAS_M0=M0 is not None, DOT_PRECISION=precision,
             IS_VARLEN=fire_offsets is not None, **launch_options(BK, BV, num_warps, num_stages))
 
-    try:
+    if block_v is not None or BV <= 32:
         run(BV)
-    except OutOfResources:
+    else:
         # the TF32 default of one V block of 128 needs more shared memory per program than some
         # GPUs give a block: V blocks of 32 there (the IEEE default)
-        if block_v is not None or BV <= 32:
-            raise
-        run(32)
+        first_that_fits((promote_scan_fwd_kernel, H, K, V, BK, BN, BV, precision, M0 is not None,
+                         fire_offsets is not None, num_warps, num_stages, kappa.device),
+                        (lambda: run(BV), lambda: run(32)))
     return states
 
 
@@ -420,11 +421,10 @@ def promote_scan_bwd(states, kappa, nu, beta, omega, gamma, dstates, block_v: in
         return (dm0, reduce_partials(dkappa_part), dnu, reduce_partials(dbeta_part), domega,
                 reduce_partials(dgamma_part))
 
-    try:
+    if block_v is not None or BV <= 32:
         return run(BV)
-    except OutOfResources:
-        # the default V block of 64 needs ≈ 160 KiB of shared memory per program at K = 128 (sm_90):
-        # a GPU with less per block runs V blocks of 32 (88 KiB), the forward's default
-        if block_v is not None or BV <= 32:
-            raise
-        return run(32)
+    # the default V block of 64 needs ≈ 160 KiB of shared memory per program at K = 128 (sm_90):
+    # a GPU with less per block runs V blocks of 32 (88 KiB), the forward's default
+    return first_that_fits((promote_scan_bwd_kernel, H, K, V, BK, BN, BV, precision, fire_offsets is not None,
+                            num_warps, num_stages, kappa.device),
+                           (lambda: run(BV), lambda: run(32)))

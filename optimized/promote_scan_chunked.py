@@ -38,8 +38,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from triton.runtime.errors import OutOfResources
 
+from optimized.fits import first_that_fits
 from optimized.promote_scan import (_check, _check_precision, _state_rows, block_sizes, launch_options,
                                     promote_scan_fwd, states_out)
 
@@ -274,16 +274,16 @@ def promote_scan_fwd_chunked(M0, kappa, nu, beta, omega, gamma, block_v: int | N
     tries += [(dict(opts, num_stages=1), bv) for bv in (32, 16) if bv < BV and block_v is None]
     m0 = M0.contiguous() if M0 is not None else None
     xs = None if chain_fills else kappa.new_empty(B * H * NG, BR, V)
-    for i, (chain_opts, chain_bv) in enumerate(tries):
-        try:
-            chunked_chain_kernel[(triton.cdiv(V, chain_bv), B * H)](
-                m0, wt, ut, kt, gt, xs, kappa, gamma, states, F, n, NG, states.stride(0), H=H, K=K, V=V, BK=BK,
-                BV=chain_bv, NP=NP, G=G, FILL=chain_fills, HAS_M0=M0 is not None, DOT_PRECISION=precision,
-                **chain_opts)
-            break
-        except OutOfResources:
-            if i == len(tries) - 1:
-                raise
+
+    def chain(chain_opts, chain_bv):
+        chunked_chain_kernel[(triton.cdiv(V, chain_bv), B * H)](
+            m0, wt, ut, kt, gt, xs, kappa, gamma, states, F, n, NG, states.stride(0), H=H, K=K, V=V, BK=BK,
+            BV=chain_bv, NP=NP, G=G, FILL=chain_fills, HAS_M0=M0 is not None, DOT_PRECISION=precision,
+            **chain_opts)
+
+    first_that_fits((chunked_chain_kernel, H, K, V, BK, BV, NP, G, chain_fills, M0 is not None, precision,
+                     tuple(sorted(opts.items())), num_stages, block_v, kappa.device),
+                    [lambda o=o, bv=bv: chain(o, bv) for o, bv in tries])
     if chain_fills:
         return states
     chunked_fill_kernel[(triton.cdiv(V, BV), B * H, NG)](

@@ -37,6 +37,7 @@ from optimized import triton_mode
 import optimized.nested.probe_fused as probe_fused_module
 import optimized.nested.probe_gates as probe_gates_module
 import optimized.nested.probe_gates_nu as probe_gates_nu_module
+import optimized.fits as fits
 from kernel_mutation import Plant, planted
 from optimized.nested.probe_fused import FUSED_SCHEMES, probe_bwd, probe_fwd
 from optimized.nested.probe_gates import GATE_SCHEMES
@@ -355,9 +356,6 @@ def test_gates_from_nu_fall_back_where_their_blocks_do_not_fit():
 
 class _RefusesStages:
     """A stand-in kernel the GPU refuses at Triton's default stages: counts its launches."""
-    class fn:
-        __name__ = "refuses_stages"
-
     def __init__(self):
         self.launches = []
 
@@ -372,7 +370,7 @@ class _RefusesStages:
 
 def _launches_of_three_calls(launch):
     kernel, x = _RefusesStages(), torch.zeros(1)
-    with mock.patch.object(probe_gates_nu_module, "_ONE_STAGE", set()):
+    with mock.patch.object(fits, "_FIRST_THAT_FITS", {}):
         for _ in range(3):
             launch(kernel, (1,), x, SEG=0, G=1)
     return kernel.launches

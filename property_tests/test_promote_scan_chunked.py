@@ -146,6 +146,9 @@ def test_chain_retries_with_less_shared_memory(monkeypatch, fill):
     got = promote_scan_fwd_chunked(M0, *pairs, precision="tf32", fill=fill)
     assert tried == [(2, 64), (1, 64), (1, 32)]
     assert torch.equal(got, want)
+    tried.clear()                                   # the refusals are remembered: none a second time
+    assert torch.equal(promote_scan_fwd_chunked(M0, *pairs, precision="tf32", fill=fill), want)
+    assert tried == [(1, 32)]
     monkeypatch.setattr(chunked, chain, small_gpu(8))
     with pytest.raises(OutOfResources):
         promote_scan_fwd_chunked(M0, *pairs, precision="tf32", fill=fill)

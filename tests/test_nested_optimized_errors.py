@@ -190,6 +190,9 @@ def test_reverse_scan_falls_back_to_v_blocks_of_32_without_the_shared_memory(mon
     assert tried == [64, 32]
     for a, b in zip(got, want):
         assert torch.equal(a, b)
+    tried.clear()                                   # the refusal is remembered: no second one
+    promote_scan_bwd(states, *pairs, dstates)
+    assert tried == [32]
     with pytest.raises(OutOfResources):
         promote_scan_bwd(states, *pairs, dstates, block_v=64)
 

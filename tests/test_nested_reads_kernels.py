@@ -370,5 +370,7 @@ def test_forward_falls_back_without_the_shared_memory(monkeypatch):
     got = reads_fwd(*args)
     assert tried == [16, block_sizes(24, 40, 2)[2]] == [16, 64]
     assert torch.equal(got, want)
+    tried.clear()                                   # the refusal is remembered: no second one
+    assert torch.equal(reads_fwd(*args), want) and tried == [64]
     with pytest.raises(OutOfResources):
         reads_fwd(*args, block_v=16)

@@ -41,8 +41,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from triton.runtime.errors import OutOfResources
 
+from optimized.fits import first_that_fits
 from optimized.nested.probe_gates import (_expect, _reduce_factor, _softplus, check_outputs, checked_grads,
                                           gate_columns)
 
@@ -228,23 +228,11 @@ def probe_gates_nu_bwd(scheme: str, nu: torch.Tensor, W: torch.Tensor, Bt: int, 
     return dz
 
 
-# Launches (kernel, blocks, device) the GPU refused at Triton's default stages: they go straight to
-# one stage. Retrying every call cost an exception per launch on the host, and the exception's frames
-# kept the launch's tensors alive until the garbage collector ran.
-_ONE_STAGE: set = set()
-
-
 def _launch(kernel, grid, *args, **kwargs):
     """Triton's default pipelining of the tiles' ν loads (192 KiB of shared memory at the largest
     tiles, sm_90), or none (96 KiB) where the GPU gives a block less (320 KiB at 128-row tiles)."""
-    key = (kernel.fn.__name__, tuple(sorted(kwargs.items())), args[0].device)
-    if key not in _ONE_STAGE:
-        try:
-            kernel[grid](*args, **kwargs)
-            return
-        except OutOfResources:
-            _ONE_STAGE.add(key)
-    kernel[grid](*args, num_stages=1, **kwargs)
+    first_that_fits((kernel, tuple(sorted(kwargs.items())), args[0].device),
+                    (lambda: kernel[grid](*args, **kwargs), lambda: kernel[grid](*args, num_stages=1, **kwargs)))
 
 
 def _warps(R: int, BV: int, BC: int) -> int:

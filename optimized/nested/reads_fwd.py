@@ -36,8 +36,8 @@ from typing import NamedTuple, Sequence
 import torch
 import triton
 import triton.language as tl
-from triton.runtime.errors import OutOfResources
 
+from optimized.fits import first_that_fits
 from optimized.level0 import CHUNK
 from optimized.nested.stored_states import as_stored
 from optimized.warps import num_warps
@@ -331,12 +331,11 @@ def reads_fwd(q: torch.Tensor, r: torch.Tensor, o0: torch.Tensor, states: torch.
             IS_VARLEN=chunk_bounds is not None, num_warps=num_warps(BK, BV))
 
     wide = forward_block_v(K, q.dtype) if block_v is None else None
-    try:
-        run(block_v if wide is None else wide)
-    except OutOfResources:
+    if wide is None:
+        run(block_v)
+    else:
         # V blocks of 128 need ≈ 160 KiB of shared memory per program at K = 128, more than some
         # GPUs give a block: the backward's default there; an asked block_v is not changed
-        if wide is None:
-            raise
-        run(None)
+        first_that_fits((reads_fwd_kernel, H, K, V, L, wide, q.dtype, chunk_bounds is not None, q.device),
+                        (lambda: run(wide), lambda: run(None)))
     return o
