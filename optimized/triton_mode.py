@@ -10,7 +10,7 @@ Two device modes:
 imported, because ``triton.jit`` decides at decoration time whether a kernel is
 interpreted. ``import optimized`` calls it first thing.
 
-Under the interpreter four harness fixes are installed:
+Under the interpreter five harness fixes are installed:
 
 1. Autotuners are pinned to one config (the interpreter cannot time kernels): the
    surviving config with the largest blocks, since the interpreter's cost is per
@@ -26,6 +26,10 @@ Under the interpreter four harness fixes are installed:
 4. A ``@triton.jit`` helper called from inside a kernel patches ``triton.language``
    once per launch, not at every call (the interpreter's own cost, not a
    semantic change: the later patches replace nothing).
+5. A dependency kernel whose interpreted cost is out of all proportion to its work
+   runs as a NumPy stand-in that writes the same bits (``optimized.interpreter_substitutes``:
+   fla's token-parallel GDN-2 intra kernel, 43 % of the CPU suite's kernel time;
+   ``NGDN_INTERPRETER_SUBSTITUTES=0`` runs the kernel itself).
 
 ``NGDN_IEEE_F32=1`` (set by the test suite on CUDA) asks for float32 dots at
 float32 accuracy, not TF32: it sets ``TRITON_F32_DEFAULT`` to
@@ -174,7 +178,11 @@ def _pin_autotuners(largest_blocks: bool = False) -> None:
 
 
 def _install_interpreter_fixes() -> None:
+    import inspect
+
     from triton.runtime import interpreter
+
+    from optimized import interpreter_substitutes
 
     if getattr(interpreter, "_ngdn_fixed", False):
         return
@@ -227,7 +235,15 @@ def _install_interpreter_fixes() -> None:
     patched_in_launch = set()
     run_grid = interpreter.GridExecutor.__call__
 
+    substitutes_on = os.environ.get("NGDN_INTERPRETER_SUBSTITUTES", "1").strip().lower() not in {"0", "false", "no", "off"}
+
     def run_grid_fresh(self, *args, **kwargs):
+        substitute = interpreter_substitutes.lookup(self.fn) if substitutes_on else None
+        if substitute is not None:      # 5. a dependency kernel's NumPy stand-in (``optimized.interpreter_substitutes``)
+            spec = inspect.getfullargspec(self.fn)
+            kwargs = {k: v for k, v in kwargs.items() if k in spec.args or k in spec.kwonlyargs}
+            call = inspect.getcallargs(self.fn, *args, **kwargs)
+            return substitute(call, self.grid(call) if callable(self.grid) else self.grid)
         patched_in_launch.clear()
         return run_grid(self, *args, **kwargs)
 
