@@ -136,7 +136,7 @@ VARIANTS = ("torch", "generic", "fused-ieee", "scan-tf32", "triton", "triton+che
             "scan-bv16", "scan-bv32", "bn32", "bn64", "gates-nu", "gates-triton", "gates-torch",
             "rstates-bv32", "rstates-bv64",
             "states-one-buffer", "snapshot-copies", "dz-new-buffer", "l0-keep", "l0-recompute-wy", "ranges-always",
-            "gates-nu-128")
+            "gates-nu-128", "l0-overlap", "l0-overlap-fwd")
 
 
 @contextlib.contextmanager
@@ -267,6 +267,10 @@ def _ops(B, T, H, K, V, L, dtype, seed, names=VARIANTS, device="cuda"):
         "l0-recompute-wy": Pieces(level0_recompute="cumsum+wy"),
         "ranges-always": Pieces(),      # the default op; main() opens its stage ranges on every call
         "gates-nu-128": Pieces(),       # the default op; main() lets its gates make z up to 128 pairs a firing
+        # level 0's output and dAv on a side stream beside the upper levels (optimized.side_stream),
+        # and the output alone there; the default runs both in line
+        "l0-overlap": Pieces(level0_overlap="fwd+bwd"),
+        "l0-overlap-fwd": Pieces(level0_overlap="fwd"),
     }
     for name in names:
         if name == "flat":

@@ -1,14 +1,18 @@
 """Nested GDN-2 level 0: fla-core 0.6.0's chunked GDN-2 with per-chunk states in and out.
 
-Forward: fla's ``chunk_gdn2_fwd`` (SPEC section 1, chunk size 64). Besides the output
-and final state it keeps ``h`` (the state at the start of every chunk), from which
-``chunk_end_states`` gives the state at the end of every chunk: the snapshots the
-level above probes.
+Forward: fla's ``chunk_gdn2_fwd`` (SPEC section 1, chunk size 64), in two calls: its steps up
+to the chunk states (``level0_fwd_states``), then its output (``level0_fwd_output``), which
+nothing above level 0 reads before the reads, so the nested op may run it beside the upper
+levels. Besides the output and final state it keeps ``h`` (the state at the start of every
+chunk), from which ``chunk_end_states`` gives the state at the end of every chunk: the snapshots
+the level above probes.
 
 Backward: fla's own functions for every piece (intra-chunk ``dAv``, the fused WY
 ``dq, dk, dv, db, dw, dg`` kernel, the intra-chunk backward, the reverse cumsum of
 ``dg``) except the state-gradient recurrence, which is ``optimized.state_grad``: it
 also accepts a gradient on each end-of-chunk state and folds it into the recurrence.
+``dAv`` reads only the output gradient (``level0_bwd_dav``): the nested op may run it beside the
+upper levels' backward and hand it to ``level0_bwd``.
 
 Plain launch functions, no autograd: ``optimized.nested`` wraps them.
 """
@@ -80,8 +84,54 @@ class Level0Saved:
         return w_wy, qg, kg
 
 
+def level0_fwd_states(q, k, v, g, b, w, scale: float, initial_state=None, packed=None):
+    """fla's GDN-2 forward up to the chunk states: the gates' chunk cumsum, the intra-chunk
+    matrices and WY pieces, then the chunk recurrence (the steps of fla's ``chunk_gdn2_fwd``, the
+    same functions in the same order, without its output). Returns ``(final_state, h, saved)``
+    with every intermediate in ``saved`` (``g_cumsum`` included: the output reads it); the
+    output is ``level0_fwd_output(saved)``, which no step here waits for, so the nested op can
+    run it beside the upper levels (``optimized.side_stream``). Arguments as ``level0_fwd``."""
+    from fla.ops.common.chunk_delta_h import chunk_gated_delta_rule_fwd_h
+    from fla.ops.gdn2.chunk_intra import chunk_gdn2_fwd_intra
+    from fla.ops.utils import chunk_local_cumsum
+    from fla.ops.utils.constant import RCP_LN2
+
+    varlen = fla_varlen(packed)
+    g_cumsum = chunk_local_cumsum(g=g, scale=RCP_LN2, chunk_size=CHUNK, **varlen)
+    w_wy, u_wy, qg, kg, Aqk, Akk = chunk_gdn2_fwd_intra(q=q, k=k, v=v, gk=g_cumsum, b=b, w_gate=w, scale=scale,
+                                                        chunk_size=CHUNK, disable_recompute=True, **varlen)
+    h, v_new, final_state = chunk_gated_delta_rule_fwd_h(k=kg, w=w_wy, u=u_wy, gk=g_cumsum,
+                                                         initial_state=initial_state, output_final_state=True,
+                                                         chunk_size=CHUNK, **varlen)
+    saved = Level0Saved(q, k, v, g, b, w, g_cumsum, Aqk, Akk, w_wy, qg, kg, v_new, h, scale,
+                        initial_state is not None, packed)
+    return final_state, h, saved
+
+
+def level0_fwd_output(saved: Level0Saved) -> torch.Tensor:
+    """Level 0's output ``o [B, T, H, V]`` from ``level0_fwd_states``' intermediates (fla's
+    ``chunk_gla_fwd_o_gk``, the last step of ``chunk_gdn2_fwd``)."""
+    from fla.ops.gla.chunk import chunk_gla_fwd_o_gk
+
+    s = saved
+    return chunk_gla_fwd_o_gk(q=s.q, v=s.v_new, g=s.g_cumsum, A=s.Aqk, h=s.h, scale=s.scale, chunk_size=CHUNK,
+                              **s.varlen())
+
+
+def drop_recomputed(saved: Level0Saved, recompute: str) -> None:
+    """Drop from ``saved`` what ``recompute`` (``RECOMPUTE``) has the backward make again: once
+    the output is made (it reads ``g_cumsum``)."""
+    if recompute not in RECOMPUTE:
+        raise ValueError(f"recompute must be one of {RECOMPUTE}, got {recompute!r}")
+    if recompute != "none":
+        saved.g_cumsum = None
+    if recompute == "cumsum+wy":
+        saved.w_wy = saved.qg = saved.kg = None
+
+
 def level0_fwd(q, k, v, g, b, w, scale: float, initial_state=None, packed=None, recompute: str = "none"):
-    """GDN-2 over the whole sequence with fla's chunk kernels.
+    """GDN-2 over the whole sequence with fla's chunk kernels (``level0_fwd_states``, then
+    ``level0_fwd_output``: fla's ``chunk_gdn2_fwd``, bit for bit).
 
     Args: ``q, k, g, b [B, T, H, K]``, ``v, w [B, T, H, V]`` (one dtype, contiguous),
     ``initial_state [B, H, K, V]`` float32 or None. ``packed``: n sequences packed in one row
@@ -94,19 +144,11 @@ def level0_fwd(q, k, v, g, b, w, scale: float, initial_state=None, packed=None, 
     inputs' dtype) and ``saved`` for ``level0_bwd``, without the intermediates ``recompute``
     names (``Level0Saved``; the backward makes them again).
     """
-    from fla.ops.gdn2.chunk_fwd import chunk_gdn2_fwd
-
     if recompute not in RECOMPUTE:
         raise ValueError(f"recompute must be one of {RECOMPUTE}, got {recompute!r}")
-    (o, final_state, g_cumsum, Aqk, Akk, w_wy, _, qg, kg, v_new, h, _) = chunk_gdn2_fwd(
-        q=q, k=k, v=v, g=g, b=b, w_gate=w, scale=scale, initial_state=initial_state,
-        output_final_state=True, chunk_size=CHUNK, disable_recompute=True, **fla_varlen(packed))
-    if recompute != "none":
-        g_cumsum = None
-    if recompute == "cumsum+wy":
-        w_wy = qg = kg = None
-    saved = Level0Saved(q, k, v, g, b, w, g_cumsum, Aqk, Akk, w_wy, qg, kg, v_new, h, scale,
-                        initial_state is not None, packed)
+    final_state, h, saved = level0_fwd_states(q, k, v, g, b, w, scale, initial_state, packed)
+    o = level0_fwd_output(saved)
+    drop_recomputed(saved, recompute)
     return o, final_state, h, saved
 
 
@@ -150,8 +192,19 @@ def injection_slots(num_chunks: int, chunks, device) -> torch.Tensor:
     return torch.tensor(slots, dtype=torch.int32, device=device)
 
 
+def level0_bwd_dav(saved: Level0Saved, do) -> tuple[torch.Tensor, torch.Tensor]:
+    """fla's intra-chunk ``dAv`` of level 0: ``(dAqk [B, T, H, 64] float32, dv [B, T, H, V])``
+    from ``do`` (in v's dtype, contiguous) and the forward's ``Aqk`` and ``v_new``; no state
+    gradient is read, so it may run before the upper levels' backward is done."""
+    from fla.ops.kda.chunk_bwd import chunk_kda_bwd_dAv
+
+    s = saved
+    return chunk_kda_bwd_dAv(q=s.q, k=s.k, v=s.v_new, do=do, A=s.Aqk, scale=s.scale, chunk_size=CHUNK,
+                             **s.varlen())
+
+
 def level0_bwd(saved: Level0Saved, do, dht=None, d_ends=None, end_chunks=None, state_grad=state_grad_bwd,
-               slots=None, release: bool = False):
+               slots=None, release: bool = False, dav=None):
     """Gradients of level 0 given ``do [B, T, H, V]``, the final-state gradient ``dht``
     (float32 or None) and ``d_ends [B, S, H, K, V]`` (float32), the gradients of the
     states at the end of chunks ``end_chunks`` (S distinct 0-based chunk indices; or their
@@ -159,18 +212,19 @@ def level0_bwd(saved: Level0Saved, do, dht=None, d_ends=None, end_chunks=None, s
     ``saved`` drops each of fla's forward tensors once the last piece that reads it has run
     (``Aqk`` after the intra ``dAv``, ``qg``, ``kg``, ``w_wy`` after the state gradients, ``h``,
     ``v_new``, ``Akk`` after the WY backward): fla's intra backward, where the nested step
-    peaked (H200, L = 4), runs without them.
+    peaked (H200, L = 4), runs without them. ``dav``: ``level0_bwd_dav(saved, do)`` made earlier
+    (else made here first).
 
     Returns ``dq, dk, dv, dg, db, dw`` (float32, shaped like the inputs) and ``dh0``
     (float32, or None without an initial state).
     """
     from fla.ops.gdn2.chunk_bwd import chunk_gdn2_bwd_wy_dqkg_fused
     from fla.ops.gdn2.chunk_intra import chunk_gdn2_bwd_intra
-    from fla.ops.kda.chunk_bwd import chunk_kda_bwd_dAv
     from fla.ops.utils import chunk_local_cumsum
 
     s = saved
     do = do.to(s.v.dtype).contiguous()
+    dav = level0_bwd_dav(s, do) if dav is None else dav
     N = s.h.shape[1]
     if d_ends is not None and d_ends.shape[1] > 0:
         slots = injection_slots(N, end_chunks, do.device) if slots is None else slots
@@ -183,8 +237,8 @@ def level0_bwd(saved: Level0Saved, do, dht=None, d_ends=None, end_chunks=None, s
     packed_grad = {} if s.packed is None else dict(cu_seqlens=s.packed.cu_seqlens,
                                                    chunk_offsets=s.packed.chunk_offsets)
 
-    dAqk, dv = chunk_kda_bwd_dAv(q=s.q, k=s.k, v=s.v_new, do=do, A=s.Aqk, scale=s.scale, chunk_size=CHUNK,
-                                 **varlen)
+    dAqk, dv = dav
+    del dav
     if release:
         s.Aqk = None
     g_cumsum = s.gate_cumsum()              # kept, or made again here (``Level0Saved``)

@@ -3,11 +3,12 @@ from __future__ import annotations
 
 import torch
 
-from optimized.level0 import level0_bwd
+from optimized.level0 import level0_bwd, level0_bwd_dav
 from optimized.nested.fwd import NestedSaved, scan_kwargs
 from optimized.nested.plan import add_in_rounds
 from optimized.nested.probe import _probe, _snapshots, snapshot_rows
 from optimized.nested.probe_fused import probe_bwd
+from optimized.side_stream import fork, join
 from optimized.stages import stage
 
 
@@ -32,6 +33,10 @@ def nested_bwd(saved: NestedSaved, do, dfinals, release: bool = False):
     with stage("nested.reads_bwd"):   # the stages' device times in the profiler's table
         dr, do0, dstates_of = s.pieces.reads_bwd(do, q, r, s.o0, s.states, plan, tables, s.scale, dq,
                                                 block_v=s.pieces.block_v)
+
+    # level 0's intra-chunk dAv reads only do0: (on CUDA) beside the upper levels' backward
+    with fork(s.pieces.overlaps("bwd"), q.device) as side, stage("nested.level0_dav"):
+        dav = level0_bwd_dav(s.level0, do0.to(s.level0.v.dtype).contiguous())
 
     def level_dstates_of(ℓ):
         """Level ℓ's state gradients from the reads, plus its final state's gradient."""
@@ -121,12 +126,14 @@ def nested_bwd(saved: NestedSaved, do, dfinals, release: bool = False):
     do0 = do0.to(s.level0.v.dtype)          # the dtype level0_bwd reads (the reads' kernel writes it so)
     h = ht0 = None                          # level 0's h is freed inside its backward once spent
 
+    join(side, *dav)
     # level 0: fla's backward with the injected end-of-chunk gradients
     with stage("nested.level0_bwd"):
         dq0, dk, dv, dg, db, dw, dh0 = level0_bwd(
             s.level0, do0, dht=None if dfinals[0] is None else dfinals[0].float().contiguous(),
             d_ends=d_ends, end_chunks=plan.sources[1] if L > 1 else (), state_grad=s.pieces.state_grad,
-            slots=tables.slots, release=release)
+            slots=tables.slots, release=release, dav=dav)
+        dav = None
         dq[:, :, :, 0] = dq0
     dinit[0] = dh0 if s.has_initial[0] else None
     return dq, dk, dv, dg, db, dw, dr, dinit, dparams

@@ -5,12 +5,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-from optimized.level0 import Level0Saved, level0_fwd
+from optimized.level0 import Level0Saved, drop_recomputed, level0_fwd_output, level0_fwd_states
 from optimized.nested.pieces import DEFAULT_PIECES, Pieces
 from optimized.nested.plan import DeviceTables, PackedPlan, Plan, device_tables, make_packed_plan
 from optimized.nested.probe import _probe, _snapshots, snapshot_rows
 from optimized.nested.probe_fused import FUSED_SCHEMES, probe_fwd
 from optimized.nested.stored_states import StoredStates, as_stored
+from optimized.side_stream import fork, join
 from optimized.stages import stage
 
 
@@ -99,8 +100,11 @@ def nested_fwd(q, k, v, g, b, w, r, levels, scale, initial_states, pieces: Piece
     tables = device_tables(plan, q.device)
     # stage ranges (under a profiler): the profiler's table gives each stage's device time (bench.reads_ab --profile)
     with stage("nested.level0_fwd"):
-        o0, ht0, h, saved0 = level0_fwd(q[:, :, :, 0].contiguous(), k, v, g, b, w, scale, initial_states[0],
-                                        packed=tables.packed, recompute=pieces.level0_recompute)
+        ht0, h, saved0 = level0_fwd_states(q[:, :, :, 0].contiguous(), k, v, g, b, w, scale, initial_states[0],
+                                           packed=tables.packed)
+    # level 0's output: read by the reads only, so (on CUDA) beside the upper levels' probes and scans
+    with fork(pieces.overlaps("fwd"), q.device) as side, stage("nested.level0_out"):
+        o0 = level0_fwd_output(saved0)
     split = pieces.split_stored_states and L > 1
     states = StoredStates.empty(B, tables.S, tables.level_rows(1).stop if split else tables.S, H, K, V, q.device)
     params = [None] + [lv.params for lv in levels]
@@ -136,6 +140,8 @@ def nested_fwd(q, k, v, g, b, w, r, levels, scale, initial_states, pieces: Piece
             pieces.scan_fwd(None if M0 is None else M0.detach().float(), *pairs, block_v=pieces.scan_block(),
                             block_n=pieces.block_n, out=states.level(tables, ℓ),
                             precision=precision, **scan_kwargs(tables, ℓ))
+    join(side, o0)
+    drop_recomputed(saved0, pieces.level0_recompute)   # (the output read g_cumsum)
     with stage("nested.reads_fwd"):
         o = pieces.reads_fwd(q, r, o0, states, plan, tables, scale, block_v=pieces.block_v)
     # fresh tensors: outputs must not alias what the backward keeps (no reference cycles)

@@ -14,6 +14,7 @@ from typing import Callable
 
 import torch
 
+from optimized.level0 import RECOMPUTE
 from optimized.nested.plan import make_plan
 from optimized.nested.reads_bwd import reads_bwd, reads_bwd_states
 from optimized.nested.reads_fwd import reads_fwd
@@ -96,6 +97,9 @@ def probe_precision(dtype) -> str:
     return "tf32" if dtype == torch.bfloat16 else "ieee"
 
 
+LEVEL0_OVERLAP = ("none", "fwd", "fwd+bwd")
+
+
 @dataclass(frozen=True)
 class Pieces:
     """The nested op's pieces and choices (module docstring); the defaults are the op."""
@@ -138,6 +142,24 @@ class Pieces:
     #                                   through the upper levels' backward (optimized.level0.RECOMPUTE:
     #                                   "none", "cumsum" the gates' float32 chunk cumsum, "cumsum+wy" also
     #                                   fla's WY keys and gated q, k)
+
+    level0_overlap: str = "none"    # level 0's work that no upper level reads, on a second CUDA stream
+    #                                 beside the upper levels (optimized.side_stream): "fwd" its output
+    #                                 (fla's chunk_gla_fwd_o_gk) beside the probes and scans, "fwd+bwd"
+    #                                 also its intra-chunk dAv beside the upper levels' backward; "none"
+    #                                 in line (the measured choice: the scans' programs hold a whole SM's
+    #                                 registers, so nothing ran beside them; bench/NOTES.md). The same
+    #                                 kernels on the same inputs, so the same bits; on the CPU in line
+
+    def __post_init__(self):
+        if self.level0_recompute not in RECOMPUTE:
+            raise ValueError(f"level0_recompute must be one of {RECOMPUTE}, got {self.level0_recompute!r}")
+        if self.level0_overlap not in LEVEL0_OVERLAP:
+            raise ValueError(f"level0_overlap must be one of {LEVEL0_OVERLAP}, got {self.level0_overlap!r}")
+
+    def overlaps(self, phase: str) -> bool:
+        """Whether level 0's ``phase`` ("fwd" or "bwd") work runs on the side stream."""
+        return phase in self.level0_overlap.split("+")
 
     def reads_rows(self, scheme: str) -> bool:
         """Whether the fused probe of ``scheme`` reads its snapshots in place (``probe_reads_rows``;
