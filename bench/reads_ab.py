@@ -136,7 +136,7 @@ VARIANTS = ("torch", "generic", "fused-ieee", "scan-tf32", "triton", "triton+che
             "scan-bv16", "scan-bv32", "bn32", "bn64", "gates-nu", "gates-triton", "gates-torch",
             "rstates-bv32", "rstates-bv64",
             "states-one-buffer", "snapshot-copies", "dz-new-buffer", "l0-keep", "l0-recompute-wy", "ranges-always",
-            "gates-nu-128", "l0-overlap", "l0-overlap-fwd")
+            "gates-nu-128", "l0-overlap", "l0-overlap-fwd", "l0-output-fla")
 
 
 @contextlib.contextmanager
@@ -178,6 +178,31 @@ def nu_gates_up_to(pairs: int | None):
         yield
     finally:
         probe_fused.NU_GATES_MAX_PAIRS = original
+
+
+@contextlib.contextmanager
+def level0_output_by_fla(on: bool):
+    """With ``on``, level 0's output goes through fla's launcher ``chunk_gla_fwd_o_gk``, which
+    zero-fills ``o`` before its kernel writes it (variant ``l0-output-fla``, the op before its own
+    launch into an uninitialised ``o``)."""
+    if not on:
+        yield
+        return
+    import optimized.nested.fwd as fwd
+    from fla.ops.gla.chunk import chunk_gla_fwd_o_gk
+
+    from optimized.level0 import CHUNK
+
+    def output(s):
+        return chunk_gla_fwd_o_gk(q=s.q, v=s.v_new, g=s.g_cumsum, A=s.Aqk, h=s.h, scale=s.scale,
+                                  chunk_size=CHUNK, **s.varlen())
+
+    original = fwd.level0_fwd_output
+    fwd.level0_fwd_output = output
+    try:
+        yield
+    finally:
+        fwd.level0_fwd_output = original
 
 
 def _reads_fwd_at(block_v: int):
@@ -271,6 +296,7 @@ def _ops(B, T, H, K, V, L, dtype, seed, names=VARIANTS, device="cuda"):
         # and the output alone there; the default runs both in line
         "l0-overlap": Pieces(level0_overlap="fwd+bwd"),
         "l0-overlap-fwd": Pieces(level0_overlap="fwd"),
+        "l0-output-fla": Pieces(),      # the default op; main() has fla's launcher zero-fill level 0's output
     }
     for name in names:
         if name == "flat":
@@ -417,7 +443,8 @@ def main(argv=None) -> int:
 
             try:
                 with finite_checks(check), ranges_always(name == "ranges-always"), \
-                        nu_gates_up_to(128 if name == "gates-nu-128" else None):
+                        nu_gates_up_to(128 if name == "gates-nu-128" else None), \
+                        level0_output_by_fla(name == "l0-output-fla"):
                     started = time.perf_counter()
                     _log(f"L={L} {name}: first step (compile, autotune) …")
                     step()                                   # compile, autotune, tables

@@ -109,13 +109,30 @@ def level0_fwd_states(q, k, v, g, b, w, scale: float, initial_state=None, packed
 
 
 def level0_fwd_output(saved: Level0Saved) -> torch.Tensor:
-    """Level 0's output ``o [B, T, H, V]`` from ``level0_fwd_states``' intermediates (fla's
-    ``chunk_gla_fwd_o_gk``, the last step of ``chunk_gdn2_fwd``)."""
-    from fla.ops.gla.chunk import chunk_gla_fwd_o_gk
+    """Level 0's output ``o [B, T, H, V]`` from ``level0_fwd_states``' intermediates: fla's
+    ``chunk_gla_fwd_kernel_o``, the last step of ``chunk_gdn2_fwd``, launched here into an
+    uninitialised ``o``. (fla's launcher, ``chunk_gla_fwd_o_gk``, zero-fills ``o`` first for
+    callers that pad ``v``; every program stores its whole ``[64, BV]`` tile of tokens below its
+    sequence's end, so every element is written: a 134 MB fill less at L = 2's benchmark shape.)"""
+    from fla.ops.gla.chunk import chunk_gla_fwd_kernel_o
 
     s = saved
-    return chunk_gla_fwd_o_gk(q=s.q, v=s.v_new, g=s.g_cumsum, A=s.Aqk, h=s.h, scale=s.scale, chunk_size=CHUNK,
-                              **s.varlen())
+    B, T, H, K = s.q.shape
+    V = s.v_new.shape[-1]
+    chunk_indices = None if s.packed is None else s.packed.chunk_indices
+    NT = triton.cdiv(T, CHUNK) if chunk_indices is None else len(chunk_indices)
+    o = torch.empty_like(s.v_new)
+    if o.numel() == 0:
+        return o
+
+    def grid(meta):
+        return (triton.cdiv(V, meta["BV"]) * NT, B * H)
+
+    chunk_gla_fwd_kernel_o[grid](
+        q=s.q, v=s.v_new, g=s.g_cumsum, h=s.h, o=o, A=s.Aqk,
+        cu_seqlens=None if s.packed is None else s.packed.cu_seqlens, chunk_indices=chunk_indices,
+        scale=s.scale, T=T, H=H, HV=H, K=K, V=V, BT=CHUNK, STATE_V_FIRST=False, USE_GRAPH=False)
+    return o
 
 
 def drop_recomputed(saved: Level0Saved, recompute: str) -> None:
