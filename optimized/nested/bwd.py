@@ -35,8 +35,9 @@ def nested_bwd(saved: NestedSaved, do, dfinals, release: bool = False):
                                                 block_v=s.pieces.block_v)
 
     # level 0's intra-chunk dAv reads only do0: (on CUDA) beside the upper levels' backward
+    do0 = do0.to(s.level0.v.dtype).contiguous()     # the dtype level0_bwd reads (the reads' kernel writes it so)
     with fork(s.pieces.overlaps("bwd"), q.device) as side, stage("nested.level0_dav"):
-        dav = level0_bwd_dav(s.level0, do0.to(s.level0.v.dtype).contiguous())
+        dav = level0_bwd_dav(s.level0, do0)
 
     def level_dstates_of(ℓ):
         """Level ℓ's state gradients from the reads, plus its final state's gradient."""
@@ -123,7 +124,6 @@ def nested_bwd(saved: NestedSaved, do, dfinals, release: bool = False):
     if release:             # and the stored states and probe outputs, which only `saved` still holds
         dstates_of = None                   # (its closure holds the states)
         s.release_upper_levels()
-    do0 = do0.to(s.level0.v.dtype)          # the dtype level0_bwd reads (the reads' kernel writes it so)
     h = ht0 = None                          # level 0's h is freed inside its backward once spent
 
     join(side, *dav)

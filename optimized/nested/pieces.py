@@ -145,7 +145,7 @@ class Pieces:
 
     level0_overlap: str = "none"    # level 0's work that no upper level reads, on a second CUDA stream
     #                                 beside the upper levels (optimized.side_stream): "fwd" its output
-    #                                 (fla's chunk_gla_fwd_o_gk) beside the probes and scans, "fwd+bwd"
+    #                                 (fla's output kernel, level0_fwd_output) beside the probes and scans, "fwd+bwd"
     #                                 also its intra-chunk dAv beside the upper levels' backward; "none"
     #                                 in line (the measured choice: the scans' programs hold a whole SM's
     #                                 registers, so nothing ran beside them; bench/NOTES.md). The same
