@@ -236,7 +236,7 @@ def main(argv=None) -> int:
                         help="which ops to run (a ratio needs flat in the same run; fenwick_gdn2_one_piece: the "
                              "backward in one time piece, for a side-by-side at B = 1)")
     parser.add_argument("--profile", action="store_true",
-                        help="kernel tables (torch.profiler, top 30) of one forward and one forward+backward per op "
+                        help="kernel tables (torch.profiler, top 60) of one forward and one forward+backward per op "
                              "at the first T, DIR/profile_T<T>_<op>_<fwd|fwdbwd>.txt")
     args = parser.parse_args(argv)
     if args.out is None:

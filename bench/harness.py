@@ -110,7 +110,7 @@ def do_bench_timer(warmup_ms: float, rep_ms: float) -> Callable[[Callable], floa
 
 
 def write_profile_table(path, fn, leaves=()) -> None:
-    """The torch.profiler kernel table (top 30 by device time) of one call of ``fn`` (a CUDA step)
+    """The torch.profiler kernel table (top 60 by device time) of one call of ``fn`` (a CUDA step)
     -> ``path``; the gradients of ``leaves`` reset after it."""
     from torch.profiler import ProfilerActivity, profile
 
@@ -119,7 +119,7 @@ def write_profile_table(path, fn, leaves=()) -> None:
         torch.cuda.synchronize()
     averages = prof.key_averages()
     with open(path, "w") as fh:
-        fh.write(averages.table(sort_by="cuda_time_total", row_limit=30))
+        fh.write(averages.table(sort_by="cuda_time_total", row_limit=60))
         fh.write("\n" + "\n".join(stage_table(averages)) + "\n")
     for t in leaves:
         t.grad = None

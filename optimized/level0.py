@@ -24,7 +24,7 @@ import torch
 import triton
 
 from optimized import triton_mode  # noqa: F401  (device mode before fla)
-from optimized.state_grad import CHUNK, state_grad_bwd
+from optimized.state_grad import CHUNK, FactoredSnapGrads, state_grad_bwd
 
 
 def fla_varlen(packed) -> dict:
@@ -223,7 +223,8 @@ def level0_bwd_dav(saved: Level0Saved, do) -> tuple[torch.Tensor, torch.Tensor]:
 def level0_bwd(saved: Level0Saved, do, dht=None, d_ends=None, end_chunks=None, state_grad=state_grad_bwd,
                slots=None, release: bool = False, dav=None):
     """Gradients of level 0 given ``do [B, T, H, V]``, the final-state gradient ``dht``
-    (float32 or None) and ``d_ends [B, S, H, K, V]`` (float32), the gradients of the
+    (float32 or None) and ``d_ends [B, S, H, K, V]`` (float32; or a ``state_grad.FactoredSnapGrads``
+    standing for it, which ``state_grad`` must accept), the gradients of the
     states at the end of chunks ``end_chunks`` (S distinct 0-based chunk indices; or their
     ``injection_slots`` precomputed as ``slots``). ``release``: no second backward follows, so
     ``saved`` drops each of fla's forward tensors once the last piece that reads it has run
@@ -243,7 +244,8 @@ def level0_bwd(saved: Level0Saved, do, dht=None, d_ends=None, end_chunks=None, s
     do = do.to(s.v.dtype).contiguous()
     dav = level0_bwd_dav(s, do) if dav is None else dav
     N = s.h.shape[1]
-    if d_ends is not None and d_ends.shape[1] > 0:
+    S = None if d_ends is None else (d_ends.dnu if isinstance(d_ends, FactoredSnapGrads) else d_ends).shape[1]
+    if S:
         slots = injection_slots(N, end_chunks, do.device) if slots is None else slots
     else:
         d_ends = None

@@ -24,11 +24,19 @@ injected ``dS_c`` folded in when the reverse scan reaches the end of chunk ``c``
 Without injection it computes what fla's kernel computes (bitwise, under IEEE
 float32 dots, which this kernel always uses: ``input_precision="ieee"``).
 
+The injected gradients may come factored (``FactoredSnapGrads``): a probe that reads its
+snapshots as ``ν = Q h_{c+1}`` sends back ``dS_c = Qᵀ dν_c`` (``Q [H, n, K]``, ``dν [B, S, H, n, V]``,
+n pairs a firing, n ≪ K), and the kernel forms ``Qᵀ dν_c`` itself, one ``[K, n] @ [n, BV]`` dot
+per injected chunk, instead of reading a materialised ``[B, S, H, K, V]`` float32 tensor (K / n
+times the bytes: 0.5 GiB for level 1 of the nested benchmark's shape, against 67 MB).
+
 Kernels address their blocks with explicit pointer arithmetic and masks for ragged
 edges (Triton 3.9 removed ``tl.make_block_ptr``; the same code runs compiled on CUDA
 and under Triton's interpreter on CPU).
 """
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 import triton
@@ -37,21 +45,35 @@ import triton.language as tl
 CHUNK = 64
 
 
+class FactoredSnapGrads(NamedTuple):
+    """Gradients of snapshots ``M`` that a probe read as ``ν = Q M``, kept factored:
+    ``dM[..., h] = Q[h]ᵀ @ dnu[..., h]`` (``Q [H, n, K]``, ``dnu [B, S, H, n, V]``, both float32).
+    ``materialise()`` forms ``dM [B, S, H, K, V]`` (what the consumers read before)."""
+    q: torch.Tensor
+    dnu: torch.Tensor
+
+    def materialise(self) -> torch.Tensor:
+        return torch.matmul(self.q.transpose(-1, -2), self.dnu)
+
+
 # T (tokens) and S (injected states) are runtime sizes, not specialised: any sequence
 # length reuses the compiled kernel.
 @triton.jit(do_not_specialize=["T", "S"])
 def state_grad_bwd_kernel(
-    qg, kg, w, gk, do, dv, dht, ds, slots, dh, dh0, dv2, cu_seqlens, chunk_offsets,
-    scale, T, S,
+    qg, kg, w, gk, do, dv, dht, ds, ds_q, slots, dh, dh0, dv2, cu_seqlens, chunk_offsets,
+    scale, T, S, N_PAIRS,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-    BT: tl.constexpr, BS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    HAS_DHT: tl.constexpr, HAS_INJECT: tl.constexpr, STORE_DH0: tl.constexpr, IS_VARLEN: tl.constexpr,
+    BT: tl.constexpr, BS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BN: tl.constexpr,
+    HAS_DHT: tl.constexpr, HAS_INJECT: tl.constexpr, FACTORED: tl.constexpr, STORE_DH0: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
 ):
     """Reverse scan over the chunks of one (batch, head, block of V columns).
 
     ``dH`` ([K, BV], float32) starts at ``dht`` (or 0); for c = NT-1 .. 0:
 
-        dH     += ds[b, slots[c], h]      if slots[c] >= 0     (injected gradient)
+        dH     += ds[b, slots[c], h]      if slots[c] >= 0     (injected gradient;
+                                                             FACTORED: ds_q[h]ᵀ @ ds[b, slots[c], h],
+                                                             ds [B, S, H, N_PAIRS, V])
         dh[c]   = dH
         dv2[c]  = kg[c] @ dH + dv[c]
         dH      = 2^gk[c, last] ⊙_rows dH + scale · qg[c]^T @ do[c] - w[c]^T @ dv2[c]
@@ -94,6 +116,12 @@ def state_grad_bwd_kernel(
     m_kv = m_k[:, None] & m_v[None, :]
     o_kv = o_k[:, None] * V + o_v[None, :]          # a [K, V] state block, row-major
 
+    if FACTORED:            # this head's Q transposed, [BK, BN], loaded once
+        o_n = tl.arange(0, BN)
+        m_n = o_n < N_PAIRS
+        b_qt = tl.load(ds_q + i_h * N_PAIRS * K + o_n[None, :] * K + o_k[:, None],
+                       mask=m_n[None, :] & m_k[:, None], other=0.0).to(tl.float32)
+
     b_dh = tl.zeros([BK, BV], dtype=tl.float32)
     if HAS_DHT:
         b_dh += tl.load(dht + i_bh.to(tl.int64) * K * V + o_kv, mask=m_kv, other=0.0).to(tl.float32)
@@ -104,8 +132,14 @@ def state_grad_bwd_kernel(
                 slot = tl.load(slots + boc + i_t)
             else:
                 slot = tl.load(slots + i_t)
-            p_ds = ds + ((i_ds * S + tl.maximum(slot, 0).to(tl.int64)) * H + i_h) * K * V + o_kv
-            b_dh += tl.load(p_ds, mask=m_kv & (slot >= 0), other=0.0).to(tl.float32)
+            if FACTORED:        # Qᵀ dν: [K, n] @ [n, BV], pairs past N_PAIRS (and no slot) masked to 0
+                p_ds = (ds + ((i_ds * S + tl.maximum(slot, 0).to(tl.int64)) * H + i_h) * N_PAIRS * V
+                        + o_n[:, None] * V + o_v[None, :])
+                b_dnu = tl.load(p_ds, mask=m_n[:, None] & m_v[None, :] & (slot >= 0), other=0.0)
+                b_dh += tl.dot(b_qt, b_dnu.to(tl.float32), input_precision="ieee")
+            else:
+                p_ds = ds + ((i_ds * S + tl.maximum(slot, 0).to(tl.int64)) * H + i_h) * K * V + o_kv
+                b_dh += tl.load(p_ds, mask=m_kv & (slot >= 0), other=0.0).to(tl.float32)
 
         p_dh = dh + ((boc + i_t) * H + i_h) * K * V + o_kv
         tl.store(p_dh, b_dh.to(p_dh.dtype.element_ty), mask=m_kv)
@@ -163,7 +197,8 @@ def state_grad_bwd(qg, kg, w, gk, do, dv, scale, dht=None, ds=None, slots=None, 
         qg, kg, w, gk: ``[B, T, H, K]`` from fla's forward (``gk`` the base-2 in-chunk cumsum).
         do, dv: ``[B, T, H, V]``: output cotangent and fla's intra-chunk ``dv`` (``chunk_kda_bwd_dAv``).
         dht: ``[B, H, K, V]`` float32 gradient of the final state, or None.
-        ds: ``[B, S, H, K, V]`` float32 injected end-of-chunk state gradients, or None;
+        ds: ``[B, S, H, K, V]`` float32 injected end-of-chunk state gradients, or a
+            ``FactoredSnapGrads`` ``(Q [H, n, K], dν [B, S, H, n, V])`` standing for ``Qᵀ dν``, or None;
         slots: int32 ``[NT]``: chunk ``c``'s gradient is ``ds[:, slots[c]]``, none where ``slots[c] < 0``.
         want_dh0: also return the initial-state gradient.
         cu_seqlens, chunk_offsets: n sequences packed in one row (``B = 1``): their token
@@ -197,20 +232,36 @@ def state_grad_bwd(qg, kg, w, gk, do, dv, scale, dht=None, ds=None, slots=None, 
     dh0 = kg.new_empty(programs, H, K, V, dtype=torch.float32) if want_dh0 else None
     dv2 = torch.empty_like(dv)
     has_inject = ds is not None
+    factored = isinstance(ds, FactoredSnapGrads)
+    ds_q, n = None, 1
     if has_inject:
         if slots is None or slots.numel() != NT:
             raise ValueError(f"slots must hold one entry per chunk ({NT}), got "
                              f"{None if slots is None else tuple(slots.shape)}")
+        if factored:
+            ds_q, ds = ds
+            n = ds_q.shape[1] if ds_q.dim() == 3 else -1
+            if ds_q.dtype != torch.float32 or tuple(ds_q.shape) != (H, n, K) or n < 1:
+                raise ValueError(f"ds.q must be float32 [H, n, K] = [{H}, n, {K}], got {ds_q.dtype} "
+                                 f"{tuple(ds_q.shape)}")
+            want = (B, ds.shape[1] if ds.dim() == 5 else -1, H, n, V)
+        else:
+            want = (B, ds.shape[1] if ds.dim() == 5 else -1, H, K, V)
+        if ds.dtype != torch.float32 or tuple(ds.shape) != want:
+            what = "ds.dnu" if factored else "ds"
+            raise ValueError(f"{what} must be float32 [B, S, H, {'n' if factored else 'K'}, V] = "
+                             f"[{B}, S, {H}, {want[3]}, {V}], got {ds.dtype} {tuple(ds.shape)}")
         ds = ds.contiguous()
+        ds_q = None if ds_q is None else ds_q.contiguous()
         S = ds.shape[1]
     else:
         S = 0
     grid = (triton.cdiv(V, BV), programs * H)
     state_grad_bwd_kernel[grid](
-        qg, kg, w, gk, do, dv, dht, ds, slots, dh, dh0, dv2, cu_seqlens, chunk_offsets,
-        scale, T, S,
-        H=H, K=K, V=V, BT=CHUNK, BS=BS, BK=BK, BV=BV,
-        HAS_DHT=dht is not None, HAS_INJECT=has_inject, STORE_DH0=want_dh0, IS_VARLEN=packed,
+        qg, kg, w, gk, do, dv, dht, ds, ds_q, slots, dh, dh0, dv2, cu_seqlens, chunk_offsets,
+        scale, T, S, n,
+        H=H, K=K, V=V, BT=CHUNK, BS=BS, BK=BK, BV=BV, BN=max(16, triton.next_power_of_2(n)),
+        HAS_DHT=dht is not None, HAS_INJECT=has_inject, FACTORED=factored, STORE_DH0=want_dh0, IS_VARLEN=packed,
         num_warps=4 if BK <= 64 else 8,
     )
     return dh, dh0, dv2

@@ -182,7 +182,7 @@ def _reads_and_state_grad_kernels():
 
     bf16, f32, i32 = "*bf16", "*fp32", "i32"
     BT, BK, BV, BL = reads_blocks(128, 128, 4)
-    BKA, BVA, warps_a = token_blocks(BK, BV)
+    BKA, BVA, warps_a = token_blocks(128, 128)
     SBV = reads_blocks(128, 128, 4, states_block_v(128))[2]          # the state-gradient kernel's own V block
     sizes = dict(H=16, K=128, V=128, BT=BT, BL=BL, SPLIT=True)
     SK, SV, SS = state_grad_blocks(128, 128)
@@ -206,12 +206,27 @@ def _reads_and_state_grad_kernels():
                      dict.fromkeys(("do", "q", "r"), bf16) | dict.fromkeys(("row_level", "row_chunk_lo", "row_chunk_hi",
                      "chunk_bounds"), "*i32") | {"dstates": f32} | dict.fromkeys(("T", "S", "L"), i32) | {"scale": "fp32"},
                      sizes | dict(BK=BK, BV=SBV, IS_VARLEN=varlen), reads_warps(BK, SBV)))
-        rows.append((f"state_grad_bwd{name}", state_grad_bwd_kernel,
-                     dict.fromkeys(("qg", "kg", "w", "gk", "do", "dv", "dh", "dv2"), bf16)
-                     | dict.fromkeys(("dht", "ds", "dh0"), f32) | {"slots": "*i32", "cu_seqlens": "*i64",
-                     "chunk_offsets": "*i32", "scale": "fp32", "T": i32, "S": i32},
-                     dict(H=16, K=128, V=128, BT=64, BS=SS, BK=SK, BV=SV, HAS_DHT=True, HAS_INJECT=True,
-                          STORE_DH0=True, IS_VARLEN=varlen), 8))
+        for form, factored in (("", False), (" factored", True)):     # injected gradients Qᵀ dν formed inside
+            rows.append((f"state_grad_bwd{name}{form}", state_grad_bwd_kernel,
+                         dict.fromkeys(("qg", "kg", "w", "gk", "do", "dv", "dh", "dv2"), bf16)
+                         | dict.fromkeys(("dht", "ds", "ds_q", "dh0"), f32) | {"slots": "*i32", "cu_seqlens": "*i64",
+                         "chunk_offsets": "*i32", "scale": "fp32", "T": i32, "S": i32, "N_PAIRS": i32},
+                         dict(H=16, K=128, V=128, BT=64, BS=SS, BK=SK, BV=SV, BN=16, HAS_DHT=True, HAS_INJECT=True,
+                              FACTORED=factored, STORE_DH0=True, IS_VARLEN=varlen), 8))
+    for bka, bva, warps in ((32, 32, 8), (128, 32, 8), (32, 64, 8), (128, 16, 8)):   # reads_ab rtok-*
+        rows.append((f"reads_bwd_tokens k{bka} v{bva}", reads_bwd_tokens_kernel,
+                     dict.fromkeys(("do", "q", "r", "o0", "dq"), bf16) | {"states": f32, "states_hi": f32, "read_row": "*i32",
+                     "chunk_bounds": "*i32", "dr": f32, "do0": f32} | dict.fromkeys(("T", "N", "S", "S_LO", "L"), i32)
+                     | {"scale": "fp32"},
+                     sizes | dict(BKA=bka, BV=bva, IS_VARLEN=False), warps))
+    from optimized.nested.snapshot_grads import add_snapshot_grads_kernel
+    from optimized.nested.snapshot_grads import block_sizes as snapshot_grads_blocks
+    BN, BKS, BVS = snapshot_grads_blocks(16, 128, 128)
+    for precision in ("ieee", "tf32"):
+        rows.append((f"add_snapshot_grads {precision}", add_snapshot_grads_kernel,
+                     dict.fromkeys(("dst", "q", "dnu"), f32) | dict.fromkeys(("firings", "targets"), "*i32")
+                     | dict.fromkeys(("stride_db", "F", "R", "N_PAIRS"), i32),
+                     dict(H=16, K=128, V=128, BN=BN, BK=BKS, BV=BVS, PRECISION=precision), 8))
     return rows
 
 

@@ -38,9 +38,9 @@ CASES = {
     "L4_extreme": (1, 200, 2, 24, 40, 16, [[0, 0, 1, 3], [0, 0, 0, 0], [0, 1, 1, 2]], [5, 2, 3], 30.0),
     # one full chunk, default V block (one ragged block of 64 for V = 40), K = 16
     "L3_one_chunk": (1, 64, 1, 16, 40, None, [[0], [1]], [2, 2], 1.0),
-    # K = 40: the backward's token kernel visits K in two key blocks of 32 (the second 8 wide);
+    # K = 80: the backward's token kernel visits K in two key blocks of 64 (the second 16 wide);
     # ragged last chunk (100 = 64 + 36), V = 24 in two V blocks of 16; level 1's last row unread
-    "L3_two_key_blocks": (1, 100, 2, 40, 24, 16, [[0, 1], [0, 0]], [3, 1], 1.0),
+    "L3_two_key_blocks": (1, 100, 2, 80, 24, 16, [[0, 1], [0, 0]], [3, 1], 1.0),
     # B = 2, H = 2, two upper levels: the second allocation's batch and head strides when the
     # stored rows are split at level 1's (test_rows_split_in_two_allocations_read_the_same)
     "L3_batch2": (2, 150, 2, 24, 40, 16, [[0, 1, 1], [0, 0, 1]], [3, 2], 1.0),
@@ -158,7 +158,7 @@ def run(x, tables, scale, block_v, mutant=None):
 def key_blocks(name) -> int:
     """How many key blocks the backward's token kernel visits on case ``name``."""
     B, T, H, K, V, block_v, *_ = CASES[name]
-    BKA = token_blocks(*block_sizes(K, V, 2, block_v)[1:3])[0]
+    BKA = token_blocks(K, V, block_v)[0]
     return triton.cdiv(K, BKA)
 
 
@@ -374,3 +374,25 @@ def test_forward_falls_back_without_the_shared_memory(monkeypatch):
     assert torch.equal(reads_fwd(*args), want) and tried == [64]
     with pytest.raises(OutOfResources):
         reads_fwd(*args, block_v=16)
+
+
+@pytest.mark.parametrize("blocks", [(32, 32, 8), (128, 32, 8), (32, 64, 8), (16, 16, 4)], ids=str)
+def test_token_kernel_blocks_match_float64(blocks):
+    """The token kernel at other key and V blocks (``reads_bwd(tokens_blocks=…)``, reads_ab
+    ``rtok-*``): its gradients agree with the float64 reference as at the default blocks. Case
+    ``L3_batch2`` (K = 24, V = 40, B = H = 2): one ragged key block at 32 and up, two at 16; V in
+    two blocks at 32 (the second 8 wide), three at 16."""
+    x, tables, meta = make_case("L3_batch2")
+    B, T, H, L, K = x["q"].shape
+    dq = torch.full((B, T, H, L, K), 7.0, device=DEV)
+    dr, do0, _ = reads_bwd(x["do"], x["q"], x["r"], x["o0"], x["states"], tables.read_row, tables.row_level,
+                           tables.row_chunk_lo, tables.row_chunk_hi, meta["scale"], dq, block_v=meta["block_v"],
+                           with_states=False, tokens_blocks=blocks)
+    _, g = reference(x, tables, meta["read_index"], meta["scale"])
+    errors = {"dr": rel(dr, g["r"]), "do0": rel(do0, g["o0"]), "dq": rel(dq[:, :, :, 1:], g["q"][:, :, :, 1:])}
+    bounds = {k: tolerance("nested_reads", k, torch.float32) for k in errors}
+    assert all(errors[k] <= bounds[k] for k in errors), (errors, bounds)
+    assert bool((dq[:, :, :, 0] == 7.0).all())
+    with pytest.raises(ValueError, match=r"powers of two ≥ 16"):
+        reads_bwd(x["do"], x["q"], x["r"], x["o0"], x["states"], tables.read_row, tables.row_level,
+                  tables.row_chunk_lo, tables.row_chunk_hi, meta["scale"], dq, tokens_blocks=(24, 32, 8))

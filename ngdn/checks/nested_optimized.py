@@ -34,7 +34,7 @@ from optimized import chunk_nested_gdn2, triton_mode
 from optimized.level0 import CHUNK, chunk_end_states, level0_bwd, level0_fwd
 from optimized.nested import make_plan
 from optimized.promote_scan import promote_scan_bwd, promote_scan_fwd
-from optimized.state_grad import state_grad_bwd
+from optimized.state_grad import FactoredSnapGrads, state_grad_bwd
 from reference.gdn2 import gdn2_read, gdn2_step
 from reference.nested import CHUNK_SIZE, Level, make_levels, naive_nested_gdn2
 from reference.promote import promote
@@ -520,20 +520,30 @@ def level0_injection_chunks(T: int, seed: int) -> list:
     return sorted({c for c in range(n_full) if bool(pick[c])} | {n_full - 1})
 
 
-def level0_states_vs_reference(shape: GDN2Shape, seed: int, dtype, state_grad=state_grad_bwd, log=True):
+def level0_states_vs_reference(shape: GDN2Shape, seed: int, dtype, state_grad=state_grad_bwd, log=True,
+                               pairs: int | None = None):
     """End-of-chunk states out of ``level0_fwd`` and the gradients of ``level0_bwd`` with
-    injected end-of-chunk gradients vs per-token GDN-2 in float64."""
+    injected end-of-chunk gradients vs per-token GDN-2 in float64. ``pairs``: the injected
+    gradients given factored, ``Qᵀ dν`` with ``Q [H, pairs, K]`` (``state_grad.FactoredSnapGrads``,
+    as a probe reading ``ν = Q M`` hands them back), the reference adding the product in float64."""
     x = gdn2_inputs(shape, seed)
     dev = triton_mode.device()
     ends = level0_injection_chunks(shape.T, seed)
-    d_ends = randn(generator(seed + 3), shape.B, len(ends), shape.H, shape.K, shape.V)
+    if pairs is None:
+        d_ends = randn(generator(seed + 3), shape.B, len(ends), shape.H, shape.K, shape.V)
+        given = d_ends.to(dev, torch.float32)
+    else:
+        Q = randn(generator(seed + 4), shape.H, pairs, shape.K) / pairs ** 0.5
+        dnu = randn(generator(seed + 3), shape.B, len(ends), shape.H, pairs, shape.V)
+        d_ends = torch.einsum("hnk,bshnv->bshkv", Q.double(), dnu.double())
+        given = FactoredSnapGrads(Q.to(dev, torch.float32), dnu.to(dev, torch.float32))
     ins = [cast(x[n], dtype, dev) for n in GATES]
     h0 = cast(x["initial_state"], torch.float32, dev)
     o, ht, h, saved = level0_fwd(*ins, scale=shape.K ** -0.5, initial_state=h0)
     snaps = chunk_end_states(h, ht, range(shape.T // CHUNK))
     dq, dk, dv, dg, db, dw, dh0 = level0_bwd(saved, x["do"].to(dev, torch.float32),
                                              dht=x["dht"].to(dev, torch.float32),
-                                             d_ends=d_ends.to(dev, torch.float32), end_chunks=ends,
+                                             d_ends=given, end_chunks=ends,
                                              state_grad=state_grad)
     o_ref, snaps_ref, ht_ref, g_ref = level0_reference(x, dtype, ends, d_ends)
     items = {"output": ("output", o, o_ref), "chunk_end_states": ("chunk_end_states", snaps, snaps_ref),

@@ -8,8 +8,10 @@ from optimized.nested.fwd import NestedSaved, scan_kwargs
 from optimized.nested.plan import add_in_rounds
 from optimized.nested.probe import _probe, _snapshots, snapshot_rows
 from optimized.nested.probe_fused import probe_bwd
+from optimized.nested.snapshot_grads import add_snapshot_grads
 from optimized.side_stream import fork, join
 from optimized.stages import stage
+from optimized.state_grad import FactoredSnapGrads
 
 
 def nested_bwd(saved: NestedSaved, do, dfinals, release: bool = False):
@@ -97,7 +99,8 @@ def nested_bwd(saved: NestedSaved, do, dfinals, release: bool = False):
             with stage("nested.probe_bwd"):
                 d_snaps, d_p = probe_bwd(level.scheme, probe_saved, snaps, p32, level.reduction, *d_pairs,
                                          precision=s.pieces.probe_precision(q.dtype), gates=s.pieces.probe_gates,
-                                         dz_over_z=s.pieces.gates_dz_over_z)
+                                         dz_over_z=s.pieces.gates_dz_over_z,
+                                         factored=s.pieces.factored_snapshot_grads(level.scheme))
             dparams[ℓ] = {n: d_p[n] for n in p32}
             if release:                     # this level's probe outputs and intermediates are spent
                 s.release_probe(ℓ)          # (H200, L = 6: the peak was level 2's probe backward with
@@ -114,7 +117,11 @@ def nested_bwd(saved: NestedSaved, do, dfinals, release: bool = False):
             level_dstates[ℓ - 1] = level_dstates_of(ℓ - 1)
             if plan.sources[ℓ]:
                 with stage("nested.add_snapshot_grads"):
-                    add_in_rounds(level_dstates[ℓ - 1], tables.add_rounds[ℓ], d_snaps)   # repeated targets: rounds
+                    if isinstance(d_snaps, FactoredSnapGrads):     # Qᵀ dν' formed as it is added
+                        add_snapshot_grads(level_dstates[ℓ - 1], d_snaps, tables.snap_rows[ℓ],
+                                           tables.inject_rounds[ℓ], precision=s.pieces.probe_precision(q.dtype))
+                    else:
+                        add_in_rounds(level_dstates[ℓ - 1], tables.add_rounds[ℓ], d_snaps)   # repeated targets: rounds
             snaps = d_snaps = None          # spent: not alive through the next level's scan
 
     # the upper levels' buffers are spent: free them before level 0's backward, where the step

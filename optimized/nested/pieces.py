@@ -34,17 +34,19 @@ def reads_router_fwd(q, r, o0, states, plan, tables, scale, block_v=None):
     return reads_fwd(q, r, o0, states, tables.read_row, scale, block_v=block_v, chunk_bounds=_chunk_bounds(tables))
 
 
-def reads_router_bwd(do, q, r, o0, states, plan, tables, scale, dq, block_v=None, states_block_v=None):
+def reads_router_bwd(do, q, r, o0, states, plan, tables, scale, dq, block_v=None, states_block_v=None,
+                     tokens_blocks=None):
     """Its backward (``reads_bwd``): ``dq`` levels ≥ 1 in place; returns ``(dr, do0, dstates_of)``
     (``do0`` in q's dtype, what level 0's backward reads),
     ``dstates_of(ℓ)`` level ℓ's state gradients ``[B, F_ℓ + 1, H, K, V]`` float32, made when asked
     for (``reads_bwd_states``: the nested backward holds at most two levels' at a time).
-    ``states_block_v``: the state-gradient kernel's V block alone (None: ``block_v``)."""
+    ``states_block_v``: the state-gradient kernel's V block alone (None: ``block_v``);
+    ``tokens_blocks``: the token kernel's ``(BKA, BVA, warps)`` (None: ``reads_bwd.token_blocks``)."""
     do = do.to(q.dtype)
     bounds = _chunk_bounds(tables)
     dr, do0, _ = reads_bwd(do, q, r, o0, states, tables.read_row, tables.row_level, tables.row_chunk_lo,
                            tables.row_chunk_hi, scale, dq, block_v=block_v, with_states=False, chunk_bounds=bounds,
-                           do0_dtype=q.dtype)
+                           do0_dtype=q.dtype, tokens_blocks=tokens_blocks)
 
     def dstates_of(ℓ):
         return reads_bwd_states(do, q, r, o0, states, tables.read_row, tables.row_level, tables.row_chunk_lo,
@@ -98,6 +100,7 @@ def probe_precision(dtype) -> str:
 
 
 LEVEL0_OVERLAP = ("none", "fwd", "fwd+bwd")
+SNAPSHOT_GRADS = ("factored", "materialised")
 
 
 @dataclass(frozen=True)
@@ -143,6 +146,11 @@ class Pieces:
     #                                   "none", "cumsum" the gates' float32 chunk cumsum, "cumsum+wy" also
     #                                   fla's WY keys and gated q, k)
 
+    snapshot_grads: str = "factored"  # the fused probe's snapshot gradients Qᵀ dν' (learned, bounded_erase
+    #                                   reading their rows in place) formed where they are added: in
+    #                                   level 0's state-gradient kernel (level 1's) and in
+    #                                   optimized.nested.snapshot_grads (levels ≥ 2); "materialised": a
+    #                                   [B, F, H, K, V] float32 tensor made by a matmul and read back
     level0_overlap: str = "none"    # level 0's work that no upper level reads, on a second CUDA stream
     #                                 beside the upper levels (optimized.side_stream): "fwd" its output
     #                                 (fla's output kernel, level0_fwd_output) beside the probes and scans, "fwd+bwd"
@@ -154,6 +162,8 @@ class Pieces:
     def __post_init__(self):
         if self.level0_recompute not in RECOMPUTE:
             raise ValueError(f"level0_recompute must be one of {RECOMPUTE}, got {self.level0_recompute!r}")
+        if self.snapshot_grads not in SNAPSHOT_GRADS:
+            raise ValueError(f"snapshot_grads must be one of {SNAPSHOT_GRADS}, got {self.snapshot_grads!r}")
         if self.level0_overlap not in LEVEL0_OVERLAP:
             raise ValueError(f"level0_overlap must be one of {LEVEL0_OVERLAP}, got {self.level0_overlap!r}")
 
@@ -165,6 +175,11 @@ class Pieces:
         """Whether the fused probe of ``scheme`` reads its snapshots in place (``probe_reads_rows``;
         merge's ν is the snapshots themselves)."""
         return self.probe_reads_rows and scheme != "merge"
+
+    def factored_snapshot_grads(self, scheme: str) -> bool:
+        """Whether the fused probe of ``scheme`` hands back its snapshot gradients factored
+        (``snapshot_grads``; only where it reads its snapshots in place as ``ν = Q M``)."""
+        return self.snapshot_grads == "factored" and self.reads_rows(scheme)
 
     def scan_block(self) -> int | None:
         """The V block of the promote scans: ``scan_block_v``, else ``block_v``."""

@@ -154,7 +154,9 @@ class DeviceTables:
     indices into fla's ``h``, ``end_index``: a ``slice`` when evenly spaced, else a long tensor;
     and whether the last one is the final state).
     ``add_rounds[ℓ]``: the deterministic rounds of ``dstates[ℓ-1][sources[ℓ]] += d_snaps``
-    (each round a (targets, rows) pair with distinct targets).
+    (each round a (targets, rows) pair with distinct targets); ``inject_rounds[ℓ]`` the same
+    rounds' firings as int32 tensors (``snapshot_grads.add_snapshot_grads``, whose targets are
+    ``snap_rows[ℓ]``).
     ``slots`` int32 ``[N]``: the level-0 injection slots of level 1's snapshots.
     ``snap_rows[ℓ]`` int32 ``[F_ℓ]``: the row each of level ℓ's firings probes, for the probe's
     in-place read (``snapshot_reads.SnapshotRows``): for ℓ = 1 a row of fla's ``h`` (``c + 1``
@@ -174,6 +176,7 @@ class DeviceTables:
     add_rounds: tuple
     slots: object
     snap_rows: tuple
+    inject_rounds: tuple
     packed: PackedTables | None = None
 
     def level_rows(self, ℓ: int) -> slice:
@@ -183,6 +186,16 @@ class DeviceTables:
         return slice(self.row_offset[ℓ], end)
 
 
+def _round_members(index) -> list[list[int]]:
+    """The positions i of ``index`` in rounds of distinct ``index[i]``, in increasing i: round r
+    holds each value's r-th occurrence."""
+    rank, seen = [], {}
+    for s in index:
+        rank.append(seen.get(s, 0))
+        seen[s] = rank[-1] + 1
+    return [[i for i, k in enumerate(rank) if k == r] for r in range(max(rank, default=-1) + 1)]
+
+
 def add_rounds(index, device):
     """Split ``dst[:, index[i]] += src[:, i]`` into rounds in which every target appears once
     (in increasing i): ``(targets, rows)`` per round, for ``add_in_rounds``; each a ``slice``
@@ -190,16 +203,19 @@ def add_rounds(index, device):
     tensor on ``device``."""
     import torch
 
-    rank, seen = [], {}
-    for s in index:
-        rank.append(seen.get(s, 0))
-        seen[s] = rank[-1] + 1
     rounds = []
-    for r in range(max(rank, default=-1) + 1):
-        sel = [i for i, k in enumerate(rank) if k == r]
+    for sel in _round_members(index):
         targets = [index[i] for i in sel]
         rounds.append(tuple(_as_slice(x) or torch.tensor(x, device=device) for x in (targets, sel)))
     return tuple(rounds)
+
+
+def inject_rounds(index, device) -> tuple:
+    """``add_rounds``' rounds as int32 tensors of positions i (the firings whose snapshot
+    gradients a launch of ``snapshot_grads.add_snapshot_grads`` adds)."""
+    import torch
+
+    return tuple(torch.tensor(sel, dtype=torch.int32, device=device) for sel in _round_members(index))
 
 
 def add_in_rounds(dst, rounds, src) -> None:
@@ -259,7 +275,13 @@ def device_tables(plan: Plan | PackedPlan, device) -> DeviceTables:
         end_index=_as_slice(inner) or torch.tensor(inner, dtype=torch.long, device=device),
         end_includes_final=bool(ends) and ends[-1] == N - 1,
         add_rounds=tuple(rounds), slots=injection_slots(N, ends, device),
-        snap_rows=_snap_rows(inner + [-1] * (bool(ends) and ends[-1] == N - 1), plan.sources, L, device))
+        snap_rows=_snap_rows(inner + [-1] * (bool(ends) and ends[-1] == N - 1), plan.sources, L, device),
+        inject_rounds=_inject_rounds(plan.sources, L, device))
+
+
+def _inject_rounds(sources, L: int, device) -> tuple:
+    """``DeviceTables.inject_rounds``: None for levels 0 and 1, ``inject_rounds`` of level ℓ ≥ 2's sources."""
+    return (None, None) + tuple(inject_rounds(list(sources[ℓ]), device) for ℓ in range(2, L))
 
 
 def _snap_rows(level1: list, sources, L: int, device) -> tuple:
@@ -318,4 +340,5 @@ def _packed_device_tables(plan: PackedPlan, device) -> DeviceTables:
         S=S, row_offset=tuple(row_offset), read_row=read_row, row_level=row_level, row_chunk_lo=lo,
         row_chunk_hi=hi, sources=tuple(sources), end_index=None, end_includes_final=False,
         add_rounds=tuple(rounds), slots=injection_slots(N, plan.sources[1] if L > 1 else (), device),
-        snap_rows=_snap_rows(level1, plan.sources, L, device), packed=packed)
+        snap_rows=_snap_rows(level1, plan.sources, L, device),
+        inject_rounds=_inject_rounds(plan.sources, L, device), packed=packed)

@@ -30,7 +30,8 @@ Backward, per row (``s = 1/sqrt(|Z_K|² + 1e-6)``)::
     dZ_γ = −(dγ / n or dγ) ⊙ softplus'(Z_γ)     softplus' = e/(1+e), 1 above torch's threshold 20
     dν'  = dν + dZ Wᵀ                           one bmm over H (ν is itself an output: dν adds)
     dW   = νᵀ dZ                                one bmm over H, summed over rows (B, F, pairs)
-    dQ   = Σ_lead dν' Mᵀ,  d_snaps = Qᵀ dν'      (merge: d_snaps = dν'; dQ read in place from ``SnapshotRows``)
+    dQ   = Σ_lead dν' Mᵀ,  d_snaps = Qᵀ dν'      (merge: d_snaps = dν'; dQ read in place from ``SnapshotRows``;
+                                                ``factored``: d_snaps left as the pair (Q, dν'))
 
 The five outputs are contiguous (``merge``'s ν is the snapshots themselves, as in the reference:
 no copy when they are contiguous; its κ is a materialised identity). The sigmoid and softplus
@@ -65,6 +66,7 @@ from optimized.nested.probe_gates import GATE_SCHEMES, probe_gates_bwd, probe_ga
 from optimized.nested.probe_gates_nu import blocks as nu_gate_blocks
 from optimized.nested.probe_gates_nu import probe_gates_nu_bwd, probe_gates_nu_fwd
 from optimized.nested.snapshot_reads import SnapshotRows, snapshot_read, snapshot_read_dq
+from optimized.state_grad import FactoredSnapGrads
 from reference.schemes import check_reduction
 
 FUSED_SCHEMES = ("learned", "merge", "bounded_erase")
@@ -225,22 +227,27 @@ def _head_major(x, Bt, H, rows, last):
 
 def probe_bwd(scheme: str, saved: FusedSaved, snaps, params: dict, reduction: str,
               dκ=None, dν=None, dβ=None, dω=None, dγ=None, *, precision: str = "ieee",
-              gates: str = "torch", dz_over_z: bool = True):
+              gates: str = "torch", dz_over_z: bool = True, factored: bool = False):
     """Gradients of the snapshots and of every parameter from the gradients of the five outputs
     (``None``: zero). Returns ``(d_snaps [..., H, K, V], {name: d_param})``. ``snaps``: as
     given to ``probe_fwd`` (a tensor or ``SnapshotRows``: ``dQ`` then read from the rows in
     place). ``precision``: of its float32 matmuls on CUDA (``float32_matmuls``) and the in-place
     read's dots. ``gates``: as in ``probe_fwd`` (the gates' backward in one kernel). ``dz_over_z``:
     with the Triton gates, write the pre-activations' gradient over the pre-activations this
-    backward recomputed (never over kept ones); False: into a new buffer."""
+    backward recomputed (never over kept ones); False: into a new buffer. ``factored`` (learned,
+    bounded_erase): ``d_snaps`` returned as ``FactoredSnapGrads(Q, dν')`` standing for ``Qᵀ dν'``
+    (``[H, n, K]`` and ``[..., H, n, V]``), for a consumer that forms the product itself
+    (``optimized.nested.snapshot_grads``, ``optimized.state_grad``); merge's ``d_snaps`` is ``dν'``
+    either way."""
     _check_gates(gates)
     _check_rows(scheme, snaps)
     with float32_matmuls(precision):
-        return _probe_bwd(scheme, saved, snaps, params, reduction, dκ, dν, dβ, dω, dγ, gates, precision, dz_over_z)
+        return _probe_bwd(scheme, saved, snaps, params, reduction, dκ, dν, dβ, dω, dγ, gates, precision, dz_over_z,
+                          factored)
 
 
 def _probe_bwd(scheme, saved, snaps, params, reduction, dκ, dν, dβ, dω, dγ, gates="torch", precision="ieee",
-               dz_over_z=True):
+               dz_over_z=True, factored=False):
     _check_scheme(scheme)
     check_reduction(reduction)
     if scheme != saved.scheme:
@@ -284,12 +291,14 @@ def _probe_bwd(scheme, saved, snaps, params, reduction, dκ, dν, dβ, dω, dγ,
         d_snaps = dνt
     else:
         Q = params["Q"]
-        d_snaps = torch.matmul(Q.transpose(-1, -2), dνt)            # [Bt, H, K, V]
         if isinstance(snaps, SnapshotRows):                         # [H, n, K], summed over (b, m)
             dparams["Q"] = snapshot_read_dq(dνt.view(*lead, H, n, V), snaps, precision)
         else:
             snaps4 = snaps.reshape(Bt, H, K, V)
             dparams["Q"] = torch.matmul(dνt, snaps4.transpose(-1, -2)).sum(0)   # [H, n, K], summed over lead
+        if factored:                                                # Qᵀ dν' formed by the consumer
+            return FactoredSnapGrads(Q, dνt.view(*lead, H, n, V)), {k: dparams[k] for k in params}
+        d_snaps = torch.matmul(Q.transpose(-1, -2), dνt)            # [Bt, H, K, V]
     return d_snaps.view(*lead, H, K, V), {k: dparams[k] for k in params}
 
 

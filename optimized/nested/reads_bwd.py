@@ -146,12 +146,17 @@ def reads_bwd_states_kernel(
     tl.store(p_ds + o_k[:, None] * V + o_v[None, :], scale * b_ds, mask=m_k[:, None] & m_v[None, :])
 
 
-def token_blocks(BK: int, BV: int) -> tuple[int, int, int]:
-    """``(BKA, BVA, warps)`` of kernel A from ``block_sizes``' ``BK, BV``: K is visited in key
-    blocks of ``BKA`` (several when K > 32) and V in blocks of ``BVA``. Kernel A holds
-    ``[64, BKA]`` and ``[64, BVA]`` blocks: 32 x 32 with 8 warps is free of spills on sm_90 up
-    to K = 128 (ptxas; 64-wide blocks or 4 warps spill 16-1000 bytes)."""
-    BKA, BVA = min(BK, 32), min(BV, 32)
+def token_blocks(K: int, V: int, block_v: int | None = None) -> tuple[int, int, int]:
+    """``(BKA, BVA, warps)`` of kernel A: K visited in key blocks of ``BKA`` and V in blocks of
+    ``BVA`` (``block_v``, a test's choice, caps it), up to 64 each: ``do``'s ``[64, BVA]`` block
+    is loaded once per level, key block and V block, so wider blocks load it fewer times and run
+    fewer, larger dots. At K = V = 128 in bf16, 64 x 64 with 8 warps holds 128 registers, no spill,
+    72 KiB of shared memory (sm_90, ``scripts/kernel_resources.py``); H200, L = 4 (bench/NOTES.md):
+    the step −0.73 ms against 32 x 32, which 128 x 32 and 32 x 64 beat by less."""
+    BKA = min(64, max(16, triton.next_power_of_2(K)))
+    BVA = min(64, max(16, triton.next_power_of_2(V)))
+    if block_v is not None:
+        BVA = max(16, min(BVA, triton.next_power_of_2(block_v)))
     return BKA, BVA, 4 if BKA * BVA < 32 * 32 else 8
 
 
@@ -159,7 +164,7 @@ def reads_bwd(do: torch.Tensor, q: torch.Tensor, r: torch.Tensor, o0: torch.Tens
               read_row: torch.Tensor, row_level: torch.Tensor, row_chunk_lo: torch.Tensor,
               row_chunk_hi: torch.Tensor, scale: float, dq: torch.Tensor, *, block_v: int | None = None,
               with_states: bool = True, chunk_bounds: torch.Tensor | None = None,
-              do0_dtype: torch.dtype = torch.float32):
+              do0_dtype: torch.dtype = torch.float32, tokens_blocks: tuple[int, int, int] | None = None):
     """Gradients of ``reads_fwd`` (module docstring). Returns ``(dr [B, T, H, L], do0 [B, T, H, V],
     dstates [B, S, H, K, V])``, float32 (``do0`` in ``do0_dtype``: the nested op asks for the
     activations' dtype, which level 0's backward reads; the one rounding it gets anyway, made on
@@ -170,7 +175,9 @@ def reads_bwd(do: torch.Tensor, q: torch.Tensor, r: torch.Tensor, o0: torch.Tens
     ``dq`` a contiguous ``[B, T, H, L, K]`` buffer in float32 or q's dtype (the float32 values
     are rounded once, on store): levels 1..L-1 are overwritten, level 0 is left alone.
     ``with_states=False``: ``dstates`` is None (``reads_bwd_states`` gives any rows of it later).
-    ``block_v`` and ``chunk_bounds`` (packed sequences) as in ``reads_fwd``.
+    ``block_v`` and ``chunk_bounds`` (packed sequences) as in ``reads_fwd``. ``tokens_blocks``:
+    kernel A's ``(BKA, BVA, warps)`` instead of ``token_blocks``' (powers of two ≥ 16; a
+    benchmark's choice).
     """
     B, T, H, L, K, V, S, N = _check_bwd(do, q, r, o0, states, read_row, row_level, row_chunk_lo, row_chunk_hi,
                                         chunk_bounds)
@@ -178,7 +185,9 @@ def reads_bwd(do: torch.Tensor, q: torch.Tensor, r: torch.Tensor, o0: torch.Tens
     if not dq.is_contiguous():
         raise ValueError("dq must be contiguous (levels 1..L-1 are written into it in place)")
     BT, BK, BV, BL = block_sizes(K, V, L, block_v)
-    BKA, BVA, warps_a = token_blocks(BK, BV)
+    BKA, BVA, warps_a = token_blocks(K, V, block_v) if tokens_blocks is None else tokens_blocks
+    if min(BKA, BVA) < 16 or BKA & (BKA - 1) or BVA & (BVA - 1):
+        raise ValueError(f"tokens_blocks' key and V blocks must be powers of two ≥ 16, got {BKA}, {BVA}")
     f32 = torch.float32
     dr = torch.empty(B, T, H, L, dtype=f32, device=q.device)
     if do0_dtype not in (f32, q.dtype):

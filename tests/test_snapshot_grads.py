@@ -1,0 +1,224 @@
+"""Snapshot gradients kept factored (``state_grad.FactoredSnapGrads``: ``Qᵀ dν'`` formed where it is
+added): ``optimized.nested.snapshot_grads.add_snapshot_grads`` (levels ≥ 2, into the level below's
+state gradients) against a float64 einsum and index add, and level 0's state-gradient kernel with
+factored injected gradients (level 1's) against per-token GDN-2 in float64. Cases reach every masked
+edge: pairs over 16 and ragged (20 of a block of 32), keys not a power of two, two V blocks with a
+ragged last one, B = 2 and H = 2, repeated targets (two rounds), a batch-strided target, packed
+rows (B = 1). Mutants (production kernels with one source substitution,
+``property_tests/kernel_mutation.py``) must fail; and the op with factored gradients agrees with
+the op that materialises them."""
+import contextlib
+
+import pytest
+import torch
+
+from ngdn.checks import nested_optimized as checks
+from ngdn.inputs import GDN2Shape
+from ngdn.tolerances import record, tolerance
+from optimized import state_grad as state_grad_module
+from optimized import triton_mode
+from optimized.nested import snapshot_grads as module
+from optimized.nested.plan import inject_rounds
+from optimized.nested.snapshot_grads import add_snapshot_grads, block_sizes
+from optimized.state_grad import FactoredSnapGrads
+from property_tests.kernel_mutation import Plant, planted
+
+DEV = triton_mode.device()
+CUDA = triton_mode.MODE == triton_mode.CUDA
+MUTANT_MIN_ERROR = 0.1      # a mutant misses by far more than any "snapshot_grads" tolerance (≤ 1e-2)
+
+# name: (B, S, H, n, K, V, targets, precision)
+CASES = {
+    # pairs 20 (a block of 32), keys 24 (32), V 72 (64 + 8); targets 3 and 1 repeated: two rounds
+    "two_rounds": (2, 7, 2, 20, 24, 72, [1, 3, 3, 6, 1], "ieee"),
+    # evenly spaced targets (every built-in schedule): one round
+    "one_round": (2, 9, 2, 16, 32, 32, [0, 2, 4, 6, 8], "ieee"),
+    # packed sequences: one row (B = 1), a sequence's firings probe its own rows
+    "packed": (1, 11, 3, 5, 16, 40, [0, 2, 3, 5, 7, 8, 10], "ieee"),
+    # TF32 dots (a bf16 run's precision; the interpreter computes float32 either way)
+    "tf32": (2, 7, 2, 16, 48, 40, [1, 2, 4, 6], "tf32"),
+}
+if CUDA:    # the benchmark's head size: IEEE (float32 runs) and TF32 (bf16 runs)
+    CASES["K128_ieee"] = (2, 9, 2, 16, 128, 128, [0, 2, 4, 6, 8], "ieee")
+    CASES["K128_tf32"] = (2, 9, 2, 16, 128, 128, [0, 2, 4, 6, 8], "tf32")
+
+MUTANTS = {
+    # Q of head 0 for every head
+    "head_zero_query": [Plant(module, "add_snapshot_grads_kernel", "q + i_h * N_PAIRS * K", "q")],
+    # the firing's own row instead of the row it probed
+    "own_row": [Plant(module, "add_snapshot_grads_kernel", "t = tl.load(targets + m).to(tl.int64)",
+                      "t = m")],
+    # every V block's program works on the first block
+    "first_v_block": [Plant(module, "add_snapshot_grads_kernel", "o_v = i_v * BV + tl.arange(0, BV)",
+                            "o_v = tl.arange(0, BV)")],
+    # the first round only (a repeated target keeps one firing's gradient)
+    "first_round_only": [Plant(module, "add_snapshot_grads", "if r.numel() == 0:",
+                               "if r.numel() == 0 or r is not rounds[0]:")],
+    # the target's old value dropped (stored, not added)
+    "overwrites": [Plant(module, "add_snapshot_grads_kernel",
+                         "tl.store(p_dst, tl.load(p_dst, mask=m_kv, other=0.0) + b_add, mask=m_kv)",
+                         "tl.store(p_dst, b_add, mask=m_kv)")],
+}
+
+# level 0's state-gradient kernel, its factored branch
+STATE_GRAD_MUTANTS = {
+    # Q of head 0 for every head
+    "head_zero_query": [Plant(state_grad_module, "state_grad_bwd_kernel", "ds_q + i_h * N_PAIRS * K", "ds_q")],
+    # Q read as [K, n] (not transposed)
+    "query_not_transposed": [Plant(state_grad_module, "state_grad_bwd_kernel",
+                                   "o_n[None, :] * K + o_k[:, None]", "o_n[None, :] + o_k[:, None] * N_PAIRS")],
+    # the chunk's dν' one slot early
+    "slot_one_early": [Plant(state_grad_module, "state_grad_bwd_kernel",
+                             "(ds + ((i_ds * S + tl.maximum(slot, 0).to(tl.int64)) * H + i_h) * N_PAIRS * V",
+                             "(ds + ((i_ds * S + tl.maximum(slot - 1, 0).to(tl.int64)) * H + i_h) * N_PAIRS * V")],
+}
+
+
+def make_case(name, seed=0):
+    B, S, H, n, K, V, targets, precision = CASES[name]
+    gen = torch.Generator().manual_seed(seed)
+    buf = torch.randn(B, S + 3, H, K, V, generator=gen)
+    dst = buf.to(DEV)[:, 2:S + 2]                              # batch-strided, rows contiguous
+    Q = torch.randn(H, n, K, generator=gen) / n ** 0.5
+    dnu = torch.randn(B, len(targets), H, n, V, generator=gen)
+    return dst, FactoredSnapGrads(Q.to(DEV), dnu.to(DEV)), targets, precision
+
+
+def rel(a, b):
+    a, b = a.double().cpu(), b.double().cpu()
+    return ((a - b).norm() / b.norm()).item()
+
+
+def errors_of(name, mutant=None):
+    """The relative error of what was added to the probed rows (``dst`` after minus before)
+    against the float64 sum of ``Q[h]ᵀ dν'[b, m, h]`` over the firings that probed each row."""
+    dst, grads, targets, precision = make_case(name)
+    before = dst.clone()
+    prod = torch.einsum("hnk,bfhnv->bfhkv", grads.q.double().cpu(), grads.dnu.double().cpu())
+    want = torch.zeros(before.shape, dtype=torch.float64)
+    for m, t in enumerate(targets):
+        want[:, t] += prod[:, m]
+    untouched = [s for s in range(dst.shape[1]) if s not in targets]
+    rows = torch.tensor(targets, dtype=torch.int32, device=DEV)
+    with planted(*MUTANTS[mutant]) if mutant else contextlib.nullcontext():
+        module.add_snapshot_grads(dst, grads, rows, inject_rounds(targets, DEV), precision=precision)
+    assert torch.equal(dst[:, untouched], before[:, untouched])    # rows no firing probed: untouched
+    hit = sorted(set(targets))
+    return {"add": rel(dst[:, hit].double() - before[:, hit].double(), want[:, hit])}
+
+
+def label(name):
+    return torch.bfloat16 if CASES[name][-1] == "tf32" else torch.float32
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_add_snapshot_grads_match_float64(name):
+    errors = errors_of(name)
+    bound = tolerance("snapshot_grads", "add", label(name))
+    record("snapshot_grads", triton_mode.configure(), label(name), "add", errors["add"], bound)
+    assert errors["add"] <= bound, (errors, bound)
+
+
+def test_cases_reach_the_multi_block_paths():
+    """``two_rounds``: pairs, keys and V columns each in a block they do not fill (V over two
+    blocks, the last ragged), a repeated target (two rounds); ``packed`` one row."""
+    B, S, H, n, K, V, targets, _ = CASES["two_rounds"]
+    BN, BK, BV = block_sizes(n, K, V)
+    assert n < BN and K < BK and BV < V < 2 * BV and V % BV
+    assert len(inject_rounds(targets, "cpu")) == 2 and B == H == 2
+    assert CASES["packed"][0] == 1
+
+
+MUTANT_CASES = [("head_zero_query", "two_rounds"), ("own_row", "one_round"), ("first_v_block", "two_rounds"),
+                ("first_round_only", "two_rounds"), ("overwrites", "one_round")]
+
+
+@pytest.mark.mutation
+@pytest.mark.parametrize("mutant, case", MUTANT_CASES)
+def test_mutants_fail(mutant, case):
+    try:
+        errors = errors_of(case, mutant)
+    except AssertionError:          # a mutant that writes rows no firing probed fails here already
+        return
+    assert errors["add"] > MUTANT_MIN_ERROR, errors
+
+
+def test_every_mutant_has_a_case():
+    assert sorted({m for m, _ in MUTANT_CASES}) == sorted(MUTANTS)
+
+
+# level 1's gradients, folded into level 0's state-gradient recurrence: B = H = 2, a ragged last
+# chunk, V over two of the kernel's V blocks (32), pairs under and over 16
+LEVEL0_SHAPE = GDN2Shape(B=2, T=200, H=2, K=24, V=40)
+
+
+@pytest.mark.parametrize("pairs", [3, 20])
+def test_level0_factored_injection_matches_float64(pairs):
+    assert state_grad_module.block_sizes(LEVEL0_SHAPE.K, LEVEL0_SHAPE.V)[1] < LEVEL0_SHAPE.V
+    result = checks.level0_states_vs_reference(LEVEL0_SHAPE, 1, torch.float32, pairs=pairs)
+    assert all(err <= bound for err, bound in result.values()), result
+
+
+@pytest.mark.mutation
+@pytest.mark.parametrize("mutant", list(STATE_GRAD_MUTANTS))
+def test_level0_factored_injection_mutants_fail(mutant):
+    with planted(*STATE_GRAD_MUTANTS[mutant]):
+        result = checks.level0_states_vs_reference(LEVEL0_SHAPE, 1, torch.float32, pairs=20, log=False)
+    bad = {k for k, (err, bound) in result.items() if err > bound}
+    assert {"dk", "dv", "dw"} <= bad and not {"output", "chunk_end_states"} & bad, result
+
+
+def test_bad_inputs_fail_early():
+    dst, grads, targets, _ = make_case("two_rounds")
+    rows = torch.tensor(targets, dtype=torch.int32, device=DEV)
+    rounds = inject_rounds(targets, DEV)
+    with pytest.raises(ValueError, match=r"precision must be one of"):
+        add_snapshot_grads(dst, grads, rows, rounds, precision="bf16")
+    with pytest.raises(ValueError, match=r"dst must be a float32 \[B, S, H, K, V\]"):
+        add_snapshot_grads(dst.transpose(3, 4), grads, rows, rounds)
+    with pytest.raises(ValueError, match=r"grads.q must be float32 \[H, n, K\]"):
+        add_snapshot_grads(dst, grads._replace(q=grads.q[:, :, :-1]), rows, rounds)
+    with pytest.raises(ValueError, match=r"grads.dnu must be float32 \[B, F, H, n, V\]"):
+        add_snapshot_grads(dst, grads._replace(dnu=grads.dnu.double()), rows, rounds)
+    with pytest.raises(ValueError, match=r"targets must be int32 \[F\]"):
+        add_snapshot_grads(dst, grads, rows.long(), rounds)
+    with pytest.raises(ValueError, match=r"each round must be an int32 vector"):
+        add_snapshot_grads(dst, grads, rows, tuple(r.long() for r in rounds))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32] + ([torch.bfloat16] if CUDA else []), ids=str)
+@pytest.mark.parametrize("scheme", ["learned", "bounded_erase"])
+def test_factored_snapshot_grads_in_the_op_agree(scheme, dtype, monkeypatch):
+    """The op's default (``Pieces(snapshot_grads="factored")``) and the op that materialises
+    ``Qᵀ dν'`` (``"materialised"``, reads_ab ``snap-grads-materialised``): the same forward bit for
+    bit and the same gradients to float32 rounding; the factored path runs (level 1's into level
+    0's state-gradient kernel, level 2's through ``add_snapshot_grads``)."""
+    from ngdn.nested_inputs import NestedShape
+    from optimized.nested import Pieces, _nested
+    import optimized.nested.bwd as bwd_module
+    from tests.test_nested_hot_path import NAMES, inputs, on_bucket
+
+    calls = []
+    real = bwd_module.add_snapshot_grads
+    monkeypatch.setattr(bwd_module, "add_snapshot_grads", lambda *a, **k: (calls.append(1), real(*a, **k)))
+    results = []
+    for pieces in (Pieces(), Pieces(snapshot_grads="materialised")):
+        args = inputs(on_bucket(NestedShape(B=2, T=200, H=2, L=3, K=16, V=16)), dtype, scheme=scheme)
+        o = _nested(pieces=pieces, **args)[0]
+        leaves = [args[n] for n in NAMES]
+        do = torch.randn(o.shape, generator=torch.Generator().manual_seed(1)).to(o.device)
+        results.append([o, *torch.autograd.grad(o, leaves, do)])
+    assert calls == [1]             # level 2's, in the factored run only
+    assert torch.equal(results[0][0], results[1][0])
+    bound = tolerance("snapshot_grads", "op", dtype)
+    errors = [rel(got, want) for got, want in zip(results[0][1:], results[1][1:])]
+    for name, err in zip(NAMES, errors):
+        record("snapshot_grads", triton_mode.configure(), dtype, "op", err, bound)
+    assert max(errors) <= bound, dict(zip(NAMES, errors))
+
+
+def test_pieces_reject_an_unknown_snapshot_grads():
+    from optimized.nested import Pieces
+
+    with pytest.raises(ValueError, match=r"snapshot_grads must be one of"):
+        Pieces(snapshot_grads="dense")
