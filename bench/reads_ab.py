@@ -52,7 +52,11 @@ heads. Variants (``--variants``, default all):
 - ``snap-grads-materialised``: the default op with the fused probe's snapshot gradients ``Qᵀ dν'``
   made by a matmul as a ``[B, F, H, K, V]`` float32 tensor and read back (level 1's by level 0's
   state-gradient kernel, the others by a strided add: ``Pieces(snapshot_grads="materialised")``, the
-  op before); the default forms the product where it is added (``optimized.nested.snapshot_grads``);
+  op before); the default forms the product where it is added;
+- ``snap-add-kernel``: the default op with levels ≥ 2's factored snapshot gradients added by a
+  kernel of their own after the level below's state gradients are made
+  (``optimized.nested.snapshot_grads``, ``Pieces(snapshot_grads="factored-add")``, the op before
+  2026-12-04's fold into the reads' state-gradient kernel);
 - ``rtok-k32-v32``, ``rtok-k64-v64``, ``rtok-k128-v32``, ``rtok-k32-v64``: the default op with the
   reads' token kernel (``reads_bwd_tokens_kernel``) visiting keys and V in blocks of 32 / 32 (the op
   before 2026-12-04), 64 / 64 (the default since, at K = V = 128), 128 / 32, 32 / 64
@@ -146,7 +150,7 @@ VARIANTS = ("torch", "generic", "fused-ieee", "scan-tf32", "triton", "triton+che
             "rstates-bv32", "rstates-bv64",
             "states-one-buffer", "snapshot-copies", "dz-new-buffer", "l0-keep", "l0-recompute-wy", "ranges-always",
             "gates-nu-128", "l0-overlap", "l0-overlap-fwd", "l0-output-fla", "snap-grads-materialised",
-            "rtok-k32-v32", "rtok-k64-v64", "rtok-k128-v32", "rtok-k32-v64")
+            "snap-add-kernel", "rtok-k32-v32", "rtok-k64-v64", "rtok-k128-v32", "rtok-k32-v64")
 
 
 @contextlib.contextmanager
@@ -308,6 +312,7 @@ def _ops(B, T, H, K, V, L, dtype, seed, names=VARIANTS, device="cuda"):
         "l0-overlap-fwd": Pieces(level0_overlap="fwd"),
         "l0-output-fla": Pieces(),      # the default op; main() has fla's launcher zero-fill level 0's output
         "snap-grads-materialised": Pieces(snapshot_grads="materialised"),
+        "snap-add-kernel": Pieces(snapshot_grads="factored-add"),
         # the reads' token kernel at other key / V blocks (default 64 x 64 at K = V = 128, 8 warps;
         # 32 x 32 the op before: `do` loaded once per level, key block and V block)
         "rtok-k32-v32": Pieces(reads_bwd=partial(reads_router_bwd, tokens_blocks=(32, 32, 8))),

@@ -17,6 +17,7 @@ from ngdn.inputs import GDN2Shape
 from ngdn.tolerances import record, tolerance
 from optimized import state_grad as state_grad_module
 from optimized import triton_mode
+from optimized.nested import reads_bwd as reads_bwd_module
 from optimized.nested import snapshot_grads as module
 from optimized.nested.plan import inject_rounds
 from optimized.nested.snapshot_grads import add_snapshot_grads, block_sizes
@@ -147,6 +148,142 @@ def test_every_mutant_has_a_case():
     assert sorted({m for m, _ in MUTANT_CASES}) == sorted(MUTANTS)
 
 
+# Levels ≥ 2's, folded into the reads' state-gradient kernel (``reads_bwd_states(snap_grads=...)``)
+# that makes the level below's rows: reads case name (tests/test_nested_reads_kernels.py), the
+# level whose rows receive them, pairs, targets (nondecreasing rows of that level), precision.
+# L3_batch2: B = H = 2, K = 24 (a key block of 32), V = 40 in three V blocks of 16 (the last 8
+# wide), a ragged last chunk; 20 pairs (a block of 32); row 1 probed by no firing, row 2 by two.
+FOLD_CASES = {
+    "two_firings_one_row": ("L3_batch2", 1, 20, [0, 2, 2], "ieee"),
+    "tf32": ("L3_batch2", 1, 16, [0, 1, 2], "tf32"),
+    "top_level_rows": ("L3_batch2", 2, 5, [1, 1], "ieee"),
+}
+if CUDA:    # the kernel's default V block (128: one ragged block at V = 100) with K = 112, in both precisions
+    FOLD_CASES["K112_V100_ieee"] = ("K112_V100_default", 1, 16, [0, 2, 2], "ieee")
+    FOLD_CASES["K112_V100_tf32"] = ("K112_V100_default", 1, 16, [0, 2, 2], "tf32")
+
+FOLD_MUTANTS = {
+    # Q of head 0 for every head
+    "head_zero_query": [Plant(reads_bwd_module, "reads_bwd_states_kernel", "snap_q + i_h * N_PAIRS * K", "snap_q")],
+    # one firing per row (a row probed twice keeps the first firing's gradient)
+    "first_firing_only": [Plant(reads_bwd_module, "reads_bwd_states_kernel", "for m in range(f_lo, f_hi):",
+                                "for m in range(f_lo, tl.minimum(f_hi, f_lo + 1)):")],
+    # batch entry 0's dν' for every batch entry
+    "batch_zero": [Plant(reads_bwd_module, "reads_bwd_states_kernel",
+                         "((i_b.to(tl.int64) * F_SNAP + m) * H + i_h)", "((0 * F_SNAP + m) * H + i_h)")],
+    # every V block's program adds the first V block's product
+    "first_v_block": [Plant(reads_bwd_module, "reads_bwd_states_kernel",
+                            "b_dnu = tl.load(p_dnu + o_n[:, None] * V + o_v[None, :]",
+                            "b_dnu = tl.load(p_dnu + o_n[:, None] * V + (o_v - i_v * BV)[None, :]")],
+}
+
+
+def fold_errors(name, mutant=None):
+    """The relative error of what the folded snapshot gradients added to the probed rows (the
+    kernel's rows with them minus without) against the float64 sum of ``Q[h]ᵀ dν'[b, m, h]`` over
+    the firings that probed each row; rows no firing probed must be bit for bit the rows without."""
+    from optimized.nested.plan import fire_ranges
+    from optimized.nested.reads_bwd import reads_bwd_states
+    from tests.test_nested_reads_kernels import make_case as reads_case
+
+    case, level, n, targets, precision = FOLD_CASES[name]
+    x, tables, meta = reads_case(case)
+    B, T, H, L, K = x["q"].shape
+    V = x["do"].shape[-1]
+    rows = slice(tables.row_offset[level], tables.row_offset[level + 1])
+    count = rows.stop - rows.start
+    gen = torch.Generator().manual_seed(3)
+    grads = FactoredSnapGrads((torch.randn(H, n, K, generator=gen) / n ** 0.5).to(DEV),
+                              torch.randn(B, len(targets), H, n, V, generator=gen).to(DEV))
+
+    def states(**snap):
+        return reads_bwd_states(x["do"], x["q"], x["r"], x["o0"], x["states"], tables.read_row, tables.row_level,
+                                tables.row_chunk_lo, tables.row_chunk_hi, meta["scale"], rows,
+                                block_v=meta["block_v"], **snap)
+
+    before = states()
+    with planted(*FOLD_MUTANTS[mutant]) if mutant else contextlib.nullcontext():
+        after = states(snap_grads=grads, fire_ranges=fire_ranges(targets, count, DEV), snap_precision=precision)
+    prod = torch.einsum("hnk,bfhnv->bfhkv", grads.q.double().cpu(), grads.dnu.double().cpu())
+    want = torch.zeros(before.shape, dtype=torch.float64)
+    for m, t in enumerate(targets):
+        want[:, t] += prod[:, m]
+    untouched = [s for s in range(count) if s not in targets]
+    assert torch.equal(after[:, untouched], before[:, untouched])
+    hit = sorted(set(targets))
+    return rel(after[:, hit].double() - before[:, hit].double(), want[:, hit])
+
+
+@pytest.mark.parametrize("name", list(FOLD_CASES))
+def test_folded_snapshot_grads_match_float64(name):
+    err = fold_errors(name)
+    dtype = torch.bfloat16 if FOLD_CASES[name][-1] == "tf32" else torch.float32
+    bound = tolerance("snapshot_grads", "fold", dtype)
+    record("snapshot_grads", triton_mode.configure(), dtype, "fold", err, bound)
+    assert err <= bound, (err, bound)
+
+
+def test_fold_cases_reach_the_multi_block_paths():
+    """Pairs, keys and V each in a block they do not fill, V over several blocks (the last
+    ragged), a row probed twice and one by nobody, B = H = 2."""
+    from optimized.nested.reads_fwd import block_sizes as reads_blocks
+    from tests.test_nested_reads_kernels import CASES as READS_CASES
+
+    case, level, n, targets, _ = FOLD_CASES["two_firings_one_row"]
+    B, T, H, K, V, block_v, *_ = READS_CASES[case]
+    _, BK, BV, _ = reads_blocks(K, V, 2, block_v)
+    assert K < BK and V > 2 * BV and V % BV and n < 32 and 16 < n
+    assert len(set(targets)) < len(targets) and 1 not in targets and B == H == 2
+
+
+FOLD_MUTANT_CASES = [("head_zero_query", "two_firings_one_row"), ("first_firing_only", "two_firings_one_row"),
+                     ("batch_zero", "two_firings_one_row"), ("first_v_block", "two_firings_one_row")]
+
+
+@pytest.mark.mutation
+@pytest.mark.parametrize("mutant, case", FOLD_MUTANT_CASES)
+def test_fold_mutants_fail(mutant, case):
+    assert fold_errors(case, mutant) > MUTANT_MIN_ERROR
+
+
+def test_every_fold_mutant_has_a_case():
+    assert sorted({m for m, _ in FOLD_MUTANT_CASES}) == sorted(FOLD_MUTANTS)
+
+
+def test_fold_bad_inputs_fail_early():
+    from optimized.nested.plan import fire_ranges
+    from optimized.nested.reads_bwd import reads_bwd_states
+    from tests.test_nested_reads_kernels import make_case as reads_case
+
+    x, tables, meta = reads_case("L3_batch2")
+    B, T, H, L, K = x["q"].shape
+    V = x["do"].shape[-1]
+    grads = FactoredSnapGrads(torch.zeros(H, 4, K, device=DEV), torch.zeros(B, 2, H, 4, V, device=DEV))
+    ranges = fire_ranges([0, 2], 3, DEV)
+
+    def call(**snap):
+        return reads_bwd_states(x["do"], x["q"], x["r"], x["o0"], x["states"], tables.read_row, tables.row_level,
+                                tables.row_chunk_lo, tables.row_chunk_hi, meta["scale"], slice(0, 3), **snap)
+    with pytest.raises(ValueError, match=r"snap_precision must be one of"):
+        call(snap_grads=grads, fire_ranges=ranges, snap_precision="bf16")
+    with pytest.raises(ValueError, match=r"fire_ranges given without snap_grads"):
+        call(fire_ranges=ranges)
+    with pytest.raises(TypeError, match=r"snap_grads must be a FactoredSnapGrads"):
+        call(snap_grads=grads.materialise(), fire_ranges=ranges)
+    with pytest.raises(ValueError, match=r"snap_grads.q must have shape"):
+        call(snap_grads=grads._replace(q=grads.q[..., :-1]), fire_ranges=ranges)
+    with pytest.raises(ValueError, match=r"snap_grads.dnu must have dtype"):
+        call(snap_grads=grads._replace(dnu=grads.dnu.double()), fire_ranges=ranges)
+    with pytest.raises(ValueError, match=r"fire_ranges must be a \(lo, hi\) pair"):
+        call(snap_grads=grads)
+    with pytest.raises(ValueError, match=r"fire_ranges' hi must have shape"):
+        call(snap_grads=grads, fire_ranges=(ranges[0], ranges[1][:2]))
+    with pytest.raises(ValueError, match=r"targets must be nondecreasing rows"):
+        fire_ranges([2, 0], 3, DEV)
+    with pytest.raises(ValueError, match=r"targets must be nondecreasing rows"):
+        fire_ranges([0, 3], 3, DEV)
+
+
 # level 1's gradients, folded into level 0's state-gradient recurrence: B = H = 2, a ragged last
 # chunk, V over two of the kernel's V blocks (32), pairs under and over 16
 LEVEL0_SHAPE = GDN2Shape(B=2, T=200, H=2, K=24, V=40)
@@ -189,32 +326,38 @@ def test_bad_inputs_fail_early():
 @pytest.mark.parametrize("dtype", [torch.float32] + ([torch.bfloat16] if CUDA else []), ids=str)
 @pytest.mark.parametrize("scheme", ["learned", "bounded_erase"])
 def test_factored_snapshot_grads_in_the_op_agree(scheme, dtype, monkeypatch):
-    """The op's default (``Pieces(snapshot_grads="factored")``) and the op that materialises
-    ``Qᵀ dν'`` (``"materialised"``, reads_ab ``snap-grads-materialised``): the same forward bit for
-    bit and the same gradients to float32 rounding; the factored path runs (level 1's into level
-    0's state-gradient kernel, level 2's through ``add_snapshot_grads``)."""
+    """The op's default (``Pieces(snapshot_grads="factored")``: level 2's ``Qᵀ dν'`` formed in the
+    reads' state-gradient kernel), ``"factored-add"`` (in ``add_snapshot_grads`` after it) and the op
+    that materialises ``Qᵀ dν'`` (``"materialised"``, reads_ab ``snap-grads-materialised``): the same
+    forward bit for bit and the same gradients to float32 rounding; each factored path runs where
+    it should (level 1's into level 0's state-gradient kernel in both)."""
     from ngdn.nested_inputs import NestedShape
     from optimized.nested import Pieces, _nested
     import optimized.nested.bwd as bwd_module
+    import optimized.nested.pieces as pieces_module
     from tests.test_nested_hot_path import NAMES, inputs, on_bucket
 
-    calls = []
-    real = bwd_module.add_snapshot_grads
-    monkeypatch.setattr(bwd_module, "add_snapshot_grads", lambda *a, **k: (calls.append(1), real(*a, **k)))
+    adds, folds = [], []
+    real_add, real_states = bwd_module.add_snapshot_grads, pieces_module.reads_bwd_states
+    monkeypatch.setattr(bwd_module, "add_snapshot_grads", lambda *a, **k: (adds.append(1), real_add(*a, **k))[1])
+    monkeypatch.setattr(pieces_module, "reads_bwd_states",
+                        lambda *a, **k: (folds.append(k["snap_grads"] is not None), real_states(*a, **k))[1])
     results = []
-    for pieces in (Pieces(), Pieces(snapshot_grads="materialised")):
+    for pieces in (Pieces(), Pieces(snapshot_grads="factored-add"), Pieces(snapshot_grads="materialised")):
         args = inputs(on_bucket(NestedShape(B=2, T=200, H=2, L=3, K=16, V=16)), dtype, scheme=scheme)
         o = _nested(pieces=pieces, **args)[0]
         leaves = [args[n] for n in NAMES]
         do = torch.randn(o.shape, generator=torch.Generator().manual_seed(1)).to(o.device)
         results.append([o, *torch.autograd.grad(o, leaves, do)])
-    assert calls == [1]             # level 2's, in the factored run only
-    assert torch.equal(results[0][0], results[1][0])
+    # levels 2 then 1 per run: level 1's rows with level 2's gradients folded in the default run only
+    assert folds == [False, True, False, False, False, False] and adds == [1]
     bound = tolerance("snapshot_grads", "op", dtype)
-    errors = [rel(got, want) for got, want in zip(results[0][1:], results[1][1:])]
-    for name, err in zip(NAMES, errors):
-        record("snapshot_grads", triton_mode.configure(), dtype, "op", err, bound)
-    assert max(errors) <= bound, dict(zip(NAMES, errors))
+    for got in results[:2]:
+        assert torch.equal(got[0], results[2][0])
+        errors = [rel(g, want) for g, want in zip(got[1:], results[2][1:])]
+        for name, err in zip(NAMES, errors):
+            record("snapshot_grads", triton_mode.configure(), dtype, "op", err, bound)
+        assert max(errors) <= bound, dict(zip(NAMES, errors))
 
 
 def test_pieces_reject_an_unknown_snapshot_grads():

@@ -41,10 +41,12 @@ def nested_bwd(saved: NestedSaved, do, dfinals, release: bool = False):
     with fork(s.pieces.overlaps("bwd"), q.device) as side, stage("nested.level0_dav"):
         dav = level0_bwd_dav(s.level0, do0)
 
-    def level_dstates_of(ℓ):
-        """Level ℓ's state gradients from the reads, plus its final state's gradient."""
+    def level_dstates_of(ℓ, snap_grads=None):
+        """Level ℓ's state gradients from the reads (with level ℓ+1's factored snapshot gradients
+        ``snap_grads`` added in the same kernel), plus its final state's gradient."""
         with stage("nested.reads_bwd_states"):
-            d = dstates_of(ℓ)
+            d = dstates_of(ℓ) if snap_grads is None else \
+                dstates_of(ℓ, snap_grads, snap_precision=s.pieces.probe_precision(q.dtype))
             if dfinals[ℓ] is not None:
                 if tables.packed is None:
                     d[:, -1] += dfinals[ℓ].float()
@@ -114,8 +116,11 @@ def nested_bwd(saved: NestedSaved, do, dfinals, release: bool = False):
         if ℓ == 1:
             d_ends = d_snaps
         else:
-            level_dstates[ℓ - 1] = level_dstates_of(ℓ - 1)
-            if plan.sources[ℓ]:
+            # factored snapshot gradients: Qᵀ dν' formed in the kernel that makes the level below's
+            # state gradients ("factored-add": in one of its own after it)
+            fold = isinstance(d_snaps, FactoredSnapGrads) and s.pieces.snapshot_grads == "factored"
+            level_dstates[ℓ - 1] = level_dstates_of(ℓ - 1, d_snaps if fold else None)
+            if plan.sources[ℓ] and not fold:
                 with stage("nested.add_snapshot_grads"):
                     if isinstance(d_snaps, FactoredSnapGrads):     # Qᵀ dν' formed as it is added
                         add_snapshot_grads(level_dstates[ℓ - 1], d_snaps, tables.snap_rows[ℓ],

@@ -19,6 +19,7 @@ from optimized.nested.plan import make_plan
 from optimized.nested.reads_bwd import reads_bwd, reads_bwd_states
 from optimized.nested.reads_fwd import reads_fwd
 from optimized.nested.reads_torch import reads_router_bwd_torch
+from optimized.nested.snapshot_grads import add_snapshot_grads
 from optimized.promote_scan import forward_precision, promote_scan_bwd, promote_scan_fwd, sum_partials
 from optimized.promote_scan_two_phase import promote_scan_bwd_two_phase
 from optimized.state_grad import state_grad_bwd
@@ -38,8 +39,10 @@ def reads_router_bwd(do, q, r, o0, states, plan, tables, scale, dq, block_v=None
                      tokens_blocks=None):
     """Its backward (``reads_bwd``): ``dq`` levels ≥ 1 in place; returns ``(dr, do0, dstates_of)``
     (``do0`` in q's dtype, what level 0's backward reads),
-    ``dstates_of(ℓ)`` level ℓ's state gradients ``[B, F_ℓ + 1, H, K, V]`` float32, made when asked
-    for (``reads_bwd_states``: the nested backward holds at most two levels' at a time).
+    ``dstates_of(ℓ, snap_grads=None, snap_precision="ieee")`` level ℓ's state gradients
+    ``[B, F_ℓ + 1, H, K, V]`` float32, made when asked for (``reads_bwd_states``: the nested
+    backward holds at most two levels' at a time), with level ℓ+1's factored snapshot gradients
+    ``snap_grads`` added in the same kernel.
     ``states_block_v``: the state-gradient kernel's V block alone (None: ``block_v``);
     ``tokens_blocks``: the token kernel's ``(BKA, BVA, warps)`` (None: ``reads_bwd.token_blocks``)."""
     do = do.to(q.dtype)
@@ -48,20 +51,26 @@ def reads_router_bwd(do, q, r, o0, states, plan, tables, scale, dq, block_v=None
                            tables.row_chunk_hi, scale, dq, block_v=block_v, with_states=False, chunk_bounds=bounds,
                            do0_dtype=q.dtype, tokens_blocks=tokens_blocks)
 
-    def dstates_of(ℓ):
+    def dstates_of(ℓ, snap_grads=None, snap_precision="ieee"):
         return reads_bwd_states(do, q, r, o0, states, tables.read_row, tables.row_level, tables.row_chunk_lo,
                                 tables.row_chunk_hi, scale, tables.level_rows(ℓ),
-                                block_v=block_v if states_block_v is None else states_block_v, chunk_bounds=bounds)
+                                block_v=block_v if states_block_v is None else states_block_v, chunk_bounds=bounds,
+                                snap_grads=snap_grads,
+                                fire_ranges=None if snap_grads is None else tables.snap_fire_ranges[ℓ + 1],
+                                snap_precision=snap_precision)
     return dr, do0, dstates_of
 
 
 def reads_router_bwd_torch_levels(do, q, r, o0, states, plan, tables, scale, dq, block_v=None):
-    """``reads_router_bwd_torch`` with ``reads_router_bwd``'s return convention (``dstates_of(ℓ)``:
-    a view of its one buffer)."""
+    """``reads_router_bwd_torch`` with ``reads_router_bwd``'s return convention (``dstates_of(ℓ, ...)``:
+    a view of its one buffer, factored snapshot gradients added by ``add_snapshot_grads``)."""
     dr, do0, dstates = reads_router_bwd_torch(do, q, r, o0, states, plan, tables, scale, dq, block_v)
 
-    def dstates_of(ℓ):
-        return dstates[:, tables.level_rows(ℓ)]
+    def dstates_of(ℓ, snap_grads=None, snap_precision="ieee"):
+        d = dstates[:, tables.level_rows(ℓ)]
+        if snap_grads is not None:
+            add_snapshot_grads(d, snap_grads, tables.snap_rows[ℓ + 1], tables.inject_rounds[ℓ + 1], snap_precision)
+        return d
     return dr, do0, dstates_of
 
 
@@ -100,7 +109,7 @@ def probe_precision(dtype) -> str:
 
 
 LEVEL0_OVERLAP = ("none", "fwd", "fwd+bwd")
-SNAPSHOT_GRADS = ("factored", "materialised")
+SNAPSHOT_GRADS = ("factored", "factored-add", "materialised")
 
 
 @dataclass(frozen=True)
@@ -148,8 +157,10 @@ class Pieces:
 
     snapshot_grads: str = "factored"  # the fused probe's snapshot gradients Qᵀ dν' (learned, bounded_erase
     #                                   reading their rows in place) formed where they are added: in
-    #                                   level 0's state-gradient kernel (level 1's) and in
-    #                                   optimized.nested.snapshot_grads (levels ≥ 2); "materialised": a
+    #                                   level 0's state-gradient kernel (level 1's) and in the level
+    #                                   below's reads state-gradient kernel (levels ≥ 2, reads_bwd_states);
+    #                                   "factored-add": levels ≥ 2's by a kernel of their own after it
+    #                                   (optimized.nested.snapshot_grads); "materialised": a
     #                                   [B, F, H, K, V] float32 tensor made by a matmul and read back
     level0_overlap: str = "none"    # level 0's work that no upper level reads, on a second CUDA stream
     #                                 beside the upper levels (optimized.side_stream): "fwd" its output
@@ -179,7 +190,7 @@ class Pieces:
     def factored_snapshot_grads(self, scheme: str) -> bool:
         """Whether the fused probe of ``scheme`` hands back its snapshot gradients factored
         (``snapshot_grads``; only where it reads its snapshots in place as ``ν = Q M``)."""
-        return self.snapshot_grads == "factored" and self.reads_rows(scheme)
+        return self.snapshot_grads != "materialised" and self.reads_rows(scheme)
 
     def scan_block(self) -> int | None:
         """The V block of the promote scans: ``scan_block_v``, else ``block_v``."""

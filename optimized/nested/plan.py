@@ -162,6 +162,10 @@ class DeviceTables:
     in-place read (``snapshot_reads.SnapshotRows``): for ℓ = 1 a row of fla's ``h`` (``c + 1``
     for an end of chunk c), or ``-1 - i`` for the final state ``i`` (one sequence per row:
     ``-1``, the batch entry's own; packed: sequence i's); for ℓ ≥ 2 a row of level ℓ-1's states.
+    ``snap_fire_ranges[ℓ]`` (ℓ ≥ 2; None below): int32 ``(lo, hi)``, each ``[rows of level ℓ-1]``:
+    the firings ``[lo[s], hi[s])`` of level ℓ that probed level ℓ-1's row s (its ``sources`` are
+    nondecreasing), for the state-gradient kernel that adds their factored snapshot gradients
+    (``reads_bwd.reads_bwd_states``).
     ``packed``: a ``PackedPlan``'s extra tables (``PackedTables``), else None.
     """
     S: int
@@ -177,6 +181,7 @@ class DeviceTables:
     slots: object
     snap_rows: tuple
     inject_rounds: tuple
+    snap_fire_ranges: tuple
     packed: PackedTables | None = None
 
     def level_rows(self, ℓ: int) -> slice:
@@ -276,7 +281,31 @@ def device_tables(plan: Plan | PackedPlan, device) -> DeviceTables:
         end_includes_final=bool(ends) and ends[-1] == N - 1,
         add_rounds=tuple(rounds), slots=injection_slots(N, ends, device),
         snap_rows=_snap_rows(inner + [-1] * (bool(ends) and ends[-1] == N - 1), plan.sources, L, device),
-        inject_rounds=_inject_rounds(plan.sources, L, device))
+        inject_rounds=_inject_rounds(plan.sources, L, device),
+        snap_fire_ranges=_snap_fire_ranges(plan.sources, row_offset, L, device))
+
+
+def fire_ranges(targets, rows: int, device) -> tuple:
+    """``(lo, hi)`` int32 ``[rows]``: the positions ``[lo[s], hi[s])`` of ``targets`` equal to s,
+    for nondecreasing ``targets`` in ``0 .. rows - 1`` (a level's firings probe the level below's
+    rows in order)."""
+    import bisect
+
+    import torch
+
+    targets = list(targets)
+    if any(a > b for a, b in zip(targets, targets[1:])) or any(not 0 <= t < rows for t in targets):
+        raise ValueError(f"targets must be nondecreasing rows in [0, {rows}), got {targets}")
+    lo = [bisect.bisect_left(targets, s) for s in range(rows)]
+    hi = [bisect.bisect_right(targets, s) for s in range(rows)]
+    return tuple(torch.tensor(x, dtype=torch.int32, device=device) for x in (lo, hi))
+
+
+def _snap_fire_ranges(sources, row_offset, L: int, device) -> tuple:
+    """``DeviceTables.snap_fire_ranges``: None for levels 0 and 1, ``fire_ranges`` of level ℓ ≥ 2's
+    sources over level ℓ-1's rows."""
+    return (None, None) + tuple(fire_ranges(sources[ℓ], row_offset[ℓ] - row_offset[ℓ - 1], device)
+                                for ℓ in range(2, L))
 
 
 def _inject_rounds(sources, L: int, device) -> tuple:
@@ -341,4 +370,5 @@ def _packed_device_tables(plan: PackedPlan, device) -> DeviceTables:
         row_chunk_hi=hi, sources=tuple(sources), end_index=None, end_includes_final=False,
         add_rounds=tuple(rounds), slots=injection_slots(N, plan.sources[1] if L > 1 else (), device),
         snap_rows=_snap_rows(level1, plan.sources, L, device),
-        inject_rounds=_inject_rounds(plan.sources, L, device), packed=packed)
+        inject_rounds=_inject_rounds(plan.sources, L, device),
+        snap_fire_ranges=_snap_fire_ranges(plan.sources, row_offset, L, device), packed=packed)

@@ -31,6 +31,7 @@ import triton.language as tl
 from optimized.nested.reads_fwd import (_expect, block_sizes, check_reads, chunk_tokens, dot_exact_a,
                                         dot_exact_b, level_column, num_warps, router_probs, state_row)
 from optimized.nested.stored_states import as_stored
+from optimized.state_grad import FactoredSnapGrads
 
 
 # T, N, S, S_LO, L are runtime sizes (see reads_fwd_kernel).
@@ -104,13 +105,14 @@ def reads_bwd_tokens_kernel(
     tl.store(dr + tok[:, None] * L + o_l[None, :], b_dr, mask=m_t[:, None] & m_l[None, :])
 
 
-@triton.jit(do_not_specialize=["T", "S", "L"])
+@triton.jit(do_not_specialize=["T", "S", "L", "F_SNAP", "N_PAIRS"])
 def reads_bwd_states_kernel(
     do, q, r, row_level, row_chunk_lo, row_chunk_hi, chunk_bounds, dstates,
-    scale, T, S, L,
+    snap_q, snap_dnu, fire_lo, fire_hi,
+    scale, T, S, L, F_SNAP, N_PAIRS,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BL: tl.constexpr,
-    SPLIT: tl.constexpr, IS_VARLEN: tl.constexpr,
+    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BL: tl.constexpr, BN: tl.constexpr,
+    SPLIT: tl.constexpr, IS_VARLEN: tl.constexpr, SNAP: tl.constexpr, PRECISION: tl.constexpr,
 ):
     """One (V block, stored row s, batch·head) program; ``[BK, BV]`` accumulator, ℓ = row_level[s]:
 
@@ -118,10 +120,15 @@ def reads_bwd_states_kernel(
         for j in row_chunk_lo[s] .. row_chunk_hi[s] - 1:          (in order)
             p    = softmax(r[tokens of j])                         [BT, BL]
             acc += (p[:, ℓ] ⊙ q[tokens, ℓ])^T @ do[tokens, block]   [BK, BT] @ [BT, BV]
-        dstates[s][:, block] = scale · acc                         (0 for a row nobody reads)
+        ds = scale · acc                                           (0 for a row nobody reads)
+        for m in fire_lo[s] .. fire_hi[s] - 1:                     (SNAP: the level above's firings
+            ds += snap_q[h]^T @ snap_dnu[b, m, h, :, block]          that probed row s, in order)
+        dstates[s][:, block] = ds
 
     Tokens ≥ T (a ragged last chunk) are loaded as 0 and contribute nothing. ``IS_VARLEN``:
-    chunk j's tokens are ``chunk_bounds[j]`` (``chunk_tokens``).
+    chunk j's tokens are ``chunk_bounds[j]`` (``chunk_tokens``). ``SNAP``: ``snap_q [H, N_PAIRS, K]``
+    and ``snap_dnu [B, F_SNAP, H, N_PAIRS, V]`` float32, pairs past ``N_PAIRS`` masked, dots in
+    ``PRECISION``.
     """
     i_v, i_s, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
@@ -142,8 +149,22 @@ def reads_bwd_states_kernel(
                       other=0.0).to(tl.float32)
         b_do = tl.load(do + tok[:, None] * V + o_v[None, :], mask=m_t[:, None] & m_v[None, :], other=0.0)
         b_ds += dot_exact_b(tl.trans(b_pl[:, None] * b_q), b_do, SPLIT)
+    b_ds = scale * b_ds
+    if SNAP:                # the snapshot gradients of the firings that probed this row
+        f_lo = tl.load(fire_lo + i_s)
+        f_hi = tl.load(fire_hi + i_s)
+        if f_hi > f_lo:
+            o_n = tl.arange(0, BN)
+            m_n = o_n < N_PAIRS
+            b_qt = tl.load(snap_q + i_h * N_PAIRS * K + o_n[None, :] * K + o_k[:, None],
+                           mask=m_n[None, :] & m_k[:, None], other=0.0)                 # [BK, BN]
+            for m in range(f_lo, f_hi):
+                p_dnu = snap_dnu + ((i_b.to(tl.int64) * F_SNAP + m) * H + i_h) * N_PAIRS * V
+                b_dnu = tl.load(p_dnu + o_n[:, None] * V + o_v[None, :], mask=m_n[:, None] & m_v[None, :],
+                                other=0.0)                                              # [BN, BV]
+                b_ds = tl.dot(b_qt, b_dnu, b_ds, input_precision=PRECISION)
     p_ds = dstates + ((i_b.to(tl.int64) * S + i_s) * H + i_h) * K * V
-    tl.store(p_ds + o_k[:, None] * V + o_v[None, :], scale * b_ds, mask=m_k[:, None] & m_v[None, :])
+    tl.store(p_ds + o_k[:, None] * V + o_v[None, :], b_ds, mask=m_k[:, None] & m_v[None, :])
 
 
 def token_blocks(K: int, V: int, block_v: int | None = None) -> tuple[int, int, int]:
@@ -231,12 +252,21 @@ def states_block_v(K: int) -> int | None:
 def reads_bwd_states(do: torch.Tensor, q: torch.Tensor, r: torch.Tensor, o0: torch.Tensor, states: torch.Tensor,
                      read_row: torch.Tensor, row_level: torch.Tensor, row_chunk_lo: torch.Tensor,
                      row_chunk_hi: torch.Tensor, scale: float, rows: slice, *,
-                     block_v: int | None = None, chunk_bounds: torch.Tensor | None = None) -> torch.Tensor:
+                     block_v: int | None = None, chunk_bounds: torch.Tensor | None = None,
+                     snap_grads: FactoredSnapGrads | None = None, fire_ranges: tuple | None = None,
+                     snap_precision: str = "ieee") -> torch.Tensor:
     """The stored rows ``rows`` (a step-1 slice of ``0 .. S``) of ``reads_bwd``'s ``dstates``, as a
     fresh float32 ``[B, len(rows), H, K, V]``: the nested backward asks for one level's rows at a
     time, so the levels' state gradients are never all alive at once. Same kernel, launched on
     the row tables' slices; inputs as in ``reads_bwd`` (checked the same way), but ``block_v``
-    None takes ``states_block_v(K)``."""
+    None takes ``states_block_v(K)``.
+
+    ``snap_grads``: the snapshot gradients of the level above's fused probe, kept factored
+    (``FactoredSnapGrads(Q [H, n, K], dν' [B, F, H, n, V])``, float32), added to the rows they
+    probed in the same programs: row i of ``rows`` gets ``Σ_m Q[h]ᵀ dν'[b, m, h]`` over the firings
+    ``m`` in ``fire_ranges = (lo, hi)`` (int32 ``[len(rows)]``, ``[lo[i], hi[i])``; the plan's
+    ``DeviceTables.snap_fire_ranges``: a level's firings probe nondecreasing rows), in increasing
+    m, after the reads' own sum; its dots in ``snap_precision`` (``"ieee"`` or ``"tf32"``)."""
     B, T, H, L, K, V, S, N = _check_bwd(do, q, r, o0, states, read_row, row_level, row_chunk_lo, row_chunk_hi,
                                         chunk_bounds)
     if not isinstance(rows, slice):
@@ -245,13 +275,44 @@ def reads_bwd_states(do: torch.Tensor, q: torch.Tensor, r: torch.Tensor, o0: tor
     if step != 1:
         raise ValueError(f"rows must be a slice with step 1, got {rows}")
     n = max(stop - start, 0)
+    snap_q, snap_dnu, lo, hi, F, pairs = _check_snap(snap_grads, fire_ranges, snap_precision, B, H, K, V, n, q.device)
     BT, BK, BV, BL = block_sizes(K, V, L, states_block_v(K) if block_v is None else block_v)
     dstates = torch.empty(B, n, H, K, V, dtype=torch.float32, device=q.device)
     if n > 0 and B * H > 0 and K * V > 0:
         reads_bwd_states_kernel[(triton.cdiv(V, BV), n, B * H)](
             do.contiguous(), q.contiguous(), r.contiguous(), row_level[start:stop].contiguous(),
             row_chunk_lo[start:stop].contiguous(), row_chunk_hi[start:stop].contiguous(), chunk_bounds, dstates,
-            float(scale), T, n, L,
-            H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, BL=BL, SPLIT=q.dtype == torch.bfloat16,
-            IS_VARLEN=chunk_bounds is not None, num_warps=num_warps(BK, BV))
+            dstates if snap_q is None else snap_q, dstates if snap_dnu is None else snap_dnu, lo, hi,
+            float(scale), T, n, L, F, pairs,
+            H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, BL=BL, BN=max(16, triton.next_power_of_2(pairs)),
+            SPLIT=q.dtype == torch.bfloat16, IS_VARLEN=chunk_bounds is not None, SNAP=snap_q is not None,
+            PRECISION=snap_precision, num_warps=num_warps(BK, BV))
     return dstates
+
+
+SNAP_PRECISIONS = ("ieee", "tf32")
+
+
+def _check_snap(snap_grads, fire_ranges, precision, B, H, K, V, rows, device):
+    """``reads_bwd_states``' snapshot-gradient inputs checked; returns ``(Q, dν', lo, hi, F, n)``
+    contiguous (``None, None, None, None, 0, 1`` without them)."""
+    if precision not in SNAP_PRECISIONS:
+        raise ValueError(f"snap_precision must be one of {SNAP_PRECISIONS}, got {precision!r}")
+    if snap_grads is None:
+        if fire_ranges is not None:
+            raise ValueError("fire_ranges given without snap_grads")
+        return None, None, None, None, 0, 1
+    if not isinstance(snap_grads, FactoredSnapGrads):
+        raise TypeError(f"snap_grads must be a FactoredSnapGrads, got {type(snap_grads).__name__}")
+    Q, dnu = snap_grads
+    pairs = Q.shape[1] if Q.dim() == 3 else -1
+    _expect("snap_grads.q", Q, (H, pairs, K), (torch.float32,), device)
+    if pairs < 1:
+        raise ValueError(f"snap_grads.q must have at least one pair, got {tuple(Q.shape)}")
+    F = dnu.shape[1] if dnu.dim() == 5 else -1
+    _expect("snap_grads.dnu", dnu, (B, F, H, pairs, V), (torch.float32,), device)
+    if not (isinstance(fire_ranges, tuple) and len(fire_ranges) == 2):
+        raise ValueError("fire_ranges must be a (lo, hi) pair of int32 tensors with snap_grads")
+    for name, x in zip(("fire_ranges' lo", "fire_ranges' hi"), fire_ranges):
+        _expect(name, x, (rows,), (torch.int32,), device)
+    return Q.contiguous(), dnu.contiguous(), *(x.contiguous() for x in fire_ranges), F, pairs

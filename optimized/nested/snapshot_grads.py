@@ -15,8 +15,11 @@ block and stores it. Several firings may probe the same row (a level below that 
 between): the firings come in rounds of distinct targets (``plan.add_rounds``), one launch per
 round, in increasing firing order, so the sums are deterministic and race-free.
 
-Level 1's snapshots are level 0's chunk-end states: their factored gradients go to level 0's
-state-gradient kernel instead (``optimized.state_grad``, its ``FactoredSnapGrads`` form).
+The op's default adds them in the kernel that makes the level below's state gradients instead
+(``reads_bwd.reads_bwd_states(snap_grads=...)``: no second pass over those rows); this kernel is
+``Pieces(snapshot_grads="factored-add")`` and the PyTorch reads' path. Level 1's snapshots are
+level 0's chunk-end states: their factored gradients go to level 0's state-gradient kernel
+(``optimized.state_grad``, its ``FactoredSnapGrads`` form).
 """
 from __future__ import annotations
 
