@@ -57,6 +57,9 @@ heads. Variants (``--variants``, default all):
   kernel of their own after the level below's state gradients are made
   (``optimized.nested.snapshot_grads``, ``Pieces(snapshot_grads="factored-add")``, the op before
   2026-12-04's fold into the reads' state-gradient kernel);
+- ``partials-sum``: the default op with the reverse scans' per-V-block partial gradients (dκ, dβ,
+  dγ) summed by torch's ``sum(0)`` (the op before 2026-12-04; the default adds them elementwise,
+  ``promote_scan.sum_partials``);
 - ``rtok-k32-v32``, ``rtok-k64-v64``, ``rtok-k128-v32``, ``rtok-k32-v64``: the default op with the
   reads' token kernel (``reads_bwd_tokens_kernel``) visiting keys and V in blocks of 32 / 32 (the op
   before 2026-12-04), 64 / 64 (the default since, at K = V = 128), 128 / 32, 32 / 64
@@ -150,7 +153,7 @@ VARIANTS = ("torch", "generic", "fused-ieee", "scan-tf32", "triton", "triton+che
             "rstates-bv32", "rstates-bv64",
             "states-one-buffer", "snapshot-copies", "dz-new-buffer", "l0-keep", "l0-recompute-wy", "ranges-always",
             "gates-nu-128", "l0-overlap", "l0-overlap-fwd", "l0-output-fla", "snap-grads-materialised",
-            "snap-add-kernel", "rtok-k32-v32", "rtok-k64-v64", "rtok-k128-v32", "rtok-k32-v64")
+            "snap-add-kernel", "partials-sum", "rtok-k32-v32", "rtok-k64-v64", "rtok-k128-v32", "rtok-k32-v64")
 
 
 @contextlib.contextmanager
@@ -237,6 +240,12 @@ def _scan_fwd_tf32(*args, precision="ieee", **kwargs):
     return promote_scan_fwd(*args, precision="tf32", **kwargs)
 
 
+def _torch_sum_partials(partials, blocks=None):
+    """The reverse scans' per-V-block partials summed by torch's ``sum(0)`` (the op before
+    2026-12-04's elementwise adds, ``promote_scan.sum_partials``)."""
+    return partials.sum(0) if blocks is None else partials[:blocks].sum(0)
+
+
 def _ops(B, T, H, K, V, L, dtype, seed, names=VARIANTS, device="cuda"):
     """name -> (step inputs, forward closure, do) on ``device`` (the CPU smoke test builds every
     variant there: tests/test_bench_smoke.py)."""
@@ -313,6 +322,7 @@ def _ops(B, T, H, K, V, L, dtype, seed, names=VARIANTS, device="cuda"):
         "l0-output-fla": Pieces(),      # the default op; main() has fla's launcher zero-fill level 0's output
         "snap-grads-materialised": Pieces(snapshot_grads="materialised"),
         "snap-add-kernel": Pieces(snapshot_grads="factored-add"),
+        "partials-sum": Pieces(reduce_partials=_torch_sum_partials),
         # the reads' token kernel at other key / V blocks (default 64 x 64 at K = V = 128, 8 warps;
         # 32 x 32 the op before: `do` loaded once per level, key block and V block)
         "rtok-k32-v32": Pieces(reads_bwd=partial(reads_router_bwd, tokens_blocks=(32, 32, 8))),

@@ -387,8 +387,19 @@ def pair_grad_buffers(kappa: torch.Tensor, nu: torch.Tensor, NV: int) -> tuple:
 
 
 def sum_partials(partials: torch.Tensor, blocks: int | None = None) -> torch.Tensor:
-    """Sum of the per-V-block partial buffers (leading axis), in a fixed order."""
-    return partials.sum(0) if blocks is None else partials[:blocks].sum(0)
+    """Sum of the per-V-block partial buffers (leading axis; the first ``blocks``), in a fixed
+    order: ``((p0 + p1) + p2) + …`` by elementwise adds, and one block's buffer returned as it is
+    (a view, no copy). torch's ``sum(0)`` over this short outer axis ran its reduction kernel at
+    a tenth of the bandwidth an add gets (H200, L = 4: 12 sums 0.49 ms a step, ``bench/NOTES.md``)."""
+    parts = partials if blocks is None else partials[:blocks]
+    if parts.shape[0] == 1:
+        return parts[0]
+    if parts.shape[0] == 0:
+        return partials.new_zeros(partials.shape[1:])
+    total = torch.add(parts[0], parts[1])
+    for part in parts[2:]:
+        total += part
+    return total
 
 
 def promote_scan_bwd(states, kappa, nu, beta, omega, gamma, dstates, block_v: int | None = None,

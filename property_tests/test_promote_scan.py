@@ -136,3 +136,19 @@ def test_scan_vs_reference_catches_pair_blocks_in_sequence():
 def test_pair_order_catches_sequential_pairs(regime):
     assert failures(checks.scan_pair_order(MUTANT_DRAW._replace(regime=regime),
                                            scan_fwd=mutants.promote_scan_fwd_sequential, log=False))
+
+
+@pytest.mark.parametrize("blocks", [0, 1, 2, 3, 5])
+def test_sum_partials_is_the_left_to_right_sum(blocks):
+    """``promote_scan.sum_partials``: the per-V-block partials summed left to right (bit for bit
+    ``((p0 + p1) + p2) + …``), one block returned as it is, none as zeros, ``blocks`` a prefix."""
+    import torch
+
+    from optimized.promote_scan import sum_partials
+
+    parts = torch.randn(max(blocks, 1) + 1, 3, 5, generator=torch.Generator().manual_seed(blocks))
+    want = torch.zeros(3, 5)
+    for p in parts[:blocks]:
+        want = want + p
+    assert torch.equal(sum_partials(parts, blocks), want)
+    assert torch.equal(sum_partials(parts[:blocks] if blocks else parts[:0]), want)
