@@ -139,12 +139,23 @@ def _device_us(evt, self_only: bool = False) -> float:
 _FRAME = re.compile(r"(?:.*/)?((?:optimized|bench|reference|layers|ngdn|fla)/[^(]*)\((\d+)\): (.*)")
 
 
+def _frames(evt):
+    """An op event's Python frames, innermost first: its own ``stack`` where the profiler filled
+    it in, else the names of the Python-function events above it (torch versions differ)."""
+    if getattr(evt, "stack", None):
+        yield from evt.stack
+        return
+    parent = evt.cpu_parent
+    while parent is not None:
+        yield parent.name
+        parent = parent.cpu_parent
+
+
 def torch_ops_by_source(events, rows: int = 40, frames: int = 3) -> list[str]:
     """The ATen ops that ran device work (copies, sums, elementwise kernels, matmuls), one row per
     (op, call site), from a ``with_stack=True`` profile's ``events()``: where the step's small
     kernels come from, which the kernel table lists only by kernel name. A call site is the op's
-    innermost ``frames`` Python frames in this project or fla (the profiler's Python-function
-    events above the op)."""
+    innermost ``frames`` Python frames in this project or fla (``_frames``)."""
     sites: dict[tuple[str, str], list] = {}
     for evt in events:
         if not evt.name.startswith("aten::"):
@@ -152,12 +163,13 @@ def torch_ops_by_source(events, rows: int = 40, frames: int = 3) -> list[str]:
         device_ms = _device_us(evt, self_only=True) / 1e3
         if device_ms <= 0:
             continue
-        found, parent = [], evt.cpu_parent
-        while parent is not None and len(found) < frames:
-            m = _FRAME.match(parent.name)
+        found = []
+        for frame in _frames(evt):
+            m = _FRAME.match(frame)
             if m:
                 found.append(f"{m.group(1)}:{m.group(2)} {m.group(3)}")
-            parent = parent.cpu_parent
+                if len(found) == frames:
+                    break
         row = sites.setdefault((evt.name, " ← ".join(found) or "?"), [0, 0.0])
         row[0] += 1
         row[1] += device_ms

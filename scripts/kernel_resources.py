@@ -202,10 +202,14 @@ def _reads_and_state_grad_kernels():
                      dict.fromkeys(("do", "q", "r", "o0", "dq"), bf16) | {"states": f32, "states_hi": f32, "read_row": "*i32",
                      "chunk_bounds": "*i32", "dr": f32, "do0": f32} | ints,
                      sizes | dict(BKA=BKA, BV=BVA, IS_VARLEN=varlen), warps_a))
-        rows.append((f"reads_bwd_states{name}", reads_bwd_states_kernel,
-                     dict.fromkeys(("do", "q", "r"), bf16) | dict.fromkeys(("row_level", "row_chunk_lo", "row_chunk_hi",
-                     "chunk_bounds"), "*i32") | {"dstates": f32} | dict.fromkeys(("T", "S", "L"), i32) | {"scale": "fp32"},
-                     sizes | dict(BK=BK, BV=SBV, IS_VARLEN=varlen), reads_warps(BK, SBV)))
+        for form, snap in (("", False), (" snap", True)):    # levels ≥ 2's factored snapshot gradients added
+            rows.append((f"reads_bwd_states{name}{form}", reads_bwd_states_kernel,
+                         dict.fromkeys(("do", "q", "r"), bf16) | dict.fromkeys(("row_level", "row_chunk_lo",
+                         "row_chunk_hi", "chunk_bounds", "fire_lo", "fire_hi"), "*i32")
+                         | dict.fromkeys(("dstates", "snap_q", "snap_dnu"), f32)
+                         | dict.fromkeys(("T", "S", "L", "F_SNAP", "N_PAIRS"), i32) | {"scale": "fp32"},
+                         sizes | dict(BK=BK, BV=SBV, IS_VARLEN=varlen, SNAP=snap),
+                         reads_warps(BK, SBV)))
         for form, factored in (("", False), (" factored", True)):     # injected gradients Qᵀ dν formed inside
             rows.append((f"state_grad_bwd{name}{form}", state_grad_bwd_kernel,
                          dict.fromkeys(("qg", "kg", "w", "gk", "do", "dv", "dh", "dv2"), bf16)

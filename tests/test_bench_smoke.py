@@ -493,6 +493,10 @@ def test_torch_ops_by_source_names_each_copys_call_site():
     assert lines[3] == ("| aten::copy_ | 2 | 0.500 | optimized/nested/probe_fused.py:270 _probe_bwd"
                         " ← optimized/nested/bwd.py:40 nested_bwd |")
     assert lines[-1] == "| (all 2 sites) | | 1.200 | |"
+    # a profiler that fills in each op's own stack (innermost first)
+    own = [Evt(name="aten::sum", cpu_parent=None, self_device_time_total=100.0,
+               stack=["torch/x.py(1): f", "optimized/promote_scan.py(400): sum_partials"])]
+    assert torch_ops_by_source(own)[2] == "| aten::sum | 1 | 0.100 | optimized/promote_scan.py:400 sum_partials |"
 
 
 def test_kernel_resources_compiles_for_sm90_without_a_gpu():

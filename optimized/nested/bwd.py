@@ -45,8 +45,7 @@ def nested_bwd(saved: NestedSaved, do, dfinals, release: bool = False):
         """Level ℓ's state gradients from the reads (with level ℓ+1's factored snapshot gradients
         ``snap_grads`` added in the same kernel), plus its final state's gradient."""
         with stage("nested.reads_bwd_states"):
-            d = dstates_of(ℓ) if snap_grads is None else \
-                dstates_of(ℓ, snap_grads, snap_precision=s.pieces.probe_precision(q.dtype))
+            d = dstates_of(ℓ) if snap_grads is None else dstates_of(ℓ, snap_grads)
             if dfinals[ℓ] is not None:
                 if tables.packed is None:
                     d[:, -1] += dfinals[ℓ].float()

@@ -39,7 +39,7 @@ def reads_router_bwd(do, q, r, o0, states, plan, tables, scale, dq, block_v=None
                      tokens_blocks=None):
     """Its backward (``reads_bwd``): ``dq`` levels ≥ 1 in place; returns ``(dr, do0, dstates_of)``
     (``do0`` in q's dtype, what level 0's backward reads),
-    ``dstates_of(ℓ, snap_grads=None, snap_precision="ieee")`` level ℓ's state gradients
+    ``dstates_of(ℓ, snap_grads=None)`` level ℓ's state gradients
     ``[B, F_ℓ + 1, H, K, V]`` float32, made when asked for (``reads_bwd_states``: the nested
     backward holds at most two levels' at a time), with level ℓ+1's factored snapshot gradients
     ``snap_grads`` added in the same kernel.
@@ -51,13 +51,12 @@ def reads_router_bwd(do, q, r, o0, states, plan, tables, scale, dq, block_v=None
                            tables.row_chunk_hi, scale, dq, block_v=block_v, with_states=False, chunk_bounds=bounds,
                            do0_dtype=q.dtype, tokens_blocks=tokens_blocks)
 
-    def dstates_of(ℓ, snap_grads=None, snap_precision="ieee"):
+    def dstates_of(ℓ, snap_grads=None):
         return reads_bwd_states(do, q, r, o0, states, tables.read_row, tables.row_level, tables.row_chunk_lo,
                                 tables.row_chunk_hi, scale, tables.level_rows(ℓ),
                                 block_v=block_v if states_block_v is None else states_block_v, chunk_bounds=bounds,
                                 snap_grads=snap_grads,
-                                fire_ranges=None if snap_grads is None else tables.snap_fire_ranges[ℓ + 1],
-                                snap_precision=snap_precision)
+                                fire_ranges=None if snap_grads is None else tables.snap_fire_ranges[ℓ + 1])
     return dr, do0, dstates_of
 
 
@@ -66,10 +65,10 @@ def reads_router_bwd_torch_levels(do, q, r, o0, states, plan, tables, scale, dq,
     a view of its one buffer, factored snapshot gradients added by ``add_snapshot_grads``)."""
     dr, do0, dstates = reads_router_bwd_torch(do, q, r, o0, states, plan, tables, scale, dq, block_v)
 
-    def dstates_of(ℓ, snap_grads=None, snap_precision="ieee"):
+    def dstates_of(ℓ, snap_grads=None):
         d = dstates[:, tables.level_rows(ℓ)]
-        if snap_grads is not None:
-            add_snapshot_grads(d, snap_grads, tables.snap_rows[ℓ + 1], tables.inject_rounds[ℓ + 1], snap_precision)
+        if snap_grads is not None:          # float32, as the reads' kernel adds them
+            add_snapshot_grads(d, snap_grads, tables.snap_rows[ℓ + 1], tables.inject_rounds[ℓ + 1])
         return d
     return dr, do0, dstates_of
 
