@@ -208,7 +208,7 @@ def _reads_and_state_grad_kernels():
                          "row_chunk_hi", "chunk_bounds", "fire_lo", "fire_hi"), "*i32")
                          | dict.fromkeys(("dstates", "snap_q", "snap_dnu"), f32)
                          | dict.fromkeys(("T", "S", "L", "F_SNAP", "N_PAIRS"), i32) | {"scale": "fp32"},
-                         sizes | dict(BK=BK, BV=SBV, IS_VARLEN=varlen, SNAP=snap),
+                         sizes | dict(BK=BK, BV=SBV, BN=16, IS_VARLEN=varlen, SNAP=snap),
                          reads_warps(BK, SBV)))
         for form, factored in (("", False), (" factored", True)):     # injected gradients Qᵀ dν formed inside
             rows.append((f"state_grad_bwd{name}{form}", state_grad_bwd_kernel,

@@ -163,22 +163,28 @@ if CUDA:    # the kernel's default V block (128: one ragged block at V = 100) wi
 
 FOLD_MUTANTS = {
     # Q of head 0 for every head
-    "head_zero_query": [Plant(reads_bwd_module, "reads_bwd_states_kernel", "snap_q + (i_h * N_PAIRS + i) * K + o_k",
-                              "snap_q + i * K + o_k")],
+    "head_zero_query": [Plant(reads_bwd_module, "reads_bwd_states_kernel",
+                              "snap_q + i_h * N_PAIRS * K + o_n[None, :] * K", "snap_q + o_n[None, :] * K")],
     # one firing per row (a row probed twice keeps the first firing's gradient)
     "first_firing_only": [Plant(reads_bwd_module, "reads_bwd_states_kernel",
                                 "for m in range(tl.load(fire_lo + i_s), tl.load(fire_hi + i_s)):",
                                 "for m in range(tl.load(fire_lo + i_s), tl.minimum(tl.load(fire_hi + i_s), "
                                 "tl.load(fire_lo + i_s) + 1)):")],
-    # the last pair left out
-    "last_pair_dropped": [Plant(reads_bwd_module, "reads_bwd_states_kernel", "for i in range(0, N_PAIRS):",
-                                "for i in range(0, N_PAIRS - 1):")],
+    # the last pair masked out
+    "last_pair_dropped": [Plant(reads_bwd_module, "reads_bwd_states_kernel", "m_n = o_n < N_PAIRS",
+                                "m_n = o_n < N_PAIRS - 1")],
     # batch entry 0's dν' for every batch entry
     "batch_zero": [Plant(reads_bwd_module, "reads_bwd_states_kernel",
                          "((i_b.to(tl.int64) * F_SNAP + m) * H + i_h)", "((0 * F_SNAP + m) * H + i_h)")],
     # every V block's program adds the first V block's product
-    "first_v_block": [Plant(reads_bwd_module, "reads_bwd_states_kernel", "b_di = tl.load(p_dnu + i * V + o_v,",
-                            "b_di = tl.load(p_dnu + i * V + (o_v - i_v * BV),")],
+    "first_v_block": [Plant(reads_bwd_module, "reads_bwd_states_kernel",
+                            "b_dnu = tl.load(p_dnu + o_n[:, None] * V + o_v[None, :]",
+                            "b_dnu = tl.load(p_dnu + o_n[:, None] * V + (o_v - i_v * BV)[None, :]")],
+    # bf16 inputs: the split product without Q's low half (about 2^-9 of it)
+    "split_without_q_lo": [Plant(reads_bwd_module, "dot_split_both",
+                                 "acc = tl.dot(a_lo, b_hi, out_dtype=tl.float32)",
+                                 "acc = tl.dot(a_lo, b_hi, out_dtype=tl.float32) * 0.0",
+                                 rebind=((reads_bwd_module, "reads_bwd_states_kernel"),))],
 }
 
 
@@ -220,10 +226,11 @@ def fold_errors(name, mutant=None):
 
 @pytest.mark.parametrize("name", list(FOLD_CASES))
 def test_folded_snapshot_grads_match_float64(name):
-    """float32 products whatever the activations' dtype: one float32 bound."""
+    """IEEE float32 products for float32 activations, three bf16 dots for bf16 ones."""
     err = fold_errors(name)
-    bound = tolerance("snapshot_grads", "fold", torch.float32)
-    record("snapshot_grads", triton_mode.configure(), torch.float32, "fold", err, bound)
+    dtype = torch.bfloat16 if name.endswith("bf16") else torch.float32
+    bound = tolerance("snapshot_grads", "fold", dtype)
+    record("snapshot_grads", triton_mode.configure(), dtype, "fold", err, bound)
     assert err <= bound, (err, bound)
 
 
@@ -243,6 +250,8 @@ def test_fold_cases_reach_the_multi_block_paths():
 FOLD_MUTANT_CASES = [("head_zero_query", "two_firings_one_row"), ("first_firing_only", "two_firings_one_row"),
                      ("last_pair_dropped", "two_firings_one_row"), ("batch_zero", "two_firings_one_row"),
                      ("first_v_block", "two_firings_one_row")]
+# the split dots run only for bf16 inputs (CUDA): a low half missing is far above the bf16 bound
+FOLD_SPLIT_MUTANT_MIN_ERROR = 5e-4
 
 
 @pytest.mark.mutation
@@ -255,8 +264,15 @@ def test_fold_mutants_fail(mutant, case):
     assert err > MUTANT_MIN_ERROR, err
 
 
+@pytest.mark.mutation
+@pytest.mark.skipif(not CUDA, reason="bf16 inputs (the split dots) run on CUDA only")
+def test_fold_split_mutant_fails():
+    err = fold_errors("K112_V100_bf16", "split_without_q_lo")
+    assert err > FOLD_SPLIT_MUTANT_MIN_ERROR > tolerance("snapshot_grads", "fold", torch.bfloat16), err
+
+
 def test_every_fold_mutant_has_a_case():
-    assert sorted({m for m, _ in FOLD_MUTANT_CASES}) == sorted(FOLD_MUTANTS)
+    assert sorted({m for m, _ in FOLD_MUTANT_CASES} | {"split_without_q_lo"}) == sorted(FOLD_MUTANTS)
 
 
 def test_fold_bad_inputs_fail_early():

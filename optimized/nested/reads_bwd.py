@@ -105,13 +105,31 @@ def reads_bwd_tokens_kernel(
     tl.store(dr + tok[:, None] * L + o_l[None, :], b_dr, mask=m_t[:, None] & m_l[None, :])
 
 
+@triton.jit
+def dot_split_both(a, b, SPLIT: tl.constexpr):
+    """``a @ b`` for two float32 operands. ``SPLIT`` (bf16 inputs): each split into bf16
+    ``hi + lo``, three bf16 tensor-core dots ``lo_a hi_b + hi_a lo_b + hi_a hi_b`` (``lo_a lo_b``,
+    about 2^-16 of the product, left out); else one IEEE float32 dot. The bf16 dots give the
+    accumulator the layout of the reads' own ``dot_exact_*`` dots."""
+    if SPLIT:
+        a_hi = a.to(tl.bfloat16)
+        a_lo = (a - a_hi.to(tl.float32)).to(tl.bfloat16)
+        b_hi = b.to(tl.bfloat16)
+        b_lo = (b - b_hi.to(tl.float32)).to(tl.bfloat16)
+        acc = tl.dot(a_lo, b_hi, out_dtype=tl.float32)
+        acc = tl.dot(a_hi, b_lo, acc, out_dtype=tl.float32)
+        return tl.dot(a_hi, b_hi, acc, out_dtype=tl.float32)
+    else:
+        return tl.dot(a, b, input_precision="ieee")
+
+
 @triton.jit(do_not_specialize=["T", "S", "L", "F_SNAP", "N_PAIRS"])
 def reads_bwd_states_kernel(
     do, q, r, row_level, row_chunk_lo, row_chunk_hi, chunk_bounds, dstates,
     snap_q, snap_dnu, fire_lo, fire_hi,
     scale, T, S, L, F_SNAP, N_PAIRS,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BL: tl.constexpr,
+    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BL: tl.constexpr, BN: tl.constexpr,
     SPLIT: tl.constexpr, IS_VARLEN: tl.constexpr, SNAP: tl.constexpr,
 ):
     """One (V block, stored row s, batch·head) program; ``[BK, BV]`` accumulator, ℓ = row_level[s]:
@@ -122,13 +140,14 @@ def reads_bwd_states_kernel(
             acc += (p[:, ℓ] ⊙ q[tokens, ℓ])^T @ do[tokens, block]   [BK, BT] @ [BT, BV]
         ds = scale · acc                                           (0 for a row nobody reads)
         for m in fire_lo[s] .. fire_hi[s] - 1:                     (SNAP: the level above's firings
-            for i in 0 .. N_PAIRS - 1:                               that probed row s, in order)
-                ds += snap_q[h, i]^T ⊗ snap_dnu[b, m, h, i, block]
+            ds += snap_q[h]^T @ snap_dnu[b, m, h, :, block]          that probed row s, in order)
         dstates[s][:, block] = ds
 
     Tokens ≥ T (a ragged last chunk) are loaded as 0 and contribute nothing. ``IS_VARLEN``:
     chunk j's tokens are ``chunk_bounds[j]`` (``chunk_tokens``). ``SNAP``: ``snap_q [H, N_PAIRS, K]``
-    and ``snap_dnu [B, F_SNAP, H, N_PAIRS, V]`` float32, the products float32 FMAs.
+    and ``snap_dnu [B, F_SNAP, H, N_PAIRS, V]`` float32, pairs past ``N_PAIRS`` masked; their
+    products by ``dot_split_both`` (bf16 dots like the reads' own, so the accumulator keeps one
+    layout: a TF32 dot converted it between two, which cost as much as a kernel of its own).
     """
     i_v, i_s, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
@@ -151,14 +170,15 @@ def reads_bwd_states_kernel(
         b_ds += dot_exact_b(tl.trans(b_pl[:, None] * b_q), b_do, SPLIT)
     b_ds = scale * b_ds
     if SNAP:                # the snapshot gradients of the firings that probed this row
-        # rank-1 float32 updates in the accumulator's own layout: a dot here would convert the
-        # [BK, BV] accumulator between the bf16 and the float32 MMA layouts (H200: +0.35 ms a step)
+        o_n = tl.arange(0, BN)
+        m_n = o_n < N_PAIRS
+        b_qt = tl.load(snap_q + i_h * N_PAIRS * K + o_n[None, :] * K + o_k[:, None],
+                       mask=m_n[None, :] & m_k[:, None], other=0.0)                         # [BK, BN]
         for m in range(tl.load(fire_lo + i_s), tl.load(fire_hi + i_s)):
             p_dnu = snap_dnu + ((i_b.to(tl.int64) * F_SNAP + m) * H + i_h) * N_PAIRS * V
-            for i in range(0, N_PAIRS):
-                b_qi = tl.load(snap_q + (i_h * N_PAIRS + i) * K + o_k, mask=m_k, other=0.0)      # [BK]
-                b_di = tl.load(p_dnu + i * V + o_v, mask=m_v, other=0.0)                         # [BV]
-                b_ds += b_qi[:, None] * b_di[None, :]
+            b_dnu = tl.load(p_dnu + o_n[:, None] * V + o_v[None, :], mask=m_n[:, None] & m_v[None, :],
+                            other=0.0)                                                      # [BN, BV]
+            b_ds += dot_split_both(b_qt, b_dnu, SPLIT)
     p_ds = dstates + ((i_b.to(tl.int64) * S + i_s) * H + i_h) * K * V
     tl.store(p_ds + o_k[:, None] * V + o_v[None, :], b_ds, mask=m_k[:, None] & m_v[None, :])
 
@@ -261,7 +281,8 @@ def reads_bwd_states(do: torch.Tensor, q: torch.Tensor, r: torch.Tensor, o0: tor
     probed in the same programs: row i of ``rows`` gets ``Σ_m Q[h]ᵀ dν'[b, m, h]`` over the firings
     ``m`` in ``fire_ranges = (lo, hi)`` (int32 ``[len(rows)]``, ``[lo[i], hi[i])``; the plan's
     ``DeviceTables.snap_fire_ranges``: a level's firings probe nondecreasing rows), in increasing
-    m, after the reads' own sum, in float32 (rank-1 updates: no dot, whatever the inputs' dtype)."""
+    m, after the reads' own sum (``dot_split_both``: three bf16 dots for bf16 inputs, relative error
+    about 2^-16; IEEE float32 otherwise)."""
     B, T, H, L, K, V, S, N = _check_bwd(do, q, r, o0, states, read_row, row_level, row_chunk_lo, row_chunk_hi,
                                         chunk_bounds)
     if not isinstance(rows, slice):
@@ -279,8 +300,9 @@ def reads_bwd_states(do: torch.Tensor, q: torch.Tensor, r: torch.Tensor, o0: tor
             row_chunk_lo[start:stop].contiguous(), row_chunk_hi[start:stop].contiguous(), chunk_bounds, dstates,
             dstates if snap_q is None else snap_q, dstates if snap_dnu is None else snap_dnu, lo, hi,
             float(scale), T, n, L, F, pairs,
-            H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, BL=BL, SPLIT=q.dtype == torch.bfloat16,
-            IS_VARLEN=chunk_bounds is not None, SNAP=snap_q is not None, num_warps=num_warps(BK, BV))
+            H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, BL=BL, BN=max(16, triton.next_power_of_2(pairs)),
+            SPLIT=q.dtype == torch.bfloat16, IS_VARLEN=chunk_bounds is not None, SNAP=snap_q is not None,
+            num_warps=num_warps(BK, BV))
     return dstates
 
 
