@@ -114,70 +114,15 @@ def write_profile_table(path, fn, leaves=()) -> None:
     -> ``path``; the gradients of ``leaves`` reset after it."""
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU], with_stack=True) as prof:
+    with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
         fn()
         torch.cuda.synchronize()
     averages = prof.key_averages()
     with open(path, "w") as fh:
         fh.write(averages.table(sort_by="cuda_time_total", row_limit=60))
         fh.write("\n" + "\n".join(stage_table(averages)) + "\n")
-        fh.write("\n" + "\n".join(torch_ops_by_source(prof.events())) + "\n")
     for t in leaves:
         t.grad = None
-
-
-def _device_us(evt, self_only: bool = False) -> float:
-    """A profiler event's device time in µs (total or self), under either attribute name."""
-    for name in (("self_device_time_total", "self_cuda_time_total") if self_only
-                 else ("device_time_total", "cuda_time_total")):
-        value = getattr(evt, name, None)
-        if value is not None:
-            return value
-    return 0.0
-
-
-_FRAME = re.compile(r"(?:.*/)?((?:optimized|bench|reference|layers|ngdn|fla)/[^(]*)\((\d+)\): (.*)")
-
-
-def _frames(evt):
-    """An op event's Python frames, innermost first: its own ``stack`` where the profiler filled
-    it in, else the names of the Python-function events above it (torch versions differ)."""
-    if getattr(evt, "stack", None):
-        yield from evt.stack
-        return
-    parent = evt.cpu_parent
-    while parent is not None:
-        yield parent.name
-        parent = parent.cpu_parent
-
-
-def torch_ops_by_source(events, rows: int = 40, frames: int = 3) -> list[str]:
-    """The ATen ops that ran device work (copies, sums, elementwise kernels, matmuls), one row per
-    (op, call site), from a ``with_stack=True`` profile's ``events()``: where the step's small
-    kernels come from, which the kernel table lists only by kernel name. A call site is the op's
-    innermost ``frames`` Python frames in this project or fla (``_frames``)."""
-    sites: dict[tuple[str, str], list] = {}
-    for evt in events:
-        if not evt.name.startswith("aten::"):
-            continue
-        device_ms = _device_us(evt, self_only=True) / 1e3
-        if device_ms <= 0:
-            continue
-        found = []
-        for frame in _frames(evt):
-            m = _FRAME.match(frame)
-            if m:
-                found.append(f"{m.group(1)}:{m.group(2)} {m.group(3)}")
-                if len(found) == frames:
-                    break
-        row = sites.setdefault((evt.name, " ← ".join(found) or "?"), [0, 0.0])
-        row[0] += 1
-        row[1] += device_ms
-    ranked = sorted(sites.items(), key=lambda kv: -kv[1][1])
-    lines = ["| op | calls | self device ms | call site (innermost first) |", "|---|---|---|---|"]
-    lines += [f"| {op} | {n} | {ms:.3f} | {site} |" for (op, site), (n, ms) in ranked[:rows]]
-    lines.append(f"| (all {len(ranked)} sites) | | {sum(v[1] for _, v in ranked):.3f} | |")
-    return lines
 
 
 def stage_table(averages, prefix: str = "nested.") -> list[str]:

@@ -472,33 +472,6 @@ def test_stage_table_merges_a_ranges_host_event_and_gpu_span():
     assert lines[-1] == "| (sum of stages) | | 3.315 | |"
 
 
-def test_torch_ops_by_source_names_each_copys_call_site():
-    """``bench.harness.torch_ops_by_source``: ATen ops with device time, grouped by (op, the
-    innermost project frames above them), summed and ranked; ops without device time and frames
-    outside the project are left out."""
-    from types import SimpleNamespace as Evt
-
-    from bench.harness import torch_ops_by_source
-
-    top = Evt(name="optimized/nested/bwd.py(40): nested_bwd", cpu_parent=None)
-    probe = Evt(name="/site/x/optimized/nested/probe_fused.py(270): _probe_bwd", cpu_parent=top)
-    torch_frame = Evt(name="torch/_tensor.py(10): reshape", cpu_parent=probe)
-    events = [Evt(name="aten::copy_", cpu_parent=torch_frame, self_device_time_total=300.0),
-              Evt(name="aten::copy_", cpu_parent=torch_frame, self_device_time_total=200.0),
-              Evt(name="aten::copy_", cpu_parent=top, self_device_time_total=700.0),
-              Evt(name="aten::empty", cpu_parent=probe, self_device_time_total=0.0),
-              Evt(name="other_kernel", cpu_parent=probe, self_device_time_total=900.0)]
-    lines = torch_ops_by_source(events)
-    assert lines[2] == "| aten::copy_ | 1 | 0.700 | optimized/nested/bwd.py:40 nested_bwd |"
-    assert lines[3] == ("| aten::copy_ | 2 | 0.500 | optimized/nested/probe_fused.py:270 _probe_bwd"
-                        " ← optimized/nested/bwd.py:40 nested_bwd |")
-    assert lines[-1] == "| (all 2 sites) | | 1.200 | |"
-    # a profiler that fills in each op's own stack (innermost first)
-    own = [Evt(name="aten::sum", cpu_parent=None, self_device_time_total=100.0,
-               stack=["torch/x.py(1): f", "optimized/promote_scan.py(400): sum_partials"])]
-    assert torch_ops_by_source(own)[2] == "| aten::sum | 1 | 0.100 | optimized/promote_scan.py:400 sum_partials |"
-
-
 def test_kernel_resources_compiles_for_sm90_without_a_gpu():
     """``scripts/kernel_resources.py`` compiles a kernel for sm_90 here (Triton's bundled ptxas) and
     reads its registers and spill stack back (in a subprocess: it makes torch report a GPU)."""
