@@ -389,8 +389,7 @@ def pair_grad_buffers(kappa: torch.Tensor, nu: torch.Tensor, NV: int) -> tuple:
 def sum_partials(partials: torch.Tensor, blocks: int | None = None) -> torch.Tensor:
     """Sum of the per-V-block partial buffers (leading axis; the first ``blocks``), in a fixed
     order: ``((p0 + p1) + p2) + …`` by elementwise adds, and one block's buffer returned as it is
-    (a view, no copy). torch's ``sum(0)`` over this short outer axis ran its reduction kernel at
-    a tenth of the bandwidth an add gets (H200, L = 4: 12 sums 0.49 ms a step, ``bench/NOTES.md``)."""
+    (a view: at V ≤ the V block, head dim 64 among them, ``sum(0)`` was a copy of every buffer)."""
     parts = partials if blocks is None else partials[:blocks]
     if parts.shape[0] == 1:
         return parts[0]

@@ -147,7 +147,7 @@ def reads_bwd_states_kernel(
     chunk j's tokens are ``chunk_bounds[j]`` (``chunk_tokens``). ``SNAP``: ``snap_q [H, N_PAIRS, K]``
     and ``snap_dnu [B, F_SNAP, H, N_PAIRS, V]`` float32, pairs past ``N_PAIRS`` masked; their
     products by ``dot_split_both`` (bf16 dots like the reads' own, so the accumulator keeps one
-    layout: a TF32 dot converted it between two, which cost as much as a kernel of its own).
+    layout; a TF32 dot would convert it between two MMA layouts).
     """
     i_v, i_s, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
