@@ -188,12 +188,20 @@ FOLD_MUTANTS = {
 }
 
 
+def reads_rows(x, tables, meta, rows, **snap):
+    """``reads_bwd_states`` on a reads case (tests/test_nested_reads_kernels.py) for ``rows``."""
+    from optimized.nested.reads_bwd import reads_bwd_states
+
+    return reads_bwd_states(x["do"], x["q"], x["r"], x["o0"], x["states"], tables.read_row, tables.row_level,
+                            tables.row_chunk_lo, tables.row_chunk_hi, meta["scale"], rows, block_v=meta["block_v"],
+                            **snap)
+
+
 def fold_errors(name, mutant=None):
     """The relative error of what the folded snapshot gradients added to the probed rows (the
     kernel's rows with them minus without) against the float64 sum of ``Q[h]ᵀ dν'[b, m, h]`` over
     the firings that probed each row; rows no firing probed must be bit for bit the rows without."""
     from optimized.nested.plan import fire_ranges
-    from optimized.nested.reads_bwd import reads_bwd_states
     from tests.test_nested_reads_kernels import make_case as reads_case
 
     case, level, n, targets = FOLD_CASES[name]
@@ -206,14 +214,9 @@ def fold_errors(name, mutant=None):
     grads = FactoredSnapGrads((torch.randn(H, n, K, generator=gen) / n ** 0.5).to(DEV),
                               torch.randn(B, len(targets), H, n, V, generator=gen).to(DEV))
 
-    def states(**snap):
-        return reads_bwd_states(x["do"], x["q"], x["r"], x["o0"], x["states"], tables.read_row, tables.row_level,
-                                tables.row_chunk_lo, tables.row_chunk_hi, meta["scale"], rows,
-                                block_v=meta["block_v"], **snap)
-
-    before = states()
+    before = reads_rows(x, tables, meta, rows)
     with planted(*FOLD_MUTANTS[mutant]) if mutant else contextlib.nullcontext():
-        after = states(snap_grads=grads, fire_ranges=fire_ranges(targets, count, DEV))
+        after = reads_rows(x, tables, meta, rows, snap_grads=grads, fire_ranges=fire_ranges(targets, count, DEV))
     prod = torch.einsum("hnk,bfhnv->bfhkv", grads.q.double().cpu(), grads.dnu.double().cpu())
     want = torch.zeros(before.shape, dtype=torch.float64)
     for m, t in enumerate(targets):
@@ -277,7 +280,6 @@ def test_every_fold_mutant_has_a_case():
 
 def test_fold_bad_inputs_fail_early():
     from optimized.nested.plan import fire_ranges
-    from optimized.nested.reads_bwd import reads_bwd_states
     from tests.test_nested_reads_kernels import make_case as reads_case
 
     x, tables, meta = reads_case("L3_batch2")
@@ -287,8 +289,7 @@ def test_fold_bad_inputs_fail_early():
     ranges = fire_ranges([0, 2], 3, DEV)
 
     def call(**snap):
-        return reads_bwd_states(x["do"], x["q"], x["r"], x["o0"], x["states"], tables.read_row, tables.row_level,
-                                tables.row_chunk_lo, tables.row_chunk_hi, meta["scale"], slice(0, 3), **snap)
+        return reads_rows(x, tables, meta, slice(0, 3), **snap)
     with pytest.raises(ValueError, match=r"fire_ranges given without snap_grads"):
         call(fire_ranges=ranges)
     with pytest.raises(TypeError, match=r"snap_grads must be a FactoredSnapGrads"):
