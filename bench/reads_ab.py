@@ -153,7 +153,8 @@ VARIANTS = ("torch", "generic", "fused-ieee", "scan-tf32", "triton", "triton+che
             "rstates-bv32", "rstates-bv64",
             "states-one-buffer", "snapshot-copies", "dz-new-buffer", "l0-keep", "l0-recompute-wy", "ranges-always",
             "gates-nu-128", "l0-overlap", "l0-overlap-fwd", "l0-output-fla", "snap-grads-materialised",
-            "snap-add-kernel", "partials-sum", "rtok-k32-v32", "rtok-k64-v64", "rtok-k128-v32", "rtok-k32-v64")
+            "snap-add-kernel", "partials-sum", "rtok-k32-v32", "rtok-k64-v64", "rtok-k128-v32", "rtok-k32-v64", "l0-grads-f32",
+            "l0-db-add-torch")
 
 
 @contextlib.contextmanager
@@ -220,6 +221,34 @@ def level0_output_by_fla(on: bool):
         yield
     finally:
         fwd.level0_fwd_output = original
+
+
+@contextlib.contextmanager
+def db_partials_by_torch(on: bool):
+    """With ``on``, level 0's ``db`` and fla's key-block partials are added by torch over the
+    permuted view into the output dtype (variant ``l0-db-add-torch``: torch's strided elementwise
+    kernel) instead of ``optimized.key_block_partials``' kernel."""
+    if not on:
+        yield
+        return
+    import optimized.level0 as level0
+
+    def add(db, parts, dtype):
+        B, T, H, K = db.shape
+        NK, BK = parts.shape[0], parts.shape[-1]
+        out = torch.empty_like(db, dtype=dtype)
+        if NK * BK == K:
+            torch.add(db.view(B, T, H, NK, BK), parts.permute(1, 2, 3, 0, 4), out=out.view(B, T, H, NK, BK))
+        else:
+            torch.add(db, parts.permute(1, 2, 3, 0, 4).reshape(B, T, H, NK * BK)[..., :K], out=out)
+        return out
+
+    original = level0.add_key_block_partials
+    level0.add_key_block_partials = add
+    try:
+        yield
+    finally:
+        level0.add_key_block_partials = original
 
 
 def _reads_fwd_at(block_v: int):
@@ -323,6 +352,10 @@ def _ops(B, T, H, K, V, L, dtype, seed, names=VARIANTS, device="cuda"):
         "snap-grads-materialised": Pieces(snapshot_grads="materialised"),
         "snap-add-kernel": Pieces(snapshot_grads="factored-add"),
         "partials-sum": Pieces(reduce_partials=_torch_sum_partials),
+        # level 0's dg, db, dw in float32, cast by the op's last step (the default writes them in the
+        # inputs' dtype, and db's key-block partials are added without fla's contiguous copy)
+        "l0-grads-f32": Pieces(level0_grads_in_input_dtype=False),
+        "l0-db-add-torch": Pieces(),    # the default op; main() has torch add db's key-block partials
         # the reads' token kernel at other key / V blocks (default 64 x 64 at K = V = 128, 8 warps;
         # 32 x 32 the op before: `do` loaded once per level, key block and V block)
         "rtok-k32-v32": Pieces(reads_bwd=partial(reads_router_bwd, tokens_blocks=(32, 32, 8))),
@@ -476,7 +509,8 @@ def main(argv=None) -> int:
             try:
                 with finite_checks(check), ranges_always(name == "ranges-always"), \
                         nu_gates_up_to(128 if name == "gates-nu-128" else None), \
-                        level0_output_by_fla(name == "l0-output-fla"):
+                        level0_output_by_fla(name == "l0-output-fla"), \
+                        db_partials_by_torch(name == "l0-db-add-torch"):
                     started = time.perf_counter()
                     _log(f"L={L} {name}: first step (compile, autotune) …")
                     step()                                   # compile, autotune, tables

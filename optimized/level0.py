@@ -7,10 +7,12 @@ levels. Besides the output and final state it keeps ``h`` (the state at the star
 chunk), from which ``chunk_end_states`` gives the state at the end of every chunk: the snapshots
 the level above probes.
 
-Backward: fla's own functions for every piece (intra-chunk ``dAv``, the fused WY
+Backward: fla's kernels for every piece (intra-chunk ``dAv``, the fused WY
 ``dq, dk, dv, db, dw, dg`` kernel, the intra-chunk backward, the reverse cumsum of
 ``dg``) except the state-gradient recurrence, which is ``optimized.state_grad``: it
-also accepts a gradient on each end-of-chunk state and folds it into the recurrence.
+also accepts a gradient on each end-of-chunk state and folds it into the recurrence. The WY and
+intra kernels are launched here (``level0_bwd_wy``, ``level0_bwd_intra``) so that ``dw`` and
+``db`` can be written in the inputs' dtype and ``db``'s per-block partials added without a copy.
 ``dAv`` reads only the output gradient (``level0_bwd_dav``): the nested op may run it beside the
 upper levels' backward and hand it to ``level0_bwd``.
 
@@ -24,6 +26,7 @@ import torch
 import triton
 
 from optimized import triton_mode  # noqa: F401  (device mode before fla)
+from optimized.key_block_partials import add_key_block_partials
 from optimized.state_grad import CHUNK, FactoredSnapGrads, state_grad_bwd
 
 
@@ -220,8 +223,67 @@ def level0_bwd_dav(saved: Level0Saved, do) -> tuple[torch.Tensor, torch.Tensor]:
                              **s.varlen())
 
 
+def level0_bwd_wy(saved: Level0Saved, g_cumsum, do, dh, dv, dw_dtype=torch.float32) -> tuple:
+    """fla's fused WY backward (``chunk_gdn2_bwd_kernel_wy_dqkg_fused``), launched here as fla's
+    ``chunk_gdn2_bwd_wy_dqkg_fused`` launches it, but for ``dw``'s dtype: ``dw`` is final when the
+    kernel stores it (one store, its float32 value rounded to the buffer's dtype), so a ``dw`` in
+    the inputs' dtype needs no cast's pass after.
+
+    Returns ``dq, dk`` (float32, partial: the intra backward adds its terms), ``dv`` (v's dtype),
+    ``db`` (float32, partial), ``dw`` (``dw_dtype``), ``dg`` (float32, partial), ``dAkk``.
+    """
+    from fla.ops.gdn2.chunk_bwd import chunk_gdn2_bwd_kernel_wy_dqkg_fused
+
+    s = saved
+    B, T, H, K = s.k.shape
+    V = s.v.shape[-1]
+    chunk_indices = None if s.packed is None else s.packed.chunk_indices
+    NT = triton.cdiv(T, CHUNK) if chunk_indices is None else len(chunk_indices)
+    f32 = torch.float32
+    dq, dk, dg, db = (torch.empty_like(x, dtype=f32) for x in (s.q, s.k, g_cumsum, s.b))
+    dv2, dw, dA = torch.empty_like(s.v), torch.empty_like(s.w, dtype=dw_dtype), torch.empty_like(s.Akk, dtype=f32)
+    chunk_gdn2_bwd_kernel_wy_dqkg_fused[(NT, B * H)](
+        q=s.q, k=s.k, v=s.v, v_new=s.v_new, g=g_cumsum, b=s.b, w_gate=s.w, A=s.Akk, h=s.h, do=do, dh=dh,
+        dq=dq, dk=dk, dv=dv, dv2=dv2, dg=dg, db=db, dw=dw, dA=dA,
+        cu_seqlens=None if s.packed is None else s.packed.cu_seqlens, chunk_indices=chunk_indices,
+        scale=s.scale, T=T, H=H, K=K, V=V, BT=CHUNK, STATE_V_FIRST=False)
+    return dq, dk, dv2, db, dw, dg, dA
+
+
+def level0_bwd_intra(saved: Level0Saved, g_cumsum, dAqk, dAkk, dq, dk, db, dg, grad_dtype=torch.float32) -> tuple:
+    """fla's intra-chunk backward (``chunk_gdn2_bwd_kernel_intra``), launched here as fla's
+    ``chunk_gdn2_bwd_intra`` launches it; then ``db`` plus the kernel's per-key-block partials
+    ``db2 [NK, B, T, H, BK]`` added by one kernel into a ``db`` in ``grad_dtype``
+    (``optimized.key_block_partials``; fla's launcher makes the partials contiguous in
+    ``[B, T, H, K]`` order first, a copy of a float32 ``[B, T, H, K]``, adds in place, and the
+    caller casts: three passes where one does; the same float32 sum, rounded once).
+
+    Returns ``dq, dk`` (q's dtype), ``db`` (``grad_dtype``), ``dg`` (float32, before the reverse
+    cumsum).
+    """
+    from fla.ops.gdn2.chunk_intra import chunk_gdn2_bwd_kernel_intra
+    from fla.ops.utils.constant import RCP_LN2
+    from fla.utils import IS_GATHER_SUPPORTED
+
+    s = saved
+    B, T, H, K = s.k.shape
+    BC, BK = min(16, CHUNK), min(32, triton.next_power_of_2(K))
+    chunk_indices = None if s.packed is None else s.packed.chunk_indices
+    NT = triton.cdiv(T, CHUNK) if chunk_indices is None else len(chunk_indices)
+    NC, NK = triton.cdiv(CHUNK, BC), triton.cdiv(K, BK)
+    dq2, dk2 = torch.empty_like(s.q), torch.empty_like(s.k)
+    db2 = s.q.new_empty(NK, B, T, H, BK, dtype=torch.float32)
+    dg2 = torch.empty_like(dg, dtype=torch.float32)
+    chunk_gdn2_bwd_kernel_intra[(NK * NC * NT, B * H)](
+        q=s.q, k=s.k, g=g_cumsum, b=s.b, dAqk=dAqk, dAkk=dAkk, dq=dq, dq2=dq2, dk=dk, dk2=dk2, dg=dg, dg2=dg2,
+        db=db2, cu_seqlens=None if s.packed is None else s.packed.cu_seqlens, chunk_indices=chunk_indices,
+        B=B, T=T, H=H, K=K, BT=CHUNK, BC=BC, BK=BK, NC=NC, SAFE_GATE=False, USE_GATHER=IS_GATHER_SUPPORTED,
+        GATE_SHIFT=2. * RCP_LN2)
+    return dq2, dk2, add_key_block_partials(db, db2, grad_dtype), dg2
+
+
 def level0_bwd(saved: Level0Saved, do, dht=None, d_ends=None, end_chunks=None, state_grad=state_grad_bwd,
-               slots=None, release: bool = False, dav=None):
+               slots=None, release: bool = False, dav=None, grad_dtype=torch.float32):
     """Gradients of level 0 given ``do [B, T, H, V]``, the final-state gradient ``dht``
     (float32 or None) and ``d_ends [B, S, H, K, V]`` (float32; or a ``state_grad.FactoredSnapGrads``
     standing for it, which ``state_grad`` must accept), the gradients of the
@@ -231,13 +293,15 @@ def level0_bwd(saved: Level0Saved, do, dht=None, d_ends=None, end_chunks=None, s
     (``Aqk`` after the intra ``dAv``, ``qg``, ``kg``, ``w_wy`` after the state gradients, ``h``,
     ``v_new``, ``Akk`` after the WY backward): fla's intra backward, where the nested step
     peaked (H200, L = 4), runs without them. ``dav``: ``level0_bwd_dav(saved, do)`` made earlier
-    (else made here first).
+    (else made here first). ``grad_dtype``: the dtype of ``dg, db, dw``, which fla makes in float32:
+    in the inputs' dtype the last pass over each rounds its float32 value once as it stores, and
+    the caller's casts of them go. (fla's autotuner tunes the kernels' bf16 signatures on their
+    own, so their float32 sums may run in another order than a float32 call's:
+    ``tests/test_level0_launchers.py``.)
 
-    Returns ``dq, dk, dv, dg, db, dw`` (float32, shaped like the inputs) and ``dh0``
-    (float32, or None without an initial state).
+    Returns ``dq, dk, dv`` (the inputs' dtype), ``dg, db, dw`` (``grad_dtype``), shaped like the
+    inputs, and ``dh0`` (float32, or None without an initial state).
     """
-    from fla.ops.gdn2.chunk_bwd import chunk_gdn2_bwd_wy_dqkg_fused
-    from fla.ops.gdn2.chunk_intra import chunk_gdn2_bwd_intra
     from fla.ops.utils import chunk_local_cumsum
 
     s = saved
@@ -267,15 +331,12 @@ def level0_bwd(saved: Level0Saved, do, dht=None, d_ends=None, end_chunks=None, s
     del w_wy, qg, kg
     if release:
         s.qg = s.kg = s.w_wy = None
-    dq, dk, dv, db, dw, dg, dAkk = chunk_gdn2_bwd_wy_dqkg_fused(
-        q=s.q, k=s.k, v=s.v, v_new=s.v_new, g=g_cumsum, b=s.b, w_gate=s.w, A=s.Akk, h=s.h, do=do,
-        dh=dh, dv=dv, scale=s.scale, chunk_size=CHUNK, **varlen)
+    dq, dk, dv, db, dw, dg, dAkk = level0_bwd_wy(s, g_cumsum, do, dh, dv, dw_dtype=grad_dtype)
     del dh                      # spent (the state gradients, [B, N, H, K, V])
     if release:
         s.h = s.v_new = s.Akk = None
-    dq, dk, db, dg = chunk_gdn2_bwd_intra(q=s.q, k=s.k, g=g_cumsum, b=s.b, dAqk=dAqk, dAkk=dAkk,
-                                          dq=dq, dk=dk, db=db, dg=dg, chunk_size=CHUNK, **varlen)
-    dg = chunk_local_cumsum(dg, chunk_size=CHUNK, reverse=True, **varlen)
+    dq, dk, db, dg = level0_bwd_intra(s, g_cumsum, dAqk, dAkk, dq, dk, db, dg, grad_dtype=grad_dtype)
+    dg = chunk_local_cumsum(dg, chunk_size=CHUNK, reverse=True, output_dtype=grad_dtype, **varlen)
     return dq, dk, dv, dg, db, dw, dh0
 
 

@@ -164,7 +164,7 @@ def test_level0_forward_tensors_released_before_fla_intra_backward(monkeypatch, 
     pieces (``Aqk``, ``qg``, ``kg``, ``w_wy``, ``h``, ``v_new``, ``Akk``) and level 0's output, read
     by the reads' backward only; with retain_graph=True they stay. fla's WY values ``u`` are
     never kept (the backward reads ``v_new``)."""
-    import fla.ops.gdn2.chunk_intra as fla_intra
+    import optimized.level0 as level0_module
 
     args = inputs(on_bucket(NestedShape(B=1, T=130, H=1, L=3, K=16, V=16)))
     o = chunk_nested_gdn2(**args)[0]
@@ -173,13 +173,13 @@ def test_level0_forward_tensors_released_before_fla_intra_backward(monkeypatch, 
     names = ("Aqk", "qg", "kg", "w_wy", "h", "v_new", "Akk")
     refs = {n: weakref.ref(getattr(saved.level0, n)) for n in names} | {"o0": weakref.ref(saved.o0)}
     at_intra = []
-    intra = fla_intra.chunk_gdn2_bwd_intra
+    intra = level0_module.level0_bwd_intra
 
     def spy(*a, **kw):
         at_intra.append({n: r() is not None for n, r in refs.items()})
         return intra(*a, **kw)
 
-    monkeypatch.setattr(fla_intra, "chunk_gdn2_bwd_intra", spy)
+    monkeypatch.setattr(level0_module, "level0_bwd_intra", spy)
     del saved
     do = torch.randn(o.shape, generator=torch.Generator().manual_seed(1)).to(o.device)
     torch.autograd.grad(o, [args[n] for n in NAMES], do, retain_graph=retain_graph)

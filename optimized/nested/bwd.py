@@ -143,7 +143,8 @@ def nested_bwd(saved: NestedSaved, do, dfinals, release: bool = False):
         dq0, dk, dv, dg, db, dw, dh0 = level0_bwd(
             s.level0, do0, dht=None if dfinals[0] is None else dfinals[0].float().contiguous(),
             d_ends=d_ends, end_chunks=plan.sources[1] if L > 1 else (), state_grad=s.pieces.state_grad,
-            slots=tables.slots, release=release, dav=dav)
+            slots=tables.slots, release=release, dav=dav,
+            grad_dtype=s.level0.q.dtype if s.pieces.level0_grads_in_input_dtype else torch.float32)
         dav = None
         dq[:, :, :, 0] = dq0
     dinit[0] = dh0 if s.has_initial[0] else None

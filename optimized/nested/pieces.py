@@ -161,6 +161,10 @@ class Pieces:
     #                                   "factored-add": levels ≥ 2's by a kernel of their own after it
     #                                   (optimized.nested.snapshot_grads); "materialised": a
     #                                   [B, F, H, K, V] float32 tensor made by a matmul and read back
+    level0_grads_in_input_dtype: bool = True  # level 0's dg, db, dw written in the inputs' dtype by the
+    #                                           last pass over each (optimized.level0.level0_bwd's
+    #                                           grad_dtype: each float32 value rounded once); False:
+    #                                           float32, cast by the op's last step
     level0_overlap: str = "none"    # level 0's work that no upper level reads, on a second CUDA stream
     #                                 beside the upper levels (optimized.side_stream): "fwd" its output
     #                                 (fla's output kernel, level0_fwd_output) beside the probes and scans, "fwd+bwd"
