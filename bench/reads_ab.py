@@ -66,7 +66,14 @@ heads. Variants (``--variants``, default all):
   (``reads_router_bwd(tokens_blocks=…)``): wider blocks reload ``do`` fewer times and run fewer,
   larger dots;
 - ``gates-nu``: the default op named by its gates, which make ``z = ν W`` inside their kernels and
-  never store it (``Pieces(probe_gates="triton-nu")``, ``optimized.nested.probe_gates_nu``).
+  never store it (``Pieces(probe_gates="triton-nu")``, ``optimized.nested.probe_gates_nu``);
+- ``l0-grads-f32``: the default op with level 0's ``dg``, ``db``, ``dw`` in float32, cast by the op's
+  last step (``Pieces(level0_grads_in_input_dtype=False)``; the default writes them in the inputs'
+  dtype); ``l0-db-add-torch``: the default op with ``db`` and fla's key-block partials added by
+  torch over the permuted view instead of ``optimized.key_block_partials``' kernel;
+- ``uniform16``: the default op on levels of 16 queries each instead of the query ladder
+  (``n_ℓ = min(K, 16·2^(ℓ-1))``; the same parameters' seed): ``ngdn bench``'s ladder row, side by
+  side with the ladder (``triton``) and with stage tables.
 
 For each depth: forward and forward+backward times (``triton.testing.do_bench`` medians,
 autotuners tuned: one warm step first), the nested/flat ratios, peak memory of one step,
@@ -130,6 +137,11 @@ def _rates() -> dict:
     return rates
 
 
+def uniform_query_counts(L: int) -> list[int]:
+    """Variant ``uniform16``'s query counts: 16 at every upper level."""
+    return [16] * (L - 1)
+
+
 def _floor_ms(name, B, T, H, K, L, dtype, rates) -> tuple[float, float]:
     """``(forward, forward+backward)`` floors (``bench/floors.py``: max of FLOPs at the matmul rate
     and minimum bytes at the copy bandwidth, per pass) of flat GDN-2 or the nested op."""
@@ -140,8 +152,8 @@ def _floor_ms(name, B, T, H, K, L, dtype, rates) -> tuple[float, float]:
     if name == "flat":
         cost = floors.flat_cost(B, T, L * H, K, K, itemsize)
     else:
-        cost = floors.nested_cost(B, T, H, K, K, default_query_counts(L, K), [2 ** i for i in range(L - 1)],
-                                  itemsize, 4)
+        counts = uniform_query_counts(L) if name == "uniform16" else default_query_counts(L, K)
+        cost = floors.nested_cost(B, T, H, K, K, counts, [2 ** i for i in range(L - 1)], itemsize, 4)
     fl = floors.floors(cost, rates["matmul_flops"], rates["copy_bytes"])
     return fl.fwd_ms, fl.fwdbwd_ms
 
@@ -154,7 +166,7 @@ VARIANTS = ("torch", "generic", "fused-ieee", "scan-tf32", "triton", "triton+che
             "states-one-buffer", "snapshot-copies", "dz-new-buffer", "l0-keep", "l0-recompute-wy", "ranges-always",
             "gates-nu-128", "l0-overlap", "l0-overlap-fwd", "l0-output-fla", "snap-grads-materialised",
             "snap-add-kernel", "partials-sum", "rtok-k32-v32", "rtok-k64-v64", "rtok-k128-v32", "rtok-k32-v64", "l0-grads-f32",
-            "l0-db-add-torch")
+            "l0-db-add-torch", "uniform16")
 
 
 @contextlib.contextmanager
@@ -293,11 +305,14 @@ def _ops(B, T, H, K, V, L, dtype, seed, names=VARIANTS, device="cuda"):
         x, do = _inputs(B, T, H * L, K, V, L, dtype, seed, nested=False, device=device)
         ops["flat"] = (list(x.values()), lambda x=x: chunk_gdn2(**x)[0], do)
     xn, don = _inputs(B, T, H, K, V, L, dtype, seed + 1, nested=True, device=device)
-    levels = make_levels(L, H, K, V, generator=torch.Generator().manual_seed(seed + 2))
-    for lv in levels:
-        for n in lv.params:
-            lv.params[n] = lv.params[n].to(device, torch.float32).requires_grad_(True)
-    params = [p for lv in levels for p in lv.params.values()]
+    def device_levels(query_counts=None):
+        levels = make_levels(L, H, K, V, query_counts=query_counts, generator=torch.Generator().manual_seed(seed + 2))
+        for lv in levels:
+            for n in lv.params:
+                lv.params[n] = lv.params[n].to(device, torch.float32).requires_grad_(True)
+        return levels, [p for lv in levels for p in lv.params.values()]
+    levels, params = device_levels()
+    uniform = device_levels(uniform_query_counts(L)) if "uniform16" in names else None
     ieee = lambda dtype, direction: "ieee"  # noqa: E731
     variants = {
         "torch": Pieces(reads_fwd=reads_router_fwd_torch, reads_bwd=reads_router_bwd_torch_levels, fused_probe=False,
@@ -362,13 +377,15 @@ def _ops(B, T, H, K, V, L, dtype, seed, names=VARIANTS, device="cuda"):
         "rtok-k64-v64": Pieces(reads_bwd=partial(reads_router_bwd, tokens_blocks=(64, 64, 8))),
         "rtok-k128-v32": Pieces(reads_bwd=partial(reads_router_bwd, tokens_blocks=(128, 32, 8))),
         "rtok-k32-v64": Pieces(reads_bwd=partial(reads_router_bwd, tokens_blocks=(32, 64, 8))),
+        "uniform16": Pieces(),          # the default op; on levels of 16 queries each (below)
     }
     for name in names:
         if name == "flat":
             continue
         pieces = variants[name.removesuffix("+check")]
-        ops[name] = (list(xn.values()) + params,
-                     lambda pieces=pieces: _nested(levels=levels, pieces=pieces, **xn)[0], don)
+        lv, ps = uniform if name == "uniform16" else (levels, params)
+        ops[name] = (list(xn.values()) + ps,
+                     lambda pieces=pieces, lv=lv: _nested(levels=lv, pieces=pieces, **xn)[0], don)
     return ops
 
 

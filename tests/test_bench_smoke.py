@@ -560,6 +560,24 @@ def test_reads_ab_builds_every_variant_off_the_gpu():
     assert reads_ab.inputs_gib(ops["flat"][0] + [ops["flat"][2]]) != want
 
 
+def test_reads_ab_uniform16_runs_the_default_op_on_16_queries_a_level():
+    """Variant ``uniform16`` (``ngdn bench``'s ladder row in ``reads_ab``): its levels' query weights
+    are ``[H, 16, K]`` at every level, the default's follow the ladder (level 2: 32 at K = 32), with
+    the same inputs; and ``db_partials_by_torch`` puts the kernel's add back after its variant."""
+    from bench import reads_ab
+    import optimized.level0 as level0
+
+    ops = reads_ab._ops(1, 64, 1, 32, 32, 3, torch.float32, 0, names=("triton", "uniform16"), device="cpu")
+    # the leaves: q, k, v, g, b, w, r, then each level's parameters (Q first: its query count on axis 1)
+    ladder, uniform = ([t.shape[1] for t in ops[n][0][7::5]] for n in ("triton", "uniform16"))
+    assert ladder == [16, 32] and uniform == [16, 16]
+    assert ops["triton"][0][0] is ops["uniform16"][0][0]
+    kernel_add = level0.add_key_block_partials
+    with reads_ab.db_partials_by_torch(True):
+        assert level0.add_key_block_partials is not kernel_add
+    assert level0.add_key_block_partials is kernel_add
+
+
 def test_reads_ab_ranges_always_opens_the_op_ranges_and_restores_stage():
     """``reads_ab`` variant ``ranges-always`` (the op before ``optimized.stages.stage``): while it
     is measured every stage opens a ``record_function`` range; afterwards the op's ``stage`` is back."""
