@@ -304,6 +304,8 @@ def level0_bwd(saved: Level0Saved, do, dht=None, d_ends=None, end_chunks=None, s
     """
     from fla.ops.utils import chunk_local_cumsum
 
+    if not (isinstance(grad_dtype, torch.dtype) and grad_dtype.is_floating_point):
+        raise ValueError(f"grad_dtype must be a floating-point torch.dtype, got {grad_dtype!r}")
     s = saved
     do = do.to(s.v.dtype).contiguous()
     dav = level0_bwd_dav(s, do) if dav is None else dav

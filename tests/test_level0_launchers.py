@@ -150,6 +150,12 @@ def test_add_key_block_partials_against_a_float64_sum():
         assert torch.equal(add_partials(db, parts, NARROW).cpu(), want.float().to(NARROW)), K
 
 
+def test_level0_bwd_rejects_a_grad_dtype_that_is_not_floating_point():
+    for bad in (torch.int32, "bfloat16", None):
+        with pytest.raises(ValueError, match="grad_dtype must be"):
+            level0_bwd(None, None, grad_dtype=bad)
+
+
 def test_add_key_block_partials_rejects_bad_layouts():
     db = torch.zeros(2, 3, 2, 48, device=DEV)
     parts = torch.zeros(2, 2, 3, 2, 32, device=DEV)
