@@ -13,6 +13,8 @@ import torch
 import triton
 import triton.language as tl
 
+from optimized.checks import check_kernel_device, check_kernel_dtype
+
 ROWS = 64       # (b, t, h) rows per program
 
 
@@ -44,6 +46,8 @@ def add_key_block_partials(db: torch.Tensor, parts: torch.Tensor, dtype) -> torc
     if not (db.is_contiguous() and parts.is_contiguous()):
         raise ValueError("db and parts must be contiguous")
     out = torch.empty_like(db, dtype=dtype)
+    check_kernel_device("db", db)
+    check_kernel_dtype("the output dtype", out)     # the interpreter does not round to bf16 correctly
     R = B * T * H
     if out.numel():
         add_key_block_partials_kernel[(triton.cdiv(R, ROWS), NK)](db, parts, out, R, K, BK=BK, BR=ROWS)

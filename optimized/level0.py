@@ -26,6 +26,7 @@ import torch
 import triton
 
 from optimized import triton_mode  # noqa: F401  (device mode before fla)
+from optimized.checks import check_kernel_dtype
 from optimized.key_block_partials import add_key_block_partials
 from optimized.state_grad import CHUNK, FactoredSnapGrads, state_grad_bwd
 
@@ -306,6 +307,7 @@ def level0_bwd(saved: Level0Saved, do, dht=None, d_ends=None, end_chunks=None, s
 
     if not (isinstance(grad_dtype, torch.dtype) and grad_dtype.is_floating_point):
         raise ValueError(f"grad_dtype must be a floating-point torch.dtype, got {grad_dtype!r}")
+    check_kernel_dtype("grad_dtype", torch.empty(0, dtype=grad_dtype))
     s = saved
     do = do.to(s.v.dtype).contiguous()
     dav = level0_bwd_dav(s, do) if dav is None else dav

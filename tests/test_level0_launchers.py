@@ -148,12 +148,17 @@ def test_add_key_block_partials_against_a_float64_sum():
         db, parts = db.to(DEV), parts.to(DEV)
         assert torch.equal(add_partials(db, parts, torch.float32).cpu(), want.float()), K
         assert torch.equal(add_partials(db, parts, NARROW).cpu(), want.float().to(NARROW)), K
+        # the same comparison on the twin with the key blocks' order reversed fails
+        assert not torch.equal(reversed_blocks(db, parts, torch.float32).cpu(), want.float()) or NK == 1, K
 
 
 def test_level0_bwd_rejects_a_grad_dtype_that_is_not_floating_point():
     for bad in (torch.int32, "bfloat16", None):
         with pytest.raises(ValueError, match="grad_dtype must be"):
             level0_bwd(None, None, grad_dtype=bad)
+    if DEV == "cpu":            # the interpreter's stores do not round to bf16 as torch does
+        with pytest.raises(ValueError, match="interpreter"):
+            level0_bwd(None, None, grad_dtype=torch.bfloat16)
 
 
 def test_add_key_block_partials_rejects_bad_layouts():
@@ -164,3 +169,8 @@ def test_add_key_block_partials_rejects_bad_layouts():
                                      (db.transpose(1, 2).contiguous().transpose(1, 2), parts, "contiguous")):
         with pytest.raises(ValueError, match=match):
             add_partials(bad_db, bad_parts, torch.float32)
+    if DEV == "cpu":
+        with pytest.raises(ValueError, match="interpreter"):
+            add_partials(db, parts, torch.bfloat16)
+    with pytest.raises(ValueError, match="optimized ops run on"):
+        add_partials(db.to("meta"), parts.to("meta"), torch.float32)
