@@ -15,6 +15,8 @@ stage by stage, level by level (level ℓ depends only on level ℓ-1):
    the state at the end of every chunk (the snapshots level 1 probes), and fla's intermediates
    for its backward but the gates' chunk cumsum, which that backward makes again
    (``Pieces.level0_recompute``: the upper levels' backward, where the step peaks, runs without it).
+   Its backward writes ``dg``, ``db``, ``dw`` in the inputs' dtype as the last pass over each
+   stores them (``Pieces.level0_grads_in_input_dtype``; no cast pass after).
 2. Probe (plain PyTorch, cuBLAS): for level ℓ ≥ 1 gather the snapshots of level ℓ-1
    at all of ℓ's firings and run the registered scheme's probe on all of them at once
    (``reference.schemes.get_scheme(name).probe`` on ``[B, F, H, K, V]``). The built-in
