@@ -296,9 +296,9 @@ def level0_bwd(saved: Level0Saved, do, dht=None, d_ends=None, end_chunks=None, s
     peaked (H200, L = 4), runs without them. ``dav``: ``level0_bwd_dav(saved, do)`` made earlier
     (else made here first). ``grad_dtype``: the dtype of ``dg, db, dw``, which fla makes in float32:
     in the inputs' dtype the last pass over each rounds its float32 value once as it stores, and
-    the caller's casts of them go. (fla's autotuner tunes the kernels' bf16 signatures on their
-    own, so their float32 sums may run in another order than a float32 call's:
-    ``tests/test_level0_launchers.py``.)
+    the caller's casts of them go. (On CUDA a kernel compiled to store bf16 is another binary, and
+    without pinned autotuners maybe another configuration: its results are within one bf16 rounding
+    of the float32 ones cast, not always equal to them: ``tests/test_level0_launchers.py``.)
 
     Returns ``dq, dk, dv`` (the inputs' dtype), ``dg, db, dw`` (``grad_dtype``), shaped like the
     inputs, and ``dh0`` (float32, or None without an initial state).
