@@ -45,8 +45,8 @@ def add_key_block_partials(db: torch.Tensor, parts: torch.Tensor, dtype) -> torc
         raise ValueError(f"db and parts must be float32, got {db.dtype} and {parts.dtype}")
     if not (db.is_contiguous() and parts.is_contiguous()):
         raise ValueError("db and parts must be contiguous")
-    out = torch.empty_like(db, dtype=dtype)
     check_kernel_device("db", db)
+    out = torch.empty_like(db, dtype=dtype)
     check_kernel_dtype("the output dtype", out)     # the interpreter does not round to bf16 correctly
     R = B * T * H
     if out.numel():

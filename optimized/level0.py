@@ -69,6 +69,13 @@ class Level0Saved:
         """fla's keyword arguments for packed sequences (none for one sequence per row)."""
         return fla_varlen(self.packed)
 
+    def kernel_grid(self) -> tuple:
+        """What a launch of fla's chunk kernels here needs: ``(cu_seqlens, chunk_indices, NT)``,
+        the first two None for one sequence per row, ``NT`` the chunks a row (or in all, packed)."""
+        if self.packed is None:
+            return None, None, triton.cdiv(self.q.shape[1], CHUNK)
+        return self.packed.cu_seqlens, self.packed.chunk_indices, len(self.packed.chunk_indices)
+
     def gate_cumsum(self) -> torch.Tensor:
         """``g_cumsum``, kept or made again (fla's ``chunk_local_cumsum``, as in the forward)."""
         if self.g_cumsum is not None:
@@ -123,8 +130,7 @@ def level0_fwd_output(saved: Level0Saved) -> torch.Tensor:
     s = saved
     B, T, H, K = s.q.shape
     V = s.v_new.shape[-1]
-    chunk_indices = None if s.packed is None else s.packed.chunk_indices
-    NT = triton.cdiv(T, CHUNK) if chunk_indices is None else len(chunk_indices)
+    cu_seqlens, chunk_indices, NT = s.kernel_grid()
     o = torch.empty_like(s.v_new)
     if o.numel() == 0:
         return o
@@ -134,7 +140,7 @@ def level0_fwd_output(saved: Level0Saved) -> torch.Tensor:
 
     chunk_gla_fwd_kernel_o[grid](
         q=s.q, v=s.v_new, g=s.g_cumsum, h=s.h, o=o, A=s.Aqk,
-        cu_seqlens=None if s.packed is None else s.packed.cu_seqlens, chunk_indices=chunk_indices,
+        cu_seqlens=cu_seqlens, chunk_indices=chunk_indices,
         scale=s.scale, T=T, H=H, HV=H, K=K, V=V, BT=CHUNK, STATE_V_FIRST=False, USE_GRAPH=False)
     return o
 
@@ -238,15 +244,14 @@ def level0_bwd_wy(saved: Level0Saved, g_cumsum, do, dh, dv, dw_dtype=torch.float
     s = saved
     B, T, H, K = s.k.shape
     V = s.v.shape[-1]
-    chunk_indices = None if s.packed is None else s.packed.chunk_indices
-    NT = triton.cdiv(T, CHUNK) if chunk_indices is None else len(chunk_indices)
+    cu_seqlens, chunk_indices, NT = s.kernel_grid()
     f32 = torch.float32
     dq, dk, dg, db = (torch.empty_like(x, dtype=f32) for x in (s.q, s.k, g_cumsum, s.b))
     dv2, dw, dA = torch.empty_like(s.v), torch.empty_like(s.w, dtype=dw_dtype), torch.empty_like(s.Akk, dtype=f32)
     chunk_gdn2_bwd_kernel_wy_dqkg_fused[(NT, B * H)](
         q=s.q, k=s.k, v=s.v, v_new=s.v_new, g=g_cumsum, b=s.b, w_gate=s.w, A=s.Akk, h=s.h, do=do, dh=dh,
         dq=dq, dk=dk, dv=dv, dv2=dv2, dg=dg, db=db, dw=dw, dA=dA,
-        cu_seqlens=None if s.packed is None else s.packed.cu_seqlens, chunk_indices=chunk_indices,
+        cu_seqlens=cu_seqlens, chunk_indices=chunk_indices,
         scale=s.scale, T=T, H=H, K=K, V=V, BT=CHUNK, STATE_V_FIRST=False)
     return dq, dk, dv2, db, dw, dg, dA
 
@@ -269,15 +274,14 @@ def level0_bwd_intra(saved: Level0Saved, g_cumsum, dAqk, dAkk, dq, dk, db, dg, g
     s = saved
     B, T, H, K = s.k.shape
     BC, BK = min(16, CHUNK), min(32, triton.next_power_of_2(K))
-    chunk_indices = None if s.packed is None else s.packed.chunk_indices
-    NT = triton.cdiv(T, CHUNK) if chunk_indices is None else len(chunk_indices)
+    cu_seqlens, chunk_indices, NT = s.kernel_grid()
     NC, NK = triton.cdiv(CHUNK, BC), triton.cdiv(K, BK)
     dq2, dk2 = torch.empty_like(s.q), torch.empty_like(s.k)
     db2 = s.q.new_empty(NK, B, T, H, BK, dtype=torch.float32)
     dg2 = torch.empty_like(dg, dtype=torch.float32)
     chunk_gdn2_bwd_kernel_intra[(NK * NC * NT, B * H)](
         q=s.q, k=s.k, g=g_cumsum, b=s.b, dAqk=dAqk, dAkk=dAkk, dq=dq, dq2=dq2, dk=dk, dk2=dk2, dg=dg, dg2=dg2,
-        db=db2, cu_seqlens=None if s.packed is None else s.packed.cu_seqlens, chunk_indices=chunk_indices,
+        db=db2, cu_seqlens=cu_seqlens, chunk_indices=chunk_indices,
         B=B, T=T, H=H, K=K, BT=CHUNK, BC=BC, BK=BK, NC=NC, SAFE_GATE=False, USE_GATHER=IS_GATHER_SUPPORTED,
         GATE_SHIFT=2. * RCP_LN2)
     return dq2, dk2, add_key_block_partials(db, db2, grad_dtype), dg2
