@@ -121,6 +121,7 @@ def write_profile_table(path, fn, leaves=()) -> None:
     with open(path, "w") as fh:
         fh.write(averages.table(sort_by="cuda_time_total", row_limit=60))
         fh.write("\n" + "\n".join(stage_table(averages)) + "\n")
+        fh.write("\n" + "\n".join(stage_calls_table(prof.events())) + "\n")
     for t in leaves:
         t.grad = None
 
@@ -157,6 +158,34 @@ def stage_table(averages, prefix: str = "nested.") -> list[str]:
     lines = ["| stage | calls | device ms | CPU ms |", "|---|---|---|---|"]
     lines += [f"| {k} | {n} | {d:.3f} | {c:.3f} |" for k, n, d, c in rows]
     lines.append(f"| (sum of stages) | | {sum(r[2] for r in rows):.3f} | |")
+    return lines
+
+
+def stage_calls_table(events, prefix: str = "nested.") -> list[str]:
+    """The calls of every ``prefix…`` stage that ran more than once, one column per call in the
+    order they started (a profiler's ``events()``): the nested op opens its level stages once per
+    level, so at L = 4 ``nested.scan_fwd``'s calls are levels 1, 2, 3 and ``nested.scan_bwd``'s
+    levels 3, 2, 1 (the backward runs top first). Device time as in :func:`stage_table`: the
+    range's span on the GPU timeline where the profile has one, else the host range's device
+    total."""
+    spans: dict[str, list] = {}
+    hosts: dict[str, list] = {}
+    for evt in events:
+        if not evt.name.startswith(prefix):
+            continue
+        device_us = getattr(evt, "device_time_total", None)
+        if device_us is None:
+            device_us = getattr(evt, "cuda_time_total", 0.0)
+        is_span = evt.cpu_time_total == 0 and device_us > 0
+        (spans if is_span else hosts).setdefault(evt.name, []).append((evt.time_range.start, device_us / 1e3))
+    calls = {name: sorted(spans.get(name) or hosts[name]) for name in {*spans, *hosts}}
+    calls = {name: c for name, c in calls.items() if len(c) > 1}
+    width = max((len(c) for c in calls.values()), default=0)
+    lines = ["| stage (calls in time order) | " + " | ".join(f"call {i + 1} ms" for i in range(width)) + " |",
+             "|---|" + "---|" * width]
+    for name in sorted(calls, key=lambda n: -sum(ms for _, ms in calls[n])):
+        cells = [f"{ms:.3f}" for _, ms in calls[name]] + [""] * (width - len(calls[name]))
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return lines
 
 

@@ -472,6 +472,25 @@ def test_stage_table_merges_a_ranges_host_event_and_gpu_span():
     assert lines[-1] == "| (sum of stages) | | 3.315 | |"
 
 
+def test_stage_calls_table_lists_each_call_in_time_order():
+    """``bench.harness.stage_calls_table``: one row per stage called more than once, its calls in
+    the order they started, spans preferred over host ranges (as ``stage_table``)."""
+    from types import SimpleNamespace as Evt
+
+    from bench.harness import stage_calls_table
+
+    def evt(name, start, cpu, device):
+        return Evt(name=name, time_range=Evt(start=start), cpu_time_total=cpu, device_time_total=device)
+
+    events = [evt("nested.scan_bwd", 30.0, 0.0, 1200.0), evt("nested.scan_bwd", 10.0, 0.0, 800.0),
+              evt("nested.scan_bwd", 10.0, 90.0, 5.0), evt("nested.scan_bwd", 20.0, 0.0, 1000.0),
+              evt("nested.level0_bwd", 40.0, 0.0, 8000.0), evt("other.range", 1.0, 0.0, 9.0),
+              evt("nested.probe_fwd", 1.0, 300.0, 400.0), evt("nested.probe_fwd", 2.0, 300.0, 500.0)]
+    lines = stage_calls_table(events)
+    assert lines[0] == "| stage (calls in time order) | call 1 ms | call 2 ms | call 3 ms |"
+    assert lines[2:] == ["| nested.scan_bwd | 0.800 | 1.000 | 1.200 |", "| nested.probe_fwd | 0.400 | 0.500 |  |"]
+
+
 def test_kernel_resources_compiles_for_sm90_without_a_gpu():
     """``scripts/kernel_resources.py`` compiles a kernel for sm_90 here (Triton's bundled ptxas) and
     reads its registers and spill stack back (in a subprocess: it makes torch report a GPU)."""
