@@ -173,7 +173,8 @@ def _fenwick_states_kernels():
 def _reads_and_state_grad_kernels():
     """The reads kernels and level 0's state-gradient kernel (bf16 activations, as the benchmark
     runs them), one sequence per row and packed."""
-    from optimized.nested.reads_bwd import reads_bwd_states_kernel, reads_bwd_tokens_kernel, states_block_v, token_blocks
+    from optimized.nested.reads_bwd import (SNAP_BLOCK_N, reads_bwd_states_kernel, reads_bwd_tokens_kernel, states_block_v,
+                                            token_blocks)
     from optimized.nested.reads_fwd import block_sizes as reads_blocks
     from optimized.nested.reads_fwd import reads_fwd_kernel
     from optimized.state_grad import block_sizes as state_grad_blocks
@@ -202,13 +203,16 @@ def _reads_and_state_grad_kernels():
                      dict.fromkeys(("do", "q", "r", "o0", "dq"), bf16) | {"states": f32, "states_hi": f32, "read_row": "*i32",
                      "chunk_bounds": "*i32", "dr": f32, "do0": f32} | ints,
                      sizes | dict(BKA=BKA, BV=BVA, IS_VARLEN=varlen), warps_a))
-        for form, snap in (("", False), (" snap", True)):    # levels ≥ 2's factored snapshot gradients added
+        # levels ≥ 2's factored snapshot gradients added, in pair blocks of 16 and SNAP_BLOCK_N (the
+        # pairs of a level with n ≥ 64); 128 is what n = 128 took before the blocks were capped
+        for form, snap, bn in (("", False, 16), (" snap", True, 16), (f" snap bn{SNAP_BLOCK_N}", True, SNAP_BLOCK_N),
+                               (" snap bn128", True, 128)):
             rows.append((f"reads_bwd_states{name}{form}", reads_bwd_states_kernel,
                          dict.fromkeys(("do", "q", "r"), bf16) | dict.fromkeys(("row_level", "row_chunk_lo",
                          "row_chunk_hi", "chunk_bounds", "fire_lo", "fire_hi"), "*i32")
                          | dict.fromkeys(("dstates", "snap_q", "snap_dnu"), f32)
                          | dict.fromkeys(("T", "S", "L", "F_SNAP", "N_PAIRS"), i32) | {"scale": "fp32"},
-                         sizes | dict(BK=BK, BV=SBV, BN=16, IS_VARLEN=varlen, SNAP=snap),
+                         sizes | dict(BK=BK, BV=SBV, BN=bn, IS_VARLEN=varlen, SNAP=snap),
                          reads_warps(BK, SBV)))
         for form, factored in (("", False), (" factored", True)):     # injected gradients Qᵀ dν formed inside
             rows.append((f"state_grad_bwd{name}{form}", state_grad_bwd_kernel,

@@ -157,9 +157,15 @@ FOLD_CASES = {
     "two_firings_one_row": ("L3_batch2", 1, 20, [0, 2, 2]),
     "one_firing_a_row": ("L3_batch2", 1, 16, [0, 1, 2]),
     "top_level_rows": ("L3_batch2", 2, 5, [1, 1]),
+    "pairs_in_three_blocks": ("L3_batch2", 1, 40, [0, 2, 2]),
 }
+# the fold's pair block where a case sets one (``snap_block_n``): 40 pairs in blocks of 16, the last ragged
+FOLD_BLOCK_N = {"pairs_in_three_blocks": 16}
 if CUDA:    # the kernel's default V block (128: one ragged block at V = 100) with K = 112, bf16 activations
     FOLD_CASES["K112_V100_bf16"] = ("K112_V100_default", 1, 16, [0, 2, 2])
+    # 128 pairs (the ladder's n at K = 128, L ≥ 5) at the default pair block: in one block of 128 the
+    # launch asked 256 KiB of shared memory and the H200 refused it
+    FOLD_CASES["K112_V100_n128_bf16"] = ("K112_V100_default", 1, 128, [0, 2, 2])
 
 FOLD_MUTANTS = {
     # Q of head 0 for every head
@@ -176,6 +182,13 @@ FOLD_MUTANTS = {
     # batch entry 0's dν' for every batch entry
     "batch_zero": [Plant(reads_bwd_module, "reads_bwd_states_kernel",
                          "((i_b.to(tl.int64) * F_SNAP + m) * H + i_h)", "((0 * F_SNAP + m) * H + i_h)")],
+    # the last pair block never added
+    "last_pair_block_dropped": [Plant(reads_bwd_module, "reads_bwd_states_kernel",
+                                      "for i_n in range(0, tl.cdiv(N_PAIRS, BN)):",
+                                      "for i_n in range(0, tl.cdiv(N_PAIRS, BN) - 1):")],
+    # every pair block multiplies the first block's Q
+    "first_block_query": [Plant(reads_bwd_module, "reads_bwd_states_kernel",
+                                "o_n[None, :] * K + o_k[:, None]", "(o_n - i_n * BN)[None, :] * K + o_k[:, None]")],
     # every V block's program adds the first V block's product
     "first_v_block": [Plant(reads_bwd_module, "reads_bwd_states_kernel",
                             "b_dnu = tl.load(p_dnu + o_n[:, None] * V + o_v[None, :]",
@@ -216,7 +229,8 @@ def fold_errors(name, mutant=None):
 
     before = reads_rows(x, tables, meta, rows)
     with planted(*FOLD_MUTANTS[mutant]) if mutant else contextlib.nullcontext():
-        after = reads_rows(x, tables, meta, rows, snap_grads=grads, fire_ranges=fire_ranges(targets, count, DEV))
+        after = reads_rows(x, tables, meta, rows, snap_grads=grads, fire_ranges=fire_ranges(targets, count, DEV),
+                           snap_block_n=FOLD_BLOCK_N.get(name))
     prod = torch.einsum("hnk,bfhnv->bfhkv", grads.q.double().cpu(), grads.dnu.double().cpu())
     want = torch.zeros(before.shape, dtype=torch.float64)
     for m, t in enumerate(targets):
@@ -248,11 +262,26 @@ def test_fold_cases_reach_the_multi_block_paths():
     _, BK, BV, _ = reads_blocks(K, V, 2, block_v)
     assert K < BK and V > 2 * BV and V % BV and n < 32 and 16 < n
     assert len(set(targets)) < len(targets) and 1 not in targets and B == H == 2
+    n = FOLD_CASES["pairs_in_three_blocks"][2]
+    assert 2 * FOLD_BLOCK_N["pairs_in_three_blocks"] < n < 3 * FOLD_BLOCK_N["pairs_in_three_blocks"]
+
+
+def test_fold_pair_blocks():
+    """``snap_blocks``: the default block is ``SNAP_BLOCK_N`` (64: 128 asked more shared memory than
+    an H200 gives), never wider than the pairs' power of two; anything else is refused."""
+    from optimized.nested.reads_bwd import SNAP_BLOCK_N, snap_blocks
+
+    assert SNAP_BLOCK_N == 64 and snap_blocks(128) == 64 and snap_blocks(40) == 64 and snap_blocks(20) == 32
+    assert snap_blocks(5) == 16 and snap_blocks(128, 32) == 32 and snap_blocks(20, 64) == 32
+    for bad in (8, 48, 0, 32.0, True):
+        with pytest.raises(ValueError, match="snap_block_n"):
+            snap_blocks(40, bad)
 
 
 FOLD_MUTANT_CASES = [("head_zero_query", "two_firings_one_row"), ("first_firing_only", "two_firings_one_row"),
                      ("last_pair_dropped", "two_firings_one_row"), ("batch_zero", "two_firings_one_row"),
-                     ("first_v_block", "two_firings_one_row")]
+                     ("first_v_block", "two_firings_one_row"), ("last_pair_block_dropped", "pairs_in_three_blocks"),
+                     ("first_block_query", "pairs_in_three_blocks")]
 # the split dots run only for bf16 inputs (CUDA): a low half missing is far above the bf16 bound
 FOLD_SPLIT_MUTANT_MIN_ERROR = 5e-4
 

@@ -139,13 +139,15 @@ def reads_bwd_states_kernel(
             p    = softmax(r[tokens of j])                         [BT, BL]
             acc += (p[:, ℓ] ⊙ q[tokens, ℓ])^T @ do[tokens, block]   [BK, BT] @ [BT, BV]
         ds = scale · acc                                           (0 for a row nobody reads)
-        for m in fire_lo[s] .. fire_hi[s] - 1:                     (SNAP: the level above's firings
-            ds += snap_q[h]^T @ snap_dnu[b, m, h, :, block]          that probed row s, in order)
+        for each block n of BN pairs:                              (SNAP: the level above's firings
+            for m in fire_lo[s] .. fire_hi[s] - 1:                   that probed row s, in order)
+                ds += snap_q[h, n]^T @ snap_dnu[b, m, h, n, block]
         dstates[s][:, block] = ds
 
     Tokens ≥ T (a ragged last chunk) are loaded as 0 and contribute nothing. ``IS_VARLEN``:
     chunk j's tokens are ``chunk_bounds[j]`` (``chunk_tokens``). ``SNAP``: ``snap_q [H, N_PAIRS, K]``
-    and ``snap_dnu [B, F_SNAP, H, N_PAIRS, V]`` float32, pairs past ``N_PAIRS`` masked; their
+    and ``snap_dnu [B, F_SNAP, H, N_PAIRS, V]`` float32, in blocks of ``BN`` pairs (the last one
+    masked past ``N_PAIRS``; a block's Q loaded once for all the row's firings); their
     products by ``dot_split_both`` (bf16 dots like the reads' own, so the accumulator keeps one
     layout; a TF32 dot would convert it between two MMA layouts).
     """
@@ -170,15 +172,16 @@ def reads_bwd_states_kernel(
         b_ds += dot_exact_b(tl.trans(b_pl[:, None] * b_q), b_do, SPLIT)
     b_ds = scale * b_ds
     if SNAP:                # the snapshot gradients of the firings that probed this row
-        o_n = tl.arange(0, BN)
-        m_n = o_n < N_PAIRS
-        b_qt = tl.load(snap_q + i_h * N_PAIRS * K + o_n[None, :] * K + o_k[:, None],
-                       mask=m_n[None, :] & m_k[:, None], other=0.0)                         # [BK, BN]
-        for m in range(tl.load(fire_lo + i_s), tl.load(fire_hi + i_s)):
-            p_dnu = snap_dnu + ((i_b.to(tl.int64) * F_SNAP + m) * H + i_h) * N_PAIRS * V
-            b_dnu = tl.load(p_dnu + o_n[:, None] * V + o_v[None, :], mask=m_n[:, None] & m_v[None, :],
-                            other=0.0)                                                      # [BN, BV]
-            b_ds += dot_split_both(b_qt, b_dnu, SPLIT)
+        for i_n in range(0, tl.cdiv(N_PAIRS, BN)):
+            o_n = i_n * BN + tl.arange(0, BN)
+            m_n = o_n < N_PAIRS
+            b_qt = tl.load(snap_q + i_h * N_PAIRS * K + o_n[None, :] * K + o_k[:, None],
+                           mask=m_n[None, :] & m_k[:, None], other=0.0)                     # [BK, BN]
+            for m in range(tl.load(fire_lo + i_s), tl.load(fire_hi + i_s)):
+                p_dnu = snap_dnu + ((i_b.to(tl.int64) * F_SNAP + m) * H + i_h) * N_PAIRS * V
+                b_dnu = tl.load(p_dnu + o_n[:, None] * V + o_v[None, :], mask=m_n[:, None] & m_v[None, :],
+                                other=0.0)                                                  # [BN, BV]
+                b_ds += dot_split_both(b_qt, b_dnu, SPLIT)
     p_ds = dstates + ((i_b.to(tl.int64) * S + i_s) * H + i_h) * K * V
     tl.store(p_ds + o_k[:, None] * V + o_v[None, :], b_ds, mask=m_k[:, None] & m_v[None, :])
 
@@ -265,11 +268,28 @@ def states_block_v(K: int) -> int | None:
     return 128 if K <= 128 else None
 
 
+# The fold's pair block: at K = V = 128 (a [128, 128] state block) a block of 128 pairs asked
+# 256 KiB of shared memory of the H200's 227 (the ladder's n = 128 levels, L ≥ 5, were refused);
+# 64 fits (bench/NOTES.md).
+SNAP_BLOCK_N = 64
+
+
+def snap_blocks(pairs: int, block_n: int | None = None) -> int:
+    """The fold's pair block ``BN``: ``block_n`` (default ``SNAP_BLOCK_N``), a power of two ≥ 16,
+    no wider than the pairs' own power of two."""
+    if block_n is None:
+        block_n = SNAP_BLOCK_N
+    if not isinstance(block_n, int) or isinstance(block_n, bool) or block_n < 16 or block_n & (block_n - 1):
+        raise ValueError(f"snap_block_n must be a power of two >= 16, got {block_n!r}")
+    return max(16, min(block_n, triton.next_power_of_2(max(pairs, 1))))
+
+
 def reads_bwd_states(do: torch.Tensor, q: torch.Tensor, r: torch.Tensor, o0: torch.Tensor, states: torch.Tensor,
                      read_row: torch.Tensor, row_level: torch.Tensor, row_chunk_lo: torch.Tensor,
                      row_chunk_hi: torch.Tensor, scale: float, rows: slice, *,
                      block_v: int | None = None, chunk_bounds: torch.Tensor | None = None,
-                     snap_grads: FactoredSnapGrads | None = None, fire_ranges: tuple | None = None) -> torch.Tensor:
+                     snap_grads: FactoredSnapGrads | None = None, fire_ranges: tuple | None = None,
+                     snap_block_n: int | None = None) -> torch.Tensor:
     """The stored rows ``rows`` (a step-1 slice of ``0 .. S``) of ``reads_bwd``'s ``dstates``, as a
     fresh float32 ``[B, len(rows), H, K, V]``: the nested backward asks for one level's rows at a
     time, so the levels' state gradients are never all alive at once. Same kernel, launched on
@@ -282,7 +302,8 @@ def reads_bwd_states(do: torch.Tensor, q: torch.Tensor, r: torch.Tensor, o0: tor
     ``m`` in ``fire_ranges = (lo, hi)`` (int32 ``[len(rows)]``, ``[lo[i], hi[i])``; the plan's
     ``DeviceTables.snap_fire_ranges``: a level's firings probe nondecreasing rows), in increasing
     m, after the reads' own sum (``dot_split_both``: three bf16 dots for bf16 inputs, relative error
-    about 2^-16; IEEE float32 otherwise)."""
+    about 2^-16; IEEE float32 otherwise). The pairs go in blocks of ``snap_block_n`` (default
+    ``SNAP_BLOCK_N``; a power of two ≥ 16, capped at the pairs' own power of two)."""
     B, T, H, L, K, V, S, N = _check_bwd(do, q, r, o0, states, read_row, row_level, row_chunk_lo, row_chunk_hi,
                                         chunk_bounds)
     if not isinstance(rows, slice):
@@ -292,6 +313,7 @@ def reads_bwd_states(do: torch.Tensor, q: torch.Tensor, r: torch.Tensor, o0: tor
         raise ValueError(f"rows must be a slice with step 1, got {rows}")
     n = max(stop - start, 0)
     snap_q, snap_dnu, lo, hi, F, pairs = _check_snap(snap_grads, fire_ranges, B, H, K, V, n, q.device)
+    BN = snap_blocks(pairs, snap_block_n)
     BT, BK, BV, BL = block_sizes(K, V, L, states_block_v(K) if block_v is None else block_v)
     dstates = torch.empty(B, n, H, K, V, dtype=torch.float32, device=q.device)
     if n > 0 and B * H > 0 and K * V > 0:
@@ -300,7 +322,7 @@ def reads_bwd_states(do: torch.Tensor, q: torch.Tensor, r: torch.Tensor, o0: tor
             row_chunk_lo[start:stop].contiguous(), row_chunk_hi[start:stop].contiguous(), chunk_bounds, dstates,
             dstates if snap_q is None else snap_q, dstates if snap_dnu is None else snap_dnu, lo, hi,
             float(scale), T, n, L, F, pairs,
-            H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, BL=BL, BN=max(16, triton.next_power_of_2(pairs)),
+            H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, BL=BL, BN=BN,
             SPLIT=q.dtype == torch.bfloat16, IS_VARLEN=chunk_bounds is not None, SNAP=snap_q is not None,
             num_warps=num_warps(BK, BV))
     return dstates
