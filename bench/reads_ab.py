@@ -166,7 +166,7 @@ VARIANTS = ("torch", "generic", "fused-ieee", "scan-tf32", "triton", "triton+che
             "states-one-buffer", "snapshot-copies", "dz-new-buffer", "l0-keep", "l0-recompute-wy", "ranges-always",
             "gates-nu-128", "l0-overlap", "l0-overlap-fwd", "l0-output-fla", "snap-grads-materialised",
             "snap-add-kernel", "partials-sum", "rtok-k32-v32", "rtok-k64-v64", "rtok-k128-v32", "rtok-k32-v64", "l0-grads-f32",
-            "l0-db-add-torch", "uniform16")
+            "l0-db-add-torch", "uniform16", "scan-2phase-bv64", "scan-2phase-n32")
 
 
 @contextlib.contextmanager
@@ -287,6 +287,26 @@ def _torch_sum_partials(partials, blocks=None):
     return partials.sum(0) if blocks is None else partials[:blocks].sum(0)
 
 
+def _scan_bwd_two_phase_from(pairs: int):
+    """The reverse promote scan in two phases (``pieces.scan_bwd_two_phase``) at levels whose
+    firings hold at least ``pairs`` pairs, at the fused scan's V block (``block_sizes(reverse=True)``:
+    64 at K ≤ 128) where the op asks none; the fused scan at the other levels. Variants
+    ``scan-2phase-bv64`` (every level) and ``scan-2phase-n32`` (the ladder's levels 2 and up: the
+    chain keeps two of the five dots per pair block, the other three run with F times the
+    programs)."""
+    from optimized.nested.pieces import scan_bwd_two_phase
+    from optimized.promote_scan import block_sizes, promote_scan_bwd
+
+    def scan_bwd(states, kappa, *args, block_v=None, **kwargs):
+        if kappa.shape[3] < pairs:
+            return promote_scan_bwd(states, kappa, *args, block_v=block_v, **kwargs)
+        if block_v is None:
+            block_v = block_sizes(kappa.shape[-1], states.shape[-1], kappa.shape[3], reverse=True)[2]
+        return scan_bwd_two_phase(states, kappa, *args, block_v=block_v, **kwargs)
+
+    return scan_bwd
+
+
 def _ops(B, T, H, K, V, L, dtype, seed, names=VARIANTS, device="cuda"):
     """name -> (step inputs, forward closure, do) on ``device`` (the CPU smoke test builds every
     variant there: tests/test_bench_smoke.py)."""
@@ -367,6 +387,8 @@ def _ops(B, T, H, K, V, L, dtype, seed, names=VARIANTS, device="cuda"):
         "snap-grads-materialised": Pieces(snapshot_grads="materialised"),
         "snap-add-kernel": Pieces(snapshot_grads="factored-add"),
         "partials-sum": Pieces(reduce_partials=_torch_sum_partials),
+        "scan-2phase-bv64": Pieces(scan_bwd=_scan_bwd_two_phase_from(1)),
+        "scan-2phase-n32": Pieces(scan_bwd=_scan_bwd_two_phase_from(32)),
         # level 0's dg, db, dw in float32, cast by the op's last step (the default writes them in the
         # inputs' dtype, and db's key-block partials are added without fla's contiguous copy)
         "l0-grads-f32": Pieces(level0_grads_in_input_dtype=False),

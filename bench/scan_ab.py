@@ -110,6 +110,9 @@ def _variants() -> dict:
         "bwd-bn32-s2": bwd(block_n=32, num_stages=2),
         "2phase": two(), "2phase-bn32": two(block_n=32), "2phase-s1": two(num_stages=1),
         "2phase-w4": two(num_warps=4),
+        # at the fused scan's V block (64): its carry has half the programs of 32
+        "2phase-bv64": two(block_v=64), "2phase-bv64-w4": two(block_v=64, num_warps=4),
+        "2phase-bv64-s1": two(block_v=64, num_stages=1),
     }
 
 

@@ -66,15 +66,18 @@ def _kernels():
     rows += _chunked_scan_kernels()
     rows += _reads_and_state_grad_kernels()
     rows += _fenwick_states_kernels()
-    for BN in (32, 16):
-        c = dict(scan_sizes, BN=BN, BV=32)
-        rows.append((f"promote_scan_bwd_carry (two-phase 1, BN = {BN})", promote_scan_bwd_carry_kernel,
+    # the two-phase reverse scan at its old default V block (32) and at the fused scan's (64:
+    # reads_ab's scan-2phase-bv64 and scan-2phase-n32)
+    for BN, BV in ((32, 32), (16, 32), (16, 64)):
+        c = dict(scan_sizes, BN=BN, BV=BV)
+        blocks = f"BN = {BN}" + ("" if BV == 32 else f", BV = {BV}")
+        rows.append((f"promote_scan_bwd_carry (two-phase 1, {blocks})", promote_scan_bwd_carry_kernel,
                      dict.fromkeys(("kappa", "beta", "gamma", "g"), f32) | dict.fromkeys(("F", "N", "stride_gb"), "i32"),
-                     c | dict(DOT_PRECISION="tf32"), num_warps(128, 32)))
-        rows.append((f"promote_scan_bwd_pairs (two-phase 2, BN = {BN})", promote_scan_bwd_pairs_kernel, dict.fromkeys(
+                     c | dict(DOT_PRECISION="tf32"), num_warps(128, BV)))
+        rows.append((f"promote_scan_bwd_pairs (two-phase 2, {blocks})", promote_scan_bwd_pairs_kernel, dict.fromkeys(
             ("states", "kappa", "nu", "beta", "omega", "gamma", "g", "dkappa_part", "dnu", "dbeta_part", "domega",
              "dgamma_part"), f32) | dict.fromkeys(("F", "B", "N", "stride_sb", "stride_gb"), "i32"),
-            c | dict(DOT_PRECISION="tf32"), num_warps(128, 32)))
+            c | dict(DOT_PRECISION="tf32"), num_warps(128, BV)))
     for n in (16, 32):
         g = dict(BN=n, BK=128, BV=128)
         rows.append((f"probe_gates_fwd (n = {n})", probe_gates_fwd_kernel,

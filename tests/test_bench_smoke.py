@@ -597,6 +597,33 @@ def test_reads_ab_uniform16_runs_the_default_op_on_16_queries_a_level():
     assert level0.add_key_block_partials is kernel_add
 
 
+def test_reads_ab_two_phase_from_n32_runs_it_at_the_wider_levels_only(monkeypatch):
+    """Variant ``scan-2phase-n32``: the two-phase reverse scan at the levels whose firings hold ≥ 32
+    pairs (here level 2 of the L = 3 ladder, n = 16, 32), at the fused scan's V block, and the
+    fused scan elsewhere; the step's gradients equal the default op's."""
+    from bench import reads_ab
+    import optimized.nested.pieces as pieces
+
+    calls = []
+    two_phase = pieces.promote_scan_bwd_two_phase
+
+    def spy(states, kappa, *args, **kwargs):
+        calls.append((kappa.shape[3], kwargs.get("block_v")))
+        return two_phase(states, kappa, *args, **kwargs)
+
+    monkeypatch.setattr(pieces, "promote_scan_bwd_two_phase", spy)
+    ops = reads_ab._ops(1, 130, 2, 32, 32, 3, torch.float32, 0, names=("triton", "scan-2phase-n32"), device="cpu")
+    grads = {}
+    for name, (leaves, forward, do) in ops.items():
+        forward().backward(do)
+        grads[name] = [t.grad.clone() for t in leaves]
+        for t in leaves:
+            t.grad = None
+    assert calls == [(32, 32)]          # level 2 only; K = V = 32: the fused scan's V block is 32
+    for a, b in zip(*grads.values()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
 def test_reads_ab_ranges_always_opens_the_op_ranges_and_restores_stage():
     """``reads_ab`` variant ``ranges-always`` (the op before ``optimized.stages.stage``): while it
     is measured every stage opens a ``record_function`` range; afterwards the op's ``stage`` is back."""
