@@ -56,6 +56,25 @@ class FactoredSnapGrads(NamedTuple):
         return torch.matmul(self.q.transpose(-1, -2), self.dnu)
 
 
+@triton.jit
+def _query_block(ds_q, i_h, i_n, N_PAIRS, K: tl.constexpr, o_k, m_k, BN: tl.constexpr):
+    """Pair block ``i_n`` of head ``i_h``'s ``Q`` transposed, ``[BK, BN]`` float32 (pairs past
+    ``N_PAIRS`` masked to 0): ``(o_n, m_n, Qᵀ block)``."""
+    o_n = i_n * BN + tl.arange(0, BN)
+    m_n = o_n < N_PAIRS
+    b_qt = tl.load(ds_q + i_h * N_PAIRS * K + o_n[None, :] * K + o_k[:, None],
+                   mask=m_n[None, :] & m_k[:, None], other=0.0).to(tl.float32)
+    return o_n, m_n, b_qt
+
+
+@triton.jit
+def _dnu_block(ds, i_ds, S, slot, i_h, N_PAIRS, H: tl.constexpr, V: tl.constexpr, o_n, m_n, o_v, m_v):
+    """The pairs ``o_n`` of ``dν[b, slot, h]``, ``[BN, BV]`` float32 (all 0 where there is no slot)."""
+    p_ds = (ds + ((i_ds * S + tl.maximum(slot, 0).to(tl.int64)) * H + i_h) * N_PAIRS * V
+            + o_n[:, None] * V + o_v[None, :])
+    return tl.load(p_ds, mask=m_n[:, None] & m_v[None, :] & (slot >= 0), other=0.0).to(tl.float32)
+
+
 # T (tokens) and S (injected states) are runtime sizes, not specialised: any sequence
 # length reuses the compiled kernel.
 @triton.jit(do_not_specialize=["T", "S"])
@@ -65,7 +84,7 @@ def state_grad_bwd_kernel(
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BN: tl.constexpr,
     HAS_DHT: tl.constexpr, HAS_INJECT: tl.constexpr, FACTORED: tl.constexpr, STORE_DH0: tl.constexpr,
-    IS_VARLEN: tl.constexpr,
+    IS_VARLEN: tl.constexpr, ONE_PAIR_BLOCK: tl.constexpr,
 ):
     """Reverse scan over the chunks of one (batch, head, block of V columns).
 
@@ -73,14 +92,16 @@ def state_grad_bwd_kernel(
 
         dH     += ds[b, slots[c], h]      if slots[c] >= 0     (injected gradient;
                                                              FACTORED: ds_q[h]ᵀ @ ds[b, slots[c], h],
-                                                             ds [B, S, H, N_PAIRS, V])
+                                                             ds [B, S, H, N_PAIRS, V], in
+                                                             blocks of BN pairs)
         dh[c]   = dH
         dv2[c]  = kg[c] @ dH + dv[c]
         dH      = 2^gk[c, last] ⊙_rows dH + scale · qg[c]^T @ do[c] - w[c]^T @ dv2[c]
 
     (the chunk's ``BT`` rows visited in sub-blocks of ``BS``) and finally ``dh0 = dH``.
     Rows past ``T`` in a ragged last chunk and columns past ``K``/``V`` are masked: loaded
-    as 0, never stored.
+    as 0, never stored. ``ONE_PAIR_BLOCK`` (all ``N_PAIRS`` in one block of ``BN``): ``Qᵀ`` is
+    loaded once, before the chunks; otherwise each block's is loaded where it is used.
 
     ``IS_VARLEN`` (packed sequences, ``B = 1``): the batch index is a sequence i, its tokens
     ``cu_seqlens[i] .. cu_seqlens[i + 1] - 1`` and its chunks (``dh``, ``slots``) from the packed
@@ -116,11 +137,9 @@ def state_grad_bwd_kernel(
     m_kv = m_k[:, None] & m_v[None, :]
     o_kv = o_k[:, None] * V + o_v[None, :]          # a [K, V] state block, row-major
 
-    if FACTORED:            # this head's Q transposed, [BK, BN], loaded once
-        o_n = tl.arange(0, BN)
-        m_n = o_n < N_PAIRS
-        b_qt = tl.load(ds_q + i_h * N_PAIRS * K + o_n[None, :] * K + o_k[:, None],
-                       mask=m_n[None, :] & m_k[:, None], other=0.0).to(tl.float32)
+    if FACTORED:
+        if ONE_PAIR_BLOCK:  # this head's Q transposed, [BK, BN], loaded once
+            o_n, m_n, b_qt = _query_block(ds_q, i_h, 0, N_PAIRS, K, o_k, m_k, BN)
 
     b_dh = tl.zeros([BK, BV], dtype=tl.float32)
     if HAS_DHT:
@@ -133,10 +152,14 @@ def state_grad_bwd_kernel(
             else:
                 slot = tl.load(slots + i_t)
             if FACTORED:        # Qᵀ dν: [K, n] @ [n, BV], pairs past N_PAIRS (and no slot) masked to 0
-                p_ds = (ds + ((i_ds * S + tl.maximum(slot, 0).to(tl.int64)) * H + i_h) * N_PAIRS * V
-                        + o_n[:, None] * V + o_v[None, :])
-                b_dnu = tl.load(p_ds, mask=m_n[:, None] & m_v[None, :] & (slot >= 0), other=0.0)
-                b_dh += tl.dot(b_qt, b_dnu.to(tl.float32), input_precision="ieee")
+                if ONE_PAIR_BLOCK:
+                    b_dnu = _dnu_block(ds, i_ds, S, slot, i_h, N_PAIRS, H, V, o_n, m_n, o_v, m_v)
+                    b_dh += tl.dot(b_qt, b_dnu, input_precision="ieee")
+                else:
+                    for i_n in range(0, tl.cdiv(N_PAIRS, BN)):
+                        o_n, m_n, b_qt = _query_block(ds_q, i_h, i_n, N_PAIRS, K, o_k, m_k, BN)
+                        b_dnu = _dnu_block(ds, i_ds, S, slot, i_h, N_PAIRS, H, V, o_n, m_n, o_v, m_v)
+                        b_dh += tl.dot(b_qt, b_dnu, input_precision="ieee")
             else:
                 p_ds = ds + ((i_ds * S + tl.maximum(slot, 0).to(tl.int64)) * H + i_h) * K * V + o_kv
                 b_dh += tl.load(p_ds, mask=m_kv & (slot >= 0), other=0.0).to(tl.float32)
@@ -189,8 +212,25 @@ def block_sizes(K: int, V: int, block_v: int | None = None) -> tuple[int, int, i
     return BK, BV, BS
 
 
+# The factored injection's pair block: Qᵀ's [K, BN] block stays in registers beside the [K, BV]
+# gradient. At K = 256 a block of 128 pairs asked 275456 B of shared memory (an H200 gives a block
+# 232448) and spilled 3 KiB a thread; 64 spilled at K = 128 (sm_90, scripts/kernel_resources.py).
+FACTORED_BLOCK_N = 32
+
+
+def factored_blocks(n: int, block_n: int | None = None) -> int:
+    """The factored injection's pair block ``BN``: ``block_n`` (default ``FACTORED_BLOCK_N``), a
+    power of two ≥ 16, no wider than the pairs' own power of two."""
+    if block_n is None:
+        block_n = FACTORED_BLOCK_N
+    if not isinstance(block_n, int) or isinstance(block_n, bool) or block_n < 16 or block_n & (block_n - 1):
+        raise ValueError(f"factored_block_n must be a power of two >= 16, got {block_n!r}")
+    return max(16, min(block_n, triton.next_power_of_2(max(n, 1))))
+
+
 def state_grad_bwd(qg, kg, w, gk, do, dv, scale, dht=None, ds=None, slots=None, want_dh0=False,
-                   block_v: int | None = None, cu_seqlens=None, chunk_offsets=None):
+                   block_v: int | None = None, cu_seqlens=None, chunk_offsets=None,
+                   factored_block_n: int | None = None):
     """Launch ``state_grad_bwd_kernel``.
 
     Args:
@@ -201,6 +241,8 @@ def state_grad_bwd(qg, kg, w, gk, do, dv, scale, dht=None, ds=None, slots=None, 
             ``FactoredSnapGrads`` ``(Q [H, n, K], dν [B, S, H, n, V])`` standing for ``Qᵀ dν``, or None;
         slots: int32 ``[NT]``: chunk ``c``'s gradient is ``ds[:, slots[c]]``, none where ``slots[c] < 0``.
         want_dh0: also return the initial-state gradient.
+        factored_block_n: the factored gradients' pairs in blocks of this many (``factored_blocks``;
+            a test's choice: the default, ``FACTORED_BLOCK_N``, holds every ladder's level 1).
         cu_seqlens, chunk_offsets: n sequences packed in one row (``B = 1``): their token
             offsets (int32 or int64 ``[n + 1]``) and packed-chunk offsets (``[n + 1]``, each
             sequence's chunks counted from its first token); then ``dht``, ``dh0`` are
@@ -256,12 +298,14 @@ def state_grad_bwd(qg, kg, w, gk, do, dv, scale, dht=None, ds=None, slots=None, 
         S = ds.shape[1]
     else:
         S = 0
+    BN = factored_blocks(n, factored_block_n)
     grid = (triton.cdiv(V, BV), programs * H)
     state_grad_bwd_kernel[grid](
         qg, kg, w, gk, do, dv, dht, ds, ds_q, slots, dh, dh0, dv2, cu_seqlens, chunk_offsets,
         scale, T, S, n,
-        H=H, K=K, V=V, BT=CHUNK, BS=BS, BK=BK, BV=BV, BN=max(16, triton.next_power_of_2(n)),
+        H=H, K=K, V=V, BT=CHUNK, BS=BS, BK=BK, BV=BV, BN=BN,
         HAS_DHT=dht is not None, HAS_INJECT=has_inject, FACTORED=factored, STORE_DH0=want_dh0, IS_VARLEN=packed,
+        ONE_PAIR_BLOCK=BN >= n,
         num_warps=4 if BK <= 64 else 8,
     )
     return dh, dh0, dv2

@@ -180,6 +180,7 @@ def _reads_and_state_grad_kernels():
                                             token_blocks)
     from optimized.nested.reads_fwd import block_sizes as reads_blocks
     from optimized.nested.reads_fwd import reads_fwd_kernel
+    from optimized.state_grad import FACTORED_BLOCK_N
     from optimized.state_grad import block_sizes as state_grad_blocks
     from optimized.state_grad import state_grad_bwd_kernel
     from optimized.warps import num_warps as reads_warps
@@ -223,7 +224,17 @@ def _reads_and_state_grad_kernels():
                          | dict.fromkeys(("dht", "ds", "ds_q", "dh0"), f32) | {"slots": "*i32", "cu_seqlens": "*i64",
                          "chunk_offsets": "*i32", "scale": "fp32", "T": i32, "S": i32, "N_PAIRS": i32},
                          dict(H=16, K=128, V=128, BT=64, BS=SS, BK=SK, BV=SV, BN=16, HAS_DHT=True, HAS_INJECT=True,
-                              FACTORED=factored, STORE_DH0=True, IS_VARLEN=varlen), 8))
+                              FACTORED=factored, STORE_DH0=True, IS_VARLEN=varlen, ONE_PAIR_BLOCK=True), 8))
+    # the factored injection with more pairs than its block (level 1 with n > FACTORED_BLOCK_N), at
+    # K = V = 128 and 256 (the launcher's blocks for each)
+    for K in (128, 256):
+        SK, SV, SS = state_grad_blocks(K, K)
+        rows.append((f"state_grad_bwd factored K{K} pair blocks of {FACTORED_BLOCK_N}", state_grad_bwd_kernel,
+                     dict.fromkeys(("qg", "kg", "w", "gk", "do", "dv", "dh", "dv2"), bf16)
+                     | dict.fromkeys(("dht", "ds", "ds_q", "dh0"), f32) | {"slots": "*i32", "cu_seqlens": "*i64",
+                     "chunk_offsets": "*i32", "scale": "fp32", "T": i32, "S": i32, "N_PAIRS": i32},
+                     dict(H=16, K=K, V=K, BT=64, BS=SS, BK=SK, BV=SV, BN=FACTORED_BLOCK_N, HAS_DHT=True, HAS_INJECT=True,
+                          FACTORED=True, STORE_DH0=True, IS_VARLEN=False, ONE_PAIR_BLOCK=False), 8))
     for bka, bva, warps in ((32, 32, 8), (128, 32, 8), (32, 64, 8), (128, 16, 8)):   # reads_ab rtok-*
         rows.append((f"reads_bwd_tokens k{bka} v{bva}", reads_bwd_tokens_kernel,
                      dict.fromkeys(("do", "q", "r", "o0", "dq"), bf16) | {"states": f32, "states_hi": f32, "read_row": "*i32",

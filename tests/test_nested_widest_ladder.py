@@ -8,7 +8,8 @@ at launch: the reads' state-gradient kernel, folding 128 pairs in one block, ask
 H200's 227 (bench/NOTES.md). This test runs one bf16 forward and backward at the nested compile
 bucket's sizes (K = 112, V = 100: the same [128, 128] state blocks as K = V = 128, and the
 bucket's level-0 kernels) with the full ladder 16, 32, 64, 112 over enough tokens for the top
-level to fire twice, and checks that every gradient is finite. Values are the properties' job.
+level to fire twice, and checks that every gradient is finite; once more with level 1 at 48 pairs
+(level 0's state-gradient kernel adds them in blocks of 32). Values are the properties' job.
 """
 import pytest
 import torch
@@ -22,13 +23,22 @@ NAMES = ("q", "k", "v", "g", "b", "w", "r")
 CUDA = triton_mode.MODE == triton_mode.CUDA
 
 
-@pytest.mark.skipif(not CUDA, reason="shared memory refusals happen on a GPU (the fold's blocks: "
+# the SPEC ladder; and level 1 with 48 pairs, past level 0's factored injection's pair block (32)
+# but under K / 2 (firing every chunk, more would grow without bound: ngdn.nested_inputs)
+COUNTS = {"ladder": None, "wide_level1": [48, 32, 64, 112]}
+
+
+@pytest.mark.skipif(not CUDA, reason="shared memory refusals happen on a GPU (the pair blocks: "
                                      "tests/test_snapshot_grads.py on the interpreter)")
-def test_full_ladder_launches_at_the_widest_firings():
+@pytest.mark.parametrize("counts", list(COUNTS))
+def test_full_ladder_launches_at_the_widest_firings(counts):
+    from optimized.state_grad import FACTORED_BLOCK_N
+
     shape = NestedShape(B=2, T=1100, H=2, L=5, K=112, V=100)
     assert on_bucket(shape, "level0", 1) == shape                            # the bucket's compiled sizes
-    counts = default_query_counts(shape.L, shape.K)
+    counts = COUNTS[counts] or default_query_counts(shape.L, shape.K)
     assert counts[-1] == shape.K > 64                                        # past the fold's pair block
+    assert COUNTS["wide_level1"][0] > FACTORED_BLOCK_N
     x = nested_inputs(shape, seed=0, query_counts=counts)
     dev = triton_mode.device()
     args = {n: x[n].to(dev, torch.bfloat16).requires_grad_() for n in NAMES}

@@ -64,15 +64,26 @@ MUTANTS = {
 # level 0's state-gradient kernel, its factored branch
 STATE_GRAD_MUTANTS = {
     # Q of head 0 for every head
-    "head_zero_query": [Plant(state_grad_module, "state_grad_bwd_kernel", "ds_q + i_h * N_PAIRS * K", "ds_q")],
+    "head_zero_query": [Plant(state_grad_module, "_query_block", "ds_q + i_h * N_PAIRS * K", "ds_q",
+                              rebind=((state_grad_module, "state_grad_bwd_kernel"),))],
     # Q read as [K, n] (not transposed)
-    "query_not_transposed": [Plant(state_grad_module, "state_grad_bwd_kernel",
-                                   "o_n[None, :] * K + o_k[:, None]", "o_n[None, :] + o_k[:, None] * N_PAIRS")],
+    "query_not_transposed": [Plant(state_grad_module, "_query_block",
+                                   "o_n[None, :] * K + o_k[:, None]", "o_n[None, :] + o_k[:, None] * N_PAIRS",
+                                   rebind=((state_grad_module, "state_grad_bwd_kernel"),))],
     # the chunk's dν' one slot early
-    "slot_one_early": [Plant(state_grad_module, "state_grad_bwd_kernel",
+    "slot_one_early": [Plant(state_grad_module, "_dnu_block",
                              "(ds + ((i_ds * S + tl.maximum(slot, 0).to(tl.int64)) * H + i_h) * N_PAIRS * V",
-                             "(ds + ((i_ds * S + tl.maximum(slot - 1, 0).to(tl.int64)) * H + i_h) * N_PAIRS * V")],
+                             "(ds + ((i_ds * S + tl.maximum(slot - 1, 0).to(tl.int64)) * H + i_h) * N_PAIRS * V",
+                             rebind=((state_grad_module, "state_grad_bwd_kernel"),))],
+    # more pairs than a block: the last block never added
+    "last_pair_block_dropped": [Plant(state_grad_module, "state_grad_bwd_kernel",
+                                      "for i_n in range(0, tl.cdiv(N_PAIRS, BN)):",
+                                      "for i_n in range(0, tl.cdiv(N_PAIRS, BN) - 1):")],
 }
+# pairs per case of the injection (and the block it is visited in: 40 pairs in blocks of 16, the
+# last ragged, reach the kernel's loop over pair blocks; 3 and 20 its one-block form)
+STATE_GRAD_PAIRS = {3: None, 20: None, 40: 16}
+STATE_GRAD_MUTANT_PAIRS = {"last_pair_block_dropped": 40}
 
 
 def make_case(name, seed=0):
@@ -342,18 +353,37 @@ def test_fold_bad_inputs_fail_early():
 LEVEL0_SHAPE = GDN2Shape(B=2, T=200, H=2, K=24, V=40)
 
 
-@pytest.mark.parametrize("pairs", [3, 20])
-def test_level0_factored_injection_matches_float64(pairs):
+def level0_factored_result(pairs, monkeypatch, log=True):
+    """``checks.level0_states_vs_reference`` with level 1's ``pairs`` pairs injected factored, in
+    the pair blocks ``STATE_GRAD_PAIRS`` gives them."""
+    if STATE_GRAD_PAIRS[pairs] is not None:
+        monkeypatch.setattr(state_grad_module, "FACTORED_BLOCK_N", STATE_GRAD_PAIRS[pairs])
+    return checks.level0_states_vs_reference(LEVEL0_SHAPE, 1, torch.float32, pairs=pairs, log=log)
+
+
+@pytest.mark.parametrize("pairs", list(STATE_GRAD_PAIRS))
+def test_level0_factored_injection_matches_float64(pairs, monkeypatch):
     assert state_grad_module.block_sizes(LEVEL0_SHAPE.K, LEVEL0_SHAPE.V)[1] < LEVEL0_SHAPE.V
-    result = checks.level0_states_vs_reference(LEVEL0_SHAPE, 1, torch.float32, pairs=pairs)
+    result = level0_factored_result(pairs, monkeypatch)
     assert all(err <= bound for err, bound in result.values()), result
+
+
+def test_level0_factored_pair_blocks():
+    """``factored_blocks``: ``FACTORED_BLOCK_N`` (32) by default, never wider than the pairs' power
+    of two; the 40-pair case runs three blocks, the last ragged; anything else is refused."""
+    blocks = state_grad_module.factored_blocks
+    assert state_grad_module.FACTORED_BLOCK_N == 32 and blocks(16) == 16 and blocks(20) == 32 and blocks(128) == 32
+    assert blocks(3) == 16 and blocks(40, 16) == 16 and 2 * 16 < 40 < 3 * 16
+    for bad in (8, 24, 0, 16.0, True):
+        with pytest.raises(ValueError, match="factored_block_n"):
+            blocks(40, bad)
 
 
 @pytest.mark.mutation
 @pytest.mark.parametrize("mutant", list(STATE_GRAD_MUTANTS))
-def test_level0_factored_injection_mutants_fail(mutant):
+def test_level0_factored_injection_mutants_fail(mutant, monkeypatch):
     with planted(*STATE_GRAD_MUTANTS[mutant]):
-        result = checks.level0_states_vs_reference(LEVEL0_SHAPE, 1, torch.float32, pairs=20, log=False)
+        result = level0_factored_result(STATE_GRAD_MUTANT_PAIRS.get(mutant, 20), monkeypatch, log=False)
     bad = {k for k, (err, bound) in result.items() if err > bound}
     assert {"dk", "dv", "dw"} <= bad and not {"output", "chunk_end_states"} & bad, result
 
