@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import statistics
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -23,7 +24,9 @@ from bench.plan import DTYPES, Workload
 
 GIB = 2 ** 30
 MEASURED = ("param_dtype", "query_counts", "intervals", "param_elements", "warmup_s", "fwd_ms",
-            "bwd_ms", "fwdbwd_ms", "peak_gib", "peak_extra_gib", "finite", "error")
+            "bwd_ms", "fwdbwd_ms", "fwd_host_ms", "fwdbwd_host_ms", "peak_gib", "peak_extra_gib", "finite",
+            "error")
+HOST_REPS = 11      # launches from an idle device per host time (their median)
 
 
 # --- inputs ------------------------------------------------------------------------------
@@ -138,6 +141,20 @@ def measure(build: Callable[[], Built], hooks: Hooks, progress: Callable[[str], 
     return m
 
 
+def host_ms(fn: Callable, dev, reps: int = HOST_REPS) -> float:
+    """Median host time of one call of ``fn`` launched from an idle device (``dev.sync()`` before
+    each, none inside the timing): what the CPU spends issuing its kernels. Near the call's device
+    time it says the call is host-paced: its time then follows the host's speed, not the GPU's."""
+    times = []
+    for _ in range(reps):
+        dev.sync()
+        started = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - started)
+    dev.sync()
+    return 1e3 * statistics.median(times)
+
+
 def _measure_built(built: Built, m: dict, hooks: Hooks, progress):
     dev, timer = hooks.device, hooks.timer
     forward, inputs, do = built.forward, built.inputs, built.do
@@ -184,6 +201,11 @@ def _measure_built(built: Built, m: dict, hooks: Hooks, progress):
             m["fwdbwd_ms"] = timer(lambda: grads(forward()))
         except Exception as e:  # noqa: BLE001
             errors.append(describe("forward+backward timing", e))
+        try:
+            m["fwd_host_ms"] = host_ms(forward, dev)
+            m["fwdbwd_host_ms"] = host_ms(lambda: grads(forward()), dev)
+        except Exception as e:  # noqa: BLE001
+            errors.append(describe("host timing", e))
         try:
             base = dev.memory_begin()
             gs = grads(forward())

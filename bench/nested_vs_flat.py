@@ -147,8 +147,8 @@ def run(args, hooks: Hooks | None = None, argv: Sequence[str] = (), notes: Seque
             with finite_checks(check):
                 m = measure_workload(w, args, hooks, progress)
             cache[w.key] = m
-            summary = ", ".join(f"{p} {m[f'{p}_ms']:.3f} ms" for p in ("fwd", "bwd", "fwdbwd")
-                                if m[f"{p}_ms"] is not None)
+            summary = ", ".join(f"{p} {m[f'{p}_ms']:.3f} ms" for p in ("fwd", "bwd", "fwdbwd", "fwdbwd_host")
+                                if m.get(f"{p}_ms") is not None)
             log(f"{tag}: {summary or 'no timing'}"
                 + (f", peak {m['peak_gib']:.2f} GiB" if m["peak_gib"] is not None and not math.isnan(m["peak_gib"])
                    else "")

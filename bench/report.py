@@ -40,7 +40,7 @@ ANCHORS = (
 COLUMNS = [
     "sweep", "config", "impl", "queries", "L", "B", "T", "H", "heads", "K", "V",
     "dtype", "param_dtype", "query_counts", "intervals", "param_elements",
-    "warmup_s", "fwd_ms", "bwd_ms", "fwdbwd_ms", "peak_gib", "peak_extra_gib",
+    "warmup_s", "fwd_ms", "bwd_ms", "fwdbwd_ms", "fwd_host_ms", "fwdbwd_host_ms", "peak_gib", "peak_extra_gib",
     "fwd_gflop", "bwd_gflop", "fwd_min_mb", "bwd_min_mb",
     "fwd_floor_ms", "bwd_floor_ms", "fwdbwd_floor_ms",
     "fwd_x_floor", "bwd_x_floor", "fwdbwd_x_floor",
@@ -203,10 +203,30 @@ def _pairs(rows, sweep):
     return out
 
 
+# A row whose host launch time is at least this share of its device time is host-paced: its time
+# follows the host's speed (another process or machine gives another figure), not the kernels'.
+HOST_PACED = 0.9
+
+
+def host_paced(row: dict | None, kind: str = "fwdbwd") -> bool:
+    """``row``'s ``kind`` (``"fwd"`` or ``"fwdbwd"``) host time ≥ ``HOST_PACED`` × its time."""
+    if not row or row.get(f"{kind}_host_ms") is None or not row.get(f"{kind}_ms"):
+        return False
+    return row[f"{kind}_host_ms"] >= HOST_PACED * row[f"{kind}_ms"]
+
+
+def _paced_note(kind: str, *rows) -> str:
+    """`` (host-paced: …)`` naming the rows of ``rows`` that are, else ``""``."""
+    notes = [f"{r['impl'] if r['impl'] == 'flat' else r['queries'] or r['impl']} host "
+             f"{r[kind + '_host_ms']:.2f} of {r[kind + '_ms']:.2f} ms" for r in rows if host_paced(r, kind)]
+    return f" (host-paced: {'; '.join(notes)})" if notes else ""
+
+
 def target_rows(rows: list[dict]) -> tuple[list, list]:
     """(targets, anchors) as Markdown table rows: what, where, measured, status. The memory
     targets are judged on the peak with inputs included (``peak_vs_flat``, the ratio column of
-    section 3); the step's own allocations (``peak_extra_vs_flat``) are shown beside it."""
+    section 3); the step's own allocations (``peak_extra_vs_flat``) are shown beside it. A time
+    target measured on a host-paced row (``host_paced``) says so beside its figure."""
     depth = [n for n, _ in _pairs(rows, "depth") if n is not None]
     targets, anchors = [], []
     fb_L4, fb_L2, fwd_t, ladder_t, peak4, peak6 = zip(TARGETS, TARGET_LIMITS)
@@ -220,14 +240,16 @@ def target_rows(rows: list[dict]) -> tuple[list, list]:
 
     for n in depth:
         if n["L"] >= 4:
-            judged(fb_L4, f"L={n['L']}, K={n['K']}", n["fwdbwd_vs_flat"])
+            v = n["fwdbwd_vs_flat"]
+            judged(fb_L4, f"L={n['L']}, K={n['K']}", v, x3(v) + _paced_note("fwdbwd", n))
     for n in depth:
         if n["L"] == 2:
-            judged(fb_L2, f"L=2, K={n['K']}", n["fwdbwd_vs_flat"])
+            v = n["fwdbwd_vs_flat"]
+            judged(fb_L2, f"L=2, K={n['K']}", v, x3(v) + _paced_note("fwdbwd", n))
     fwd = [(n["fwd_vs_flat"], n) for n in depth if n["fwd_vs_flat"] is not None]
     if fwd:
         worst, n = max(fwd, key=lambda t: t[0])
-        judged(fwd_t, f"worst over depth rows: L={n['L']}, K={n['K']}", worst)
+        judged(fwd_t, f"worst over depth rows: L={n['L']}, K={n['K']}", worst, x3(worst) + _paced_note("fwd", n))
     else:
         targets.append((fwd_t[0], "depth rows", "", "not measured"))
     idx = _index(rows)
@@ -237,10 +259,11 @@ def target_rows(rows: list[dict]) -> tuple[list, list]:
         u = idx.get(("ladder", cfg, "nested", f"uniform{UNIFORM_QUERIES}"))
         v = _ratio(a and a["fwdbwd_ms"], u and u["fwdbwd_ms"])
         if v is not None:
-            ladder.append((v, a))
+            ladder.append((v, a, u))
     if ladder:
-        worst, a = max(ladder, key=lambda t: t[0])
-        judged(ladder_t, f"worst over ladder rows: L={a['L']}, K={a['K']}", worst)
+        worst, a, u = max(ladder, key=lambda t: t[0])
+        judged(ladder_t, f"worst over ladder rows: L={a['L']}, K={a['K']}", worst,
+               x3(worst) + _paced_note("fwdbwd", a, u))
     for n in depth:
         for L, target in ((4, peak4), (6, peak6)):
             if n["L"] == L and n["K"] == 128:
@@ -266,7 +289,10 @@ def write_markdown(path: Path, rows: list[dict], header: list[str], plots: list[
             "forward+backward step). `x floor` = time / floor (bench/floors.py: max(FLOPs / matmul "
             "rate, min bytes / copy bandwidth) per pass). Ratios are nested / flat GDN-2 with L·H heads. "
             "Peak memory is torch.cuda.max_memory_allocated over one forward+backward, inputs included; "
-            "`extra` counts only what the step allocates on top of its inputs.", ""]
+            "`extra` counts only what the step allocates on top of its inputs. `host` is the median host "
+            "time to launch one step from an idle GPU; a row whose host time is at least "
+            f"{HOST_PACED:g}x its device time is host-paced (its time follows the host's speed), and a "
+            "target measured on one says so.", ""]
     targets, anchors = target_rows(rows)
     out += ["## Targets (this run only measures against them)", ""]
     out += _md_table(("target", "where", "measured", "status"), targets) + [""]
@@ -290,11 +316,12 @@ def write_markdown(path: Path, rows: list[dict], header: list[str], plots: list[
             lead = {"depth": f"{r['L']}", "batch": f"{r['B']} x {r['T']}"}[sweep]
             body.append((lead, r["K"], (n or {}).get("query_counts") or "",
                          _ms(n and n["fwd_ms"]), _ms(n and n["bwd_ms"]), _ms(n and n["fwdbwd_ms"]),
+                         _ms(n and n.get("fwdbwd_host_ms")),
                          _ms(f and f["fwd_ms"]), _ms(f and f["bwd_ms"]), _ms(f and f["fwdbwd_ms"]),
                          _x(n and n["fwd_vs_flat"]), _x(n and n["bwd_vs_flat"]), _x(n and n["fwdbwd_vs_flat"]),
                          _x(n and n["fwdbwd_x_floor"]), _x(f and f["fwdbwd_x_floor"]),
                          eref(n, f)))
-        return _md_table((first_col, "K", "queries", "nested fwd", "nested bwd", "nested f+b", "flat fwd",
+        return _md_table((first_col, "K", "queries", "nested fwd", "nested bwd", "nested f+b", "nested f+b host", "flat fwd",
                           "flat bwd", "flat f+b", "fwd ratio", "bwd ratio", "f+b ratio", "nested f+b x floor",
                           "flat f+b x floor", "error"), body)
 

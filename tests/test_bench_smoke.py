@@ -93,6 +93,7 @@ def test_smoke_run_writes_csv_markdown_plots(tmp_path, monkeypatch):
     nested4 = next(r for r in rows if r["config"] == "depth-K32-L4" and r["impl"] == "nested")
     assert nested4["query_counts"] == "16-32-32" and nested4["intervals"] == "1-2-4"
     assert float(nested4["fwd_vs_flat"]) == pytest.approx(1.5)
+    assert float(nested4["fwd_host_ms"]) > 0 and float(nested4["fwdbwd_host_ms"]) > 0     # host times, measured
     assert float(nested4["peak_vs_flat"]) == pytest.approx(0.3)
     assert float(nested4["peak_extra_vs_flat"]) == pytest.approx(2 / 9)
     cost = floors.nested_cost(1, 128, 2, 32, 32, [16, 32, 32], [1, 2, 4], 4, 4,
@@ -170,6 +171,36 @@ def test_targets_are_judged_at_their_limits():
         (ladder, "worst over ladder rows: L=5, K=128"): ("1.100x", "not met"),
         (peak4, "L=4, K=128"): ("0.300x (step's own allocations: 0.290x)", "met"),
         (peak6, "L=6, K=128"): ("0.230x (step's own allocations: 0.210x)", "not met"),
+    }
+
+
+def test_host_paced_rows_are_named_beside_their_targets():
+    """A target measured on a row whose host launch time is ≥ ``HOST_PACED`` of its device time says
+    so beside the figure (the status is the figure's): the L = 4 step at 0.9x, the ladder's
+    uniform row; not the L = 2 step (host 0.89x), nor rows without host times."""
+    from bench.report import HOST_PACED, host_paced
+
+    rows = [
+        _row("depth", "depth-K64-L2", "nested", "ladder", 2, 64, fwd_vs_flat=0.8, fwdbwd_vs_flat=0.6,
+             fwd_ms=2.0, fwd_host_ms=2.5, fwdbwd_ms=10.0, fwdbwd_host_ms=8.9),
+        _row("depth", "depth-K64-L2", "flat", "", 2, 64),
+        _row("depth", "depth-K64-L4", "nested", "ladder", 4, 64, fwd_vs_flat=0.7, fwdbwd_vs_flat=0.61,
+             fwd_ms=3.0, fwd_host_ms=1.0, fwdbwd_ms=10.0, fwdbwd_host_ms=9.0),
+        _row("depth", "depth-K64-L4", "flat", "", 4, 64),
+        _row("ladder", "ladder-K64-L4", "nested", "ladder", 4, 64, fwdbwd_ms=11.0, fwdbwd_host_ms=None),
+        _row("ladder", "ladder-K64-L4", "nested", "uniform16", 4, 64, fwdbwd_ms=10.0, fwdbwd_host_ms=10.5),
+    ]
+    assert HOST_PACED == 0.9 and host_paced(rows[2]) and not host_paced(rows[0]) and host_paced(rows[0], "fwd")
+    assert not host_paced(rows[4]) and not host_paced(None)
+    targets, _ = target_rows(rows)
+    got = {(what, where): (shown, status) for what, where, shown, status in targets}
+    fb4, fb2, fwd, ladder, _, _ = TARGETS
+    assert got == {
+        (fb4, "L=4, K=64"): ("0.610x (host-paced: ladder host 9.00 of 10.00 ms)", "not met"),
+        (fb2, "L=2, K=64"): ("0.600x", "met"),
+        (fwd, "worst over depth rows: L=2, K=64"): ("0.800x (host-paced: ladder host 2.50 of 2.00 ms)", "met"),
+        (ladder, "worst over ladder rows: L=4, K=64"): ("1.100x (host-paced: uniform16 host 10.50 of 10.00 ms)",
+                                                        "not met"),
     }
 
 
