@@ -166,7 +166,7 @@ VARIANTS = ("torch", "generic", "fused-ieee", "scan-tf32", "triton", "triton+che
             "states-one-buffer", "snapshot-copies", "dz-new-buffer", "l0-keep", "l0-recompute-wy", "ranges-always",
             "gates-nu-128", "l0-overlap", "l0-overlap-fwd", "l0-output-fla", "snap-grads-materialised",
             "snap-add-kernel", "partials-sum", "rtok-k32-v32", "rtok-k64-v64", "rtok-k128-v32", "rtok-k32-v64", "l0-grads-f32",
-            "l0-db-add-torch", "uniform16", "scan-2phase-bv64", "scan-2phase-n32")
+            "l0-db-add-torch", "uniform16", "scan-2phase-bv64", "scan-2phase-n32", "gates-one-launch")
 
 
 @contextlib.contextmanager
@@ -208,6 +208,23 @@ def nu_gates_up_to(pairs: int | None):
         yield
     finally:
         probe_fused.NU_GATES_MAX_PAIRS = original
+
+
+@contextlib.contextmanager
+def gates_in_one_launch(on: bool):
+    """With ``on``, the gates that make ``z`` themselves run every block in one launch
+    (``probe_gates_nu.ONE_LAUNCH``; variant ``gates-one-launch``), else one launch per block."""
+    if not on:
+        yield
+        return
+    import optimized.nested.probe_gates_nu as probe_gates_nu
+
+    original = probe_gates_nu.ONE_LAUNCH
+    probe_gates_nu.ONE_LAUNCH = True
+    try:
+        yield
+    finally:
+        probe_gates_nu.ONE_LAUNCH = original
 
 
 @contextlib.contextmanager
@@ -379,6 +396,7 @@ def _ops(B, T, H, K, V, L, dtype, seed, names=VARIANTS, device="cuda"):
         "l0-recompute-wy": Pieces(level0_recompute="cumsum+wy"),
         "ranges-always": Pieces(),      # the default op; main() opens its stage ranges on every call
         "gates-nu-128": Pieces(),       # the default op; main() lets its gates make z up to 128 pairs a firing
+        "gates-one-launch": Pieces(),   # the default op; main() runs its gates' blocks in one launch
         # level 0's output and dAv on a side stream beside the upper levels (optimized.side_stream),
         # and the output alone there; the default runs both in line
         "l0-overlap": Pieces(level0_overlap="fwd+bwd"),
@@ -548,6 +566,7 @@ def main(argv=None) -> int:
             try:
                 with finite_checks(check), ranges_always(name == "ranges-always"), \
                         nu_gates_up_to(128 if name == "gates-nu-128" else None), \
+                        gates_in_one_launch(name == "gates-one-launch"), \
                         level0_output_by_fla(name == "l0-output-fla"), \
                         db_partials_by_torch(name == "l0-db-add-torch"):
                     started = time.perf_counter()

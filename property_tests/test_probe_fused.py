@@ -413,33 +413,42 @@ def test_gates_from_nu_keep_z_only_when_asked(keep):
 
 
 # The kernels that make z themselves: each error must fail the float32 property at SMALL_ROWS.
-def _nu(kernel, old, new):
-    return [Plant(probe_gates_nu_module, kernel, old, new)]
+# The tiles' code is in ``_fwd_tiles`` / ``_bwd_tiles``, called by the per-block and the one-launch
+# kernels alike: a planted helper is seen by both.
+NU_CALLERS = {"_fwd_tiles": ("probe_gates_nu_fwd_kernel", "probe_gates_nu_fwd_one_kernel"),
+              "_bwd_tiles": ("probe_gates_nu_bwd_kernel", "probe_gates_nu_bwd_one_kernel")}
+
+
+def _nu(helper, old, new):
+    return [Plant(probe_gates_nu_module, helper, old, new,
+                  rebind=tuple((probe_gates_nu_module, k) for k in NU_CALLERS[helper]))]
 
 
 NU_GATE_MUTANTS = {
     # γ summed over the wrong rows: the tile's rows grouped as (NP, G) instead of (G, NP)
-    "gamma_wrong_firing": _nu("probe_gates_nu_fwd_kernel", "(G, NP, BC)), axis=1)", "(NP, G, BC)), axis=0)"),
+    "gamma_wrong_firing": _nu("_fwd_tiles", "(G, NP, BC)), axis=1)", "(NP, G, BC)), axis=0)"),
     # the backward's reduction factor forgotten
-    "gamma_no_mean": _nu("probe_gates_nu_bwd_kernel", "dg_i = -c_reduce * tl.load(", "dg_i = -tl.load("),
+    "gamma_no_mean": _nu("_bwd_tiles", "dg_i = -c_reduce * tl.load(", "dg_i = -tl.load("),
     # the program's tiles overlap: tile j of program p is tile p + j
-    "tiles_overlap": _nu("probe_gates_nu_fwd_kernel", "i_t = i_p * TILES + j", "i_t = i_p + j"),
+    "tiles_overlap": _nu("_fwd_tiles", "i_t = i_p * TILES + j", "i_t = i_p + j"),
     # the tiles counted by whole tiles: the ragged last tile's firings never written
-    "ragged_tile_dropped": _nu("probe_gates_nu_fwd_kernel", "tl.cdiv(Bt, G) - i_p * TILES", "Bt // G - i_p * TILES"),
-    "ragged_tile_dropped_bwd": _nu("probe_gates_nu_bwd_kernel", "tl.cdiv(Bt, G) - i_p * TILES",
+    "ragged_tile_dropped": _nu("_fwd_tiles", "tl.cdiv(Bt, G) - i_p * TILES", "Bt // G - i_p * TILES"),
+    "ragged_tile_dropped_bwd": _nu("_bwd_tiles", "tl.cdiv(Bt, G) - i_p * TILES",
                                    "Bt // G - i_p * TILES"),
     # l2norm's backward without its projection
-    "no_projection": _nu("probe_gates_nu_bwd_kernel",
+    "no_projection": _nu("_bwd_tiles",
                          "d = (d_y - kap * tl.sum(kap * d_y, axis=1)[:, None]) * s[:, None]",
                          "d = d_y * s[:, None]"),
     # dz's rows in the outputs' (bt, h) order instead of the bmm's (h, bt)
-    "dz_rows_bt_major": _nu("probe_gates_nu_bwd_kernel", "p_dz = dz + ((i_h.to(tl.int64) * Bt + bt) * n + i_n)",
+    "dz_rows_bt_major": _nu("_bwd_tiles", "p_dz = dz + ((i_h.to(tl.int64) * Bt + bt) * n + i_n)",
                             "p_dz = dz + ((bt.to(tl.int64) * H + i_h) * n + i_n)"),
     # β made from ω's columns of W (its column offset one block late)
     "beta_from_omega_columns": [Plant(probe_gates_nu_module, "_first_column",
                                       "        col0 = OFF_B\n", "        col0 = OFF_B + K\n",
                                       rebind=((probe_gates_nu_module, "_column_block"),
-                                              (probe_gates_nu_module, "probe_gates_nu_fwd_kernel")))],
+                                              (probe_gates_nu_module, "_fwd_tiles"),
+                                              (probe_gates_nu_module, "probe_gates_nu_fwd_kernel"),
+                                              (probe_gates_nu_module, "probe_gates_nu_fwd_one_kernel")))],
 }
 # B·F = 9 firings, n = 5 of 8 rows: 2 firings a tile at 16 rows (the fifth tile ragged), two tiles a
 # program, three programs per head and block (the third runs one tile)
@@ -459,6 +468,73 @@ def test_gates_from_nu_mutant_fails(mutant):
         with planted(*NU_GATE_MUTANTS[mutant]):
             bad = failures(fused_vs_generic(d, torch.float32, log=False, gates="triton-nu"))
     assert bad and max(e for e, _ in bad.values()) > 1e-4, bad
+
+
+def _gates_nu_both_passes(scheme, one_launch, missing=("omega",)):
+    """``probe_gates_nu_fwd``'s four outputs and ``probe_gates_nu_bwd``'s ``dz`` at a draw of several
+    tiles and programs per head (``SMALL_ROWS``, ``SMALL_TILES``; B·F = 9 firings of n = 5, H = 2),
+    ``missing`` gradients absent, every new buffer NaN-filled; one launch per block or one in all."""
+    Bt, H, n, K, V = 9, 2, 5, 6, 5
+    C = probe_gates_module.gate_columns(scheme, K, V)
+    dev = triton_mode.device()
+    gen = torch.Generator().manual_seed(4)
+
+    def rnd(*shape, scale=1.0):
+        return (scale * torch.randn(*shape, generator=gen)).to(dev)
+
+    nu, W = rnd(Bt, H, n, V), rnd(H, V, C, scale=2.0)
+    shapes = {"kappa": (Bt, H, n, K), "beta": (Bt, H, n, K), "omega": (Bt, H, n, V), "gamma": (Bt, H, K)}
+    grads = {k: None if k in missing else rnd(*shape) for k, shape in shapes.items()}
+    if scheme == "merge":
+        grads["kappa"] = None
+    with gates_rows("triton-nu"), nan_filled_allocations():
+        outs = {k: torch.full(shape, float("nan"), device=dev) for k, shape in shapes.items()}
+        if scheme == "merge":
+            outs["kappa"] = None
+        probe_gates_nu_module.probe_gates_nu_fwd(scheme, nu, W, Bt, H, n, K, V, "mean", outs["kappa"], outs["beta"],
+                                                 outs["omega"], outs["gamma"], one_launch=one_launch)
+        dz = probe_gates_nu_module.probe_gates_nu_bwd(scheme, nu, W, Bt, H, n, K, V, "mean", grads["kappa"],
+                                                      grads["beta"], grads["omega"], grads["gamma"],
+                                                      one_launch=one_launch)
+    return [t for t in outs.values() if t is not None] + [dz]
+
+
+@pytest.mark.parametrize("scheme", GATE_SCHEMES)
+def test_gates_from_nu_in_one_launch_equal_a_launch_per_block(scheme):
+    """``one_launch``: every block's gate in one launch (program axis 2 picks the block, merge's
+    from β on) writes what one launch per block writes, bit for bit, forward and backward, with
+    a gradient absent; everything written (no NaN left)."""
+    per_block = _gates_nu_both_passes(scheme, False)
+    one = _gates_nu_both_passes(scheme, True)
+    assert all(torch.isfinite(t).all() for t in one)
+    assert all(torch.equal(a, b) for a, b in zip(per_block, one))
+
+
+ONE_LAUNCH_MUTANTS = {
+    # the β branch writes into κ's buffer (β never written)
+    "beta_into_kappa": [Plant(probe_gates_nu_module, "probe_gates_nu_fwd_one_kernel",
+                              "_fwd_tiles(nu, w, beta,", "_fwd_tiles(nu, w, kappa,")],
+    # ω's columns of dz made with γ's presence flag
+    "omega_flag_of_gamma": [Plant(probe_gates_nu_module, "probe_gates_nu_bwd_one_kernel",
+                                  "i_h, i_p, 2, HAS_D2,", "i_h, i_p, 2, HAS_D3,")],
+}
+
+
+@pytest.mark.mutation
+@pytest.mark.parametrize("mutant", sorted(ONE_LAUNCH_MUTANTS))
+def test_gates_from_nu_in_one_launch_mutant_fails(mutant):
+    per_block = _gates_nu_both_passes("learned", False)
+    with planted(*ONE_LAUNCH_MUTANTS[mutant]):
+        one = _gates_nu_both_passes("learned", True)
+    assert not all(torch.equal(a, b) for a, b in zip(per_block, one))
+
+
+def test_gates_from_nu_one_launch_argument():
+    """``one_launch`` None takes ``ONE_LAUNCH`` (off: one launch per block until measured); not a
+    bool is refused."""
+    assert probe_gates_nu_module.ONE_LAUNCH is False
+    with pytest.raises(TypeError, match="one_launch must be a bool"):
+        probe_gates_nu_module._one_launch(1)
 
 
 def test_triton_gates_cover_more_than_one_row_block():

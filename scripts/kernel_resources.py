@@ -95,7 +95,8 @@ def _gates_from_nu_kernels():
     """The gates that make ``z = ν W`` themselves (``optimized.nested.probe_gates_nu``) at the
     launcher's blocks (tiles of 64 rows: 4 firings of n = 16, 1 of 64; at n = 128, which the op
     leaves to the bmm (``probe_fused.NU_GATES_MAX_PAIRS``), one firing of 128 rows) and warps."""
-    from optimized.nested.probe_gates_nu import TILES, probe_gates_nu_bwd_kernel, probe_gates_nu_fwd_kernel
+    from optimized.nested.probe_gates_nu import (TILES, probe_gates_nu_bwd_kernel, probe_gates_nu_bwd_one_kernel,
+                                                 probe_gates_nu_fwd_kernel, probe_gates_nu_fwd_one_kernel)
 
     f32, rows = "*fp32", []
     ints = dict.fromkeys(("Bt", "n", "H", "K", "V", "C", "OFF_B"), "i32") | {"c_reduce": "fp32"}
@@ -106,6 +107,13 @@ def _gates_from_nu_kernels():
                          dict.fromkeys(("nu", "w", "out"), f32) | ints, g, 8))
             rows.append((f"probe_gates_nu_bwd (n = {n}, {gate})", probe_gates_nu_bwd_kernel,
                          dict.fromkeys(("nu", "w", "dy", "dz"), f32) | ints, g | dict(HAS_D=True), 8))
+    for n, G in ((16, 4), (64, 1)):         # every block in one launch (probe_gates_nu.ONE_LAUNCH)
+        g = dict(G=G, NP=n, BV=128, BC=128, FIRST=0, TILES=TILES, PREC="tf32")
+        rows.append((f"probe_gates_nu_fwd_one (n = {n})", probe_gates_nu_fwd_one_kernel,
+                     dict.fromkeys(("nu", "w", "kappa", "beta", "omega", "gamma"), f32) | ints, g, 8))
+        rows.append((f"probe_gates_nu_bwd_one (n = {n})", probe_gates_nu_bwd_one_kernel,
+                     dict.fromkeys(("nu", "w", "dkappa", "dbeta", "domega", "dgamma", "dz"), f32) | ints,
+                     g | dict.fromkeys(("HAS_D0", "HAS_D1", "HAS_D2", "HAS_D3"), True), 8))
     return rows
 
 

@@ -610,6 +610,44 @@ def test_reads_ab_builds_every_variant_off_the_gpu():
     assert reads_ab.inputs_gib(ops["flat"][0] + [ops["flat"][2]]) != want
 
 
+def test_reads_ab_gates_one_launch_sets_and_restores_the_flag(monkeypatch):
+    """Variant ``gates-one-launch``: ``probe_gates_nu.ONE_LAUNCH`` on inside, back after, even on an
+    error; the op's step then launches each level's gates once a pass (L = 3: 2 + 2 launches, not
+    16), with the default op's gradients."""
+    from bench import reads_ab
+    import optimized.nested.probe_gates_nu as probe_gates_nu
+
+    launched = []
+    launch = probe_gates_nu._launch
+
+    def spy(kernel, grid, *args, **kwargs):
+        launched.append(kernel.fn.__name__)
+        return launch(kernel, grid, *args, **kwargs)
+
+    monkeypatch.setattr(probe_gates_nu, "_launch", spy)
+
+    assert probe_gates_nu.ONE_LAUNCH is False
+    with pytest.raises(RuntimeError):
+        with reads_ab.gates_in_one_launch(True):
+            assert probe_gates_nu.ONE_LAUNCH is True
+            raise RuntimeError("inside")
+    assert probe_gates_nu.ONE_LAUNCH is False
+    with reads_ab.gates_in_one_launch(False):
+        assert probe_gates_nu.ONE_LAUNCH is False
+    # the op's step with its gates in one launch: the same gradients, bit for bit
+    ops = reads_ab._ops(1, 130, 2, 32, 32, 3, torch.float32, 0, names=("triton", "gates-one-launch"), device="cpu")
+    grads = {}
+    for name, (leaves, forward, do) in ops.items():
+        with reads_ab.gates_in_one_launch(name == "gates-one-launch"):
+            forward().backward(do)
+        grads[name] = [t.grad.clone() for t in leaves]
+        for t in leaves:
+            t.grad = None
+    assert all(torch.equal(a, b) for a, b in zip(*grads.values()))
+    assert launched.count("probe_gates_nu_fwd_kernel") == 8 and launched.count("probe_gates_nu_bwd_kernel") == 8
+    assert launched[16:] == ["probe_gates_nu_fwd_one_kernel"] * 2 + ["probe_gates_nu_bwd_one_kernel"] * 2
+
+
 def test_reads_ab_uniform16_runs_the_default_op_on_16_queries_a_level():
     """Variant ``uniform16`` (``ngdn bench``'s ladder row in ``reads_ab``): its levels' query weights
     are ``[H, 16, K]`` at every level, the default's follow the ladder (level 2: 32 at K = 32), with

@@ -50,6 +50,11 @@ ROWS = 64           # a tile's rows (G firings of NP rows) by default
 TILES = 8           # tiles a program runs with its block of W (512 rows by default)
 MAX_BLOCK = 128     # the largest NP, BK, BV: [rows, BK] float32 tiles and a [BV, 128] block of W in registers
 PRECISIONS = ("ieee", "tf32")
+# Every block's gate in one launch instead of one launch per block (4 a pass): the gates' launches
+# are 24 of the 54 Triton launches of an L = 4 step, whose host time paces it at head dim 64
+# (bench/NOTES.md). Unpipelined (``_launch``), so off by default until measured on a GPU (reads_ab
+# variant gates-one-launch)
+ONE_LAUNCH = False
 
 
 @triton.jit
@@ -92,16 +97,13 @@ def _column_block(w, i_h, K, V, C, OFF_B, SEG: tl.constexpr, BV: tl.constexpr, B
 # probe_gates (aligned 16-byte loads and stores). The block SEG is a constexpr: each block's
 # launch compiles only its gate (a runtime branch on it inside the pipelined loop does not compile
 # with Triton 3.6; straight-line code computing every gate and storing one was 4x the ALU work)
-@triton.jit(do_not_specialize=["Bt", "n", "H"])
-def probe_gates_nu_fwd_kernel(
-    nu, w, out, Bt, n, c_reduce, H, K, V, C, OFF_B,
-    SEG: tl.constexpr, G: tl.constexpr, NP: tl.constexpr, TILES: tl.constexpr,
-    BV: tl.constexpr, BC: tl.constexpr, PREC: tl.constexpr,
-):
-    """One head, block ``SEG`` of ``z``'s columns, ``TILES`` tiles of G firings: the block of ``W``
-    loaded once, then per tile ``z``'s block from ``ν W`` and its gate into ``out`` (module
-    docstring): κ (row norms over the block), β, ω per row, γ per firing."""
-    i_h, i_p = tl.program_id(0), tl.program_id(1)
+@triton.jit
+def _fwd_tiles(nu, w, out, Bt, n, c_reduce, H, K, V, C, OFF_B, i_h, i_p,
+               SEG: tl.constexpr, G: tl.constexpr, NP: tl.constexpr, TILES: tl.constexpr,
+               BV: tl.constexpr, BC: tl.constexpr, PREC: tl.constexpr):
+    """Head ``i_h``, block ``SEG`` of ``z``'s columns, program ``i_p``'s ``TILES`` tiles of G firings:
+    the block of ``W`` loaded once, then per tile ``z``'s block from ``ν W`` and its gate into
+    ``out`` (module docstring): κ (row norms over the block), β, ω per row, γ per firing."""
     o_v, m_v, o_c, m_c, b_w = _column_block(w, i_h, K, V, C, OFF_B, SEG, BV, BC)
     # only the tiles that hold firings (the last program's may be fewer than TILES)
     for j in range(0, tl.minimum(TILES, tl.cdiv(Bt, G) - i_p * TILES)):
@@ -125,15 +127,43 @@ def probe_gates_nu_fwd_kernel(
 
 
 @triton.jit(do_not_specialize=["Bt", "n", "H"])
-def probe_gates_nu_bwd_kernel(
-    nu, w, dy, dz, Bt, n, c_reduce, H, K, V, C, OFF_B,
-    SEG: tl.constexpr, HAS_D: tl.constexpr, G: tl.constexpr, NP: tl.constexpr, TILES: tl.constexpr,
+def probe_gates_nu_fwd_kernel(
+    nu, w, out, Bt, n, c_reduce, H, K, V, C, OFF_B,
+    SEG: tl.constexpr, G: tl.constexpr, NP: tl.constexpr, TILES: tl.constexpr,
     BV: tl.constexpr, BC: tl.constexpr, PREC: tl.constexpr,
 ):
-    """One head, block ``SEG`` of ``dz``'s columns, ``TILES`` tiles of G firings, from the gradient
-    ``dy`` of that block's output (``HAS_D`` False: absent, the block is written as 0), ``z``'s block
-    made again from ``ν W``."""
-    i_h, i_p = tl.program_id(0), tl.program_id(1)
+    """Block ``SEG``'s gate (``_fwd_tiles``) for head ``program_id(0)``, tiles of program ``program_id(1)``."""
+    _fwd_tiles(nu, w, out, Bt, n, c_reduce, H, K, V, C, OFF_B, tl.program_id(0), tl.program_id(1),
+               SEG, G, NP, TILES, BV, BC, PREC)
+
+
+@triton.jit(do_not_specialize=["Bt", "n", "H"])
+def probe_gates_nu_fwd_one_kernel(
+    nu, w, kappa, beta, omega, gamma, Bt, n, c_reduce, H, K, V, C, OFF_B,
+    FIRST: tl.constexpr, G: tl.constexpr, NP: tl.constexpr, TILES: tl.constexpr,
+    BV: tl.constexpr, BC: tl.constexpr, PREC: tl.constexpr,
+):
+    """Every block's gate in one launch: ``program_id(2)`` picks the block (``FIRST`` + it: merge,
+    without ``Z_K``, starts at 1). The branch is taken once per program, outside each block's
+    pipelined loop of tiles."""
+    i_h, i_p, seg = tl.program_id(0), tl.program_id(1), tl.program_id(2) + FIRST
+    if seg == 0:
+        _fwd_tiles(nu, w, kappa, Bt, n, c_reduce, H, K, V, C, OFF_B, i_h, i_p, 0, G, NP, TILES, BV, BC, PREC)
+    elif seg == 1:
+        _fwd_tiles(nu, w, beta, Bt, n, c_reduce, H, K, V, C, OFF_B, i_h, i_p, 1, G, NP, TILES, BV, BC, PREC)
+    elif seg == 2:
+        _fwd_tiles(nu, w, omega, Bt, n, c_reduce, H, K, V, C, OFF_B, i_h, i_p, 2, G, NP, TILES, BV, BC, PREC)
+    else:
+        _fwd_tiles(nu, w, gamma, Bt, n, c_reduce, H, K, V, C, OFF_B, i_h, i_p, 3, G, NP, TILES, BV, BC, PREC)
+
+
+@triton.jit
+def _bwd_tiles(nu, w, dy, dz, Bt, n, c_reduce, H, K, V, C, OFF_B, i_h, i_p,
+               SEG: tl.constexpr, HAS_D: tl.constexpr, G: tl.constexpr, NP: tl.constexpr, TILES: tl.constexpr,
+               BV: tl.constexpr, BC: tl.constexpr, PREC: tl.constexpr):
+    """Head ``i_h``, block ``SEG`` of ``dz``'s columns, program ``i_p``'s ``TILES`` tiles of G
+    firings, from the gradient ``dy`` of that block's output (``HAS_D`` False: absent, the block is
+    written as 0), ``z``'s block made again from ``ν W``."""
     o_v, m_v, o_c, m_c, b_w = _column_block(w, i_h, K, V, C, OFF_B, SEG, BV, BC)
     # only the tiles that hold firings (the last program's may be fewer than TILES)
     for j in range(0, tl.minimum(TILES, tl.cdiv(Bt, G) - i_p * TILES)):
@@ -163,6 +193,42 @@ def probe_gates_nu_bwd_kernel(
         tl.store(p_dz + _first_column(K, V, OFF_B, SEG) + o_c[None, :], d, mask=m_rc)
 
 
+@triton.jit(do_not_specialize=["Bt", "n", "H"])
+def probe_gates_nu_bwd_kernel(
+    nu, w, dy, dz, Bt, n, c_reduce, H, K, V, C, OFF_B,
+    SEG: tl.constexpr, HAS_D: tl.constexpr, G: tl.constexpr, NP: tl.constexpr, TILES: tl.constexpr,
+    BV: tl.constexpr, BC: tl.constexpr, PREC: tl.constexpr,
+):
+    """Block ``SEG``'s columns of ``dz`` (``_bwd_tiles``) for head ``program_id(0)``, tiles of
+    program ``program_id(1)``."""
+    _bwd_tiles(nu, w, dy, dz, Bt, n, c_reduce, H, K, V, C, OFF_B, tl.program_id(0), tl.program_id(1),
+               SEG, HAS_D, G, NP, TILES, BV, BC, PREC)
+
+
+@triton.jit(do_not_specialize=["Bt", "n", "H"])
+def probe_gates_nu_bwd_one_kernel(
+    nu, w, dkappa, dbeta, domega, dgamma, dz, Bt, n, c_reduce, H, K, V, C, OFF_B,
+    FIRST: tl.constexpr, HAS_D0: tl.constexpr, HAS_D1: tl.constexpr, HAS_D2: tl.constexpr,
+    HAS_D3: tl.constexpr, G: tl.constexpr, NP: tl.constexpr, TILES: tl.constexpr,
+    BV: tl.constexpr, BC: tl.constexpr, PREC: tl.constexpr,
+):
+    """Every block's columns of ``dz`` in one launch: ``program_id(2)`` picks the block, as in
+    ``probe_gates_nu_fwd_one_kernel``; ``HAS_D<block>`` as ``HAS_D``."""
+    i_h, i_p, seg = tl.program_id(0), tl.program_id(1), tl.program_id(2) + FIRST
+    if seg == 0:
+        _bwd_tiles(nu, w, dkappa, dz, Bt, n, c_reduce, H, K, V, C, OFF_B, i_h, i_p, 0, HAS_D0, G, NP, TILES,
+                   BV, BC, PREC)
+    elif seg == 1:
+        _bwd_tiles(nu, w, dbeta, dz, Bt, n, c_reduce, H, K, V, C, OFF_B, i_h, i_p, 1, HAS_D1, G, NP, TILES,
+                   BV, BC, PREC)
+    elif seg == 2:
+        _bwd_tiles(nu, w, domega, dz, Bt, n, c_reduce, H, K, V, C, OFF_B, i_h, i_p, 2, HAS_D2, G, NP, TILES,
+                   BV, BC, PREC)
+    else:
+        _bwd_tiles(nu, w, dgamma, dz, Bt, n, c_reduce, H, K, V, C, OFF_B, i_h, i_p, 3, HAS_D3, G, NP, TILES,
+                   BV, BC, PREC)
+
+
 def blocks(n: int, K: int, V: int, rows: int | None = None) -> tuple | None:
     """``(G, NP, BV, BC)`` of a launch (``rows``: a tile's rows, a power of two ≥ 16, default
     ``ROWS``; a program runs ``TILES`` tiles), or None where ``NP``, ``BK`` or ``BV`` would exceed
@@ -189,11 +255,22 @@ def _check(scheme, nu, W, Bt, H, n, K, V, precision, rows):
     return C, 0 if scheme == "merge" else K, sizes
 
 
+def _one_launch(one_launch: bool | None) -> bool:
+    if one_launch is None:
+        return ONE_LAUNCH
+    if not isinstance(one_launch, bool):
+        raise TypeError(f"one_launch must be a bool or None, got {type(one_launch).__name__}")
+    return one_launch
+
+
 def probe_gates_nu_fwd(scheme: str, nu: torch.Tensor, W: torch.Tensor, Bt: int, H: int, n: int, K: int, V: int,
                        reduction: str, kappa: torch.Tensor | None, beta: torch.Tensor, omega: torch.Tensor,
-                       gamma: torch.Tensor, precision: str = "ieee", rows: int | None = None):
+                       gamma: torch.Tensor, precision: str = "ieee", rows: int | None = None,
+                       one_launch: bool | None = None):
     """Writes ``κ`` (not for ``merge``: pass None), ``β``, ``ω``, ``γ`` from ``ν`` and ``W`` (layouts in
-    the module docstring); ``z`` is never stored."""
+    the module docstring); ``z`` is never stored. ``one_launch`` (default ``ONE_LAUNCH``): every
+    block in one launch (``probe_gates_nu_fwd_one_kernel``) instead of one launch per block."""
+    one = _one_launch(one_launch)
     C, off_b, (G, NP, BV, BC) = _check(scheme, nu, W, Bt, H, n, K, V, precision, rows)
     check_outputs(scheme, kappa, beta, omega, gamma, Bt, H, n, K, V, nu.device)
     if Bt * H * n == 0:
@@ -201,6 +278,12 @@ def probe_gates_nu_fwd(scheme: str, nu: torch.Tensor, W: torch.Tensor, Bt: int, 
         return
     c = _reduce_factor(reduction, n)
     grid = (H, triton.cdiv(Bt, G * TILES))
+    if one:
+        first = 1 if kappa is None else 0
+        _launch(probe_gates_nu_fwd_one_kernel, grid + (4 - first,), nu, W, beta if kappa is None else kappa, beta,
+                omega, gamma, Bt, n, c, H, K, V, C, off_b, FIRST=first, G=G, NP=NP, TILES=TILES, BV=BV, BC=BC,
+                PREC=precision, num_warps=_warps(G * NP, BV, BC))
+        return
     for seg, out in enumerate((kappa, beta, omega, gamma)):
         if out is not None:
             _launch(probe_gates_nu_fwd_kernel, grid, nu, W, out, Bt, n, c, H, K, V, C, off_b, SEG=seg, G=G, NP=NP,
@@ -209,9 +292,10 @@ def probe_gates_nu_fwd(scheme: str, nu: torch.Tensor, W: torch.Tensor, Bt: int, 
 
 def probe_gates_nu_bwd(scheme: str, nu: torch.Tensor, W: torch.Tensor, Bt: int, H: int, n: int, K: int, V: int,
                        reduction: str, dkappa=None, dbeta=None, domega=None, dgamma=None, precision: str = "ieee",
-                       rows: int | None = None) -> torch.Tensor:
+                       rows: int | None = None, one_launch: bool | None = None) -> torch.Tensor:
     """``dz [H, Bt·n, C]`` float32 from the gates' gradients (any may be None), ``z`` made again from
-    ``ν W`` inside the kernel."""
+    ``ν W`` inside the kernel. ``one_launch``: as in ``probe_gates_nu_fwd``."""
+    one = _one_launch(one_launch)
     C, off_b, (G, NP, BV, BC) = _check(scheme, nu, W, Bt, H, n, K, V, precision, rows)
     dz = nu.new_empty(H, Bt * n, C)
     if Bt * H * n == 0:
@@ -219,6 +303,13 @@ def probe_gates_nu_bwd(scheme: str, nu: torch.Tensor, W: torch.Tensor, Bt: int, 
     grads = checked_grads(dkappa, dbeta, domega, dgamma, Bt, H, n, K, V, nu.device)
     c = _reduce_factor(reduction, n)
     grid = (H, triton.cdiv(Bt, G * TILES))
+    if one:
+        first = 1 if scheme == "merge" else 0
+        has = {f"HAS_D{seg}": d is not None for seg, d in enumerate(grads)}
+        _launch(probe_gates_nu_bwd_one_kernel, grid + (4 - first,), nu, W, *(nu if d is None else d for d in grads),
+                dz, Bt, n, c, H, K, V, C, off_b, FIRST=first, **has, G=G, NP=NP, TILES=TILES, BV=BV, BC=BC,
+                PREC=precision, num_warps=_warps(G * NP, BV, BC))
+        return dz
     for seg, d in enumerate(grads):
         if seg == 0 and scheme == "merge":
             continue                        # no Z_K
@@ -230,7 +321,12 @@ def probe_gates_nu_bwd(scheme: str, nu: torch.Tensor, W: torch.Tensor, Bt: int, 
 
 def _launch(kernel, grid, *args, **kwargs):
     """Triton's default pipelining of the tiles' ν loads (192 KiB of shared memory at the largest
-    tiles, sm_90), or none (96 KiB) where the GPU gives a block less (320 KiB at 128-row tiles)."""
+    tiles, sm_90), or none (96 KiB) where the GPU gives a block less (320 KiB at 128-row tiles).
+    The one-launch kernels run unpipelined: their blocks' loops do not share shared memory
+    (384 KiB at Triton's default stages, 320 at two, 96 at one; sm_90, scripts/kernel_resources.py)."""
+    if kernel in (probe_gates_nu_fwd_one_kernel, probe_gates_nu_bwd_one_kernel):
+        kernel[grid](*args, num_stages=1, **kwargs)
+        return
     first_that_fits((kernel, tuple(sorted(kwargs.items())), args[0].device),
                     (lambda: kernel[grid](*args, **kwargs), lambda: kernel[grid](*args, num_stages=1, **kwargs)))
 
