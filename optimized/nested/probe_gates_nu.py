@@ -145,7 +145,7 @@ def probe_gates_nu_fwd_one_kernel(
 ):
     """Every block's gate in one launch: ``program_id(2)`` picks the block (``FIRST`` + it: merge,
     without ``Z_K``, starts at 1). The branch is taken once per program, outside each block's
-    pipelined loop of tiles."""
+    loop of tiles (launched unpipelined: ``_launch``)."""
     i_h, i_p, seg = tl.program_id(0), tl.program_id(1), tl.program_id(2) + FIRST
     if seg == 0:
         _fwd_tiles(nu, w, kappa, Bt, n, c_reduce, H, K, V, C, OFF_B, i_h, i_p, 0, G, NP, TILES, BV, BC, PREC)
@@ -281,8 +281,8 @@ def probe_gates_nu_fwd(scheme: str, nu: torch.Tensor, W: torch.Tensor, Bt: int, 
     if one:
         first = 1 if kappa is None else 0
         _launch(probe_gates_nu_fwd_one_kernel, grid + (4 - first,), nu, W, beta if kappa is None else kappa, beta,
-                omega, gamma, Bt, n, c, H, K, V, C, off_b, FIRST=first, G=G, NP=NP, TILES=TILES, BV=BV, BC=BC,
-                PREC=precision, num_warps=_warps(G * NP, BV, BC))
+                omega, gamma, Bt, n, c, H, K, V, C, off_b, pipelined=False, FIRST=first, G=G, NP=NP, TILES=TILES,
+                BV=BV, BC=BC, PREC=precision, num_warps=_warps(G * NP, BV, BC))
         return
     for seg, out in enumerate((kappa, beta, omega, gamma)):
         if out is not None:
@@ -307,8 +307,8 @@ def probe_gates_nu_bwd(scheme: str, nu: torch.Tensor, W: torch.Tensor, Bt: int, 
         first = 1 if scheme == "merge" else 0
         has = {f"HAS_D{seg}": d is not None for seg, d in enumerate(grads)}
         _launch(probe_gates_nu_bwd_one_kernel, grid + (4 - first,), nu, W, *(nu if d is None else d for d in grads),
-                dz, Bt, n, c, H, K, V, C, off_b, FIRST=first, **has, G=G, NP=NP, TILES=TILES, BV=BV, BC=BC,
-                PREC=precision, num_warps=_warps(G * NP, BV, BC))
+                dz, Bt, n, c, H, K, V, C, off_b, pipelined=False, FIRST=first, **has, G=G, NP=NP, TILES=TILES,
+                BV=BV, BC=BC, PREC=precision, num_warps=_warps(G * NP, BV, BC))
         return dz
     for seg, d in enumerate(grads):
         if seg == 0 and scheme == "merge":
@@ -319,12 +319,13 @@ def probe_gates_nu_bwd(scheme: str, nu: torch.Tensor, W: torch.Tensor, Bt: int, 
     return dz
 
 
-def _launch(kernel, grid, *args, **kwargs):
+def _launch(kernel, grid, *args, pipelined: bool = True, **kwargs):
     """Triton's default pipelining of the tiles' ν loads (192 KiB of shared memory at the largest
     tiles, sm_90), or none (96 KiB) where the GPU gives a block less (320 KiB at 128-row tiles).
-    The one-launch kernels run unpipelined: their blocks' loops do not share shared memory
-    (384 KiB at Triton's default stages, 320 at two, 96 at one; sm_90, scripts/kernel_resources.py)."""
-    if kernel in (probe_gates_nu_fwd_one_kernel, probe_gates_nu_bwd_one_kernel):
+    ``pipelined=False`` (the one-launch kernels: their blocks' loops do not share shared memory,
+    384 KiB at Triton's default stages, 320 at two, 96 at one; sm_90, scripts/kernel_resources.py):
+    none at once."""
+    if not pipelined:
         kernel[grid](*args, num_stages=1, **kwargs)
         return
     first_that_fits((kernel, tuple(sorted(kwargs.items())), args[0].device),
