@@ -218,14 +218,18 @@ def block_sizes(K: int, V: int, block_v: int | None = None) -> tuple[int, int, i
 FACTORED_BLOCK_N = 32
 
 
+def pair_blocks(n: int, block_n, name: str) -> int:
+    """A pair block ``BN`` for ``n`` pairs: ``block_n`` (the argument ``name``: a power of two ≥ 16,
+    else ``ValueError``), no wider than the pairs' own power of two."""
+    if not isinstance(block_n, int) or isinstance(block_n, bool) or block_n < 16 or block_n & (block_n - 1):
+        raise ValueError(f"{name} must be a power of two >= 16, got {block_n!r}")
+    return max(16, min(block_n, triton.next_power_of_2(max(n, 1))))
+
+
 def factored_blocks(n: int, block_n: int | None = None) -> int:
     """The factored injection's pair block ``BN``: ``block_n`` (default ``FACTORED_BLOCK_N``), a
     power of two ≥ 16, no wider than the pairs' own power of two."""
-    if block_n is None:
-        block_n = FACTORED_BLOCK_N
-    if not isinstance(block_n, int) or isinstance(block_n, bool) or block_n < 16 or block_n & (block_n - 1):
-        raise ValueError(f"factored_block_n must be a power of two >= 16, got {block_n!r}")
-    return max(16, min(block_n, triton.next_power_of_2(max(n, 1))))
+    return pair_blocks(n, FACTORED_BLOCK_N if block_n is None else block_n, "factored_block_n")
 
 
 def state_grad_bwd(qg, kg, w, gk, do, dv, scale, dht=None, ds=None, slots=None, want_dh0=False,

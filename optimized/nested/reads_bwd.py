@@ -31,7 +31,7 @@ import triton.language as tl
 from optimized.nested.reads_fwd import (_expect, block_sizes, check_reads, chunk_tokens, dot_exact_a,
                                         dot_exact_b, level_column, num_warps, router_probs, state_row)
 from optimized.nested.stored_states import as_stored
-from optimized.state_grad import FactoredSnapGrads
+from optimized.state_grad import FactoredSnapGrads, pair_blocks
 
 
 # T, N, S, S_LO, L are runtime sizes (see reads_fwd_kernel).
@@ -277,11 +277,7 @@ SNAP_BLOCK_N = 64
 def snap_blocks(pairs: int, block_n: int | None = None) -> int:
     """The fold's pair block ``BN``: ``block_n`` (default ``SNAP_BLOCK_N``), a power of two ≥ 16,
     no wider than the pairs' own power of two."""
-    if block_n is None:
-        block_n = SNAP_BLOCK_N
-    if not isinstance(block_n, int) or isinstance(block_n, bool) or block_n < 16 or block_n & (block_n - 1):
-        raise ValueError(f"snap_block_n must be a power of two >= 16, got {block_n!r}")
-    return max(16, min(block_n, triton.next_power_of_2(max(pairs, 1))))
+    return pair_blocks(pairs, SNAP_BLOCK_N if block_n is None else block_n, "snap_block_n")
 
 
 def reads_bwd_states(do: torch.Tensor, q: torch.Tensor, r: torch.Tensor, o0: torch.Tensor, states: torch.Tensor,
