@@ -126,6 +126,15 @@ def write_profile_table(path, fn, leaves=()) -> None:
         t.grad = None
 
 
+def _device_time(evt) -> tuple[float, bool]:
+    """A profiler event's device µs (``device_time_total``, ``cuda_time_total`` on older torch) and
+    whether the event is a range's span on the GPU timeline (device time, no CPU time)."""
+    device_us = getattr(evt, "device_time_total", None)
+    if device_us is None:
+        device_us = getattr(evt, "cuda_time_total", 0.0)
+    return device_us, evt.cpu_time_total == 0 and device_us > 0
+
+
 def stage_table(averages, prefix: str = "nested.") -> list[str]:
     """The ``record_function`` ranges named ``prefix…`` (the nested op's stages,
     ``optimized/nested/fwd.py``, ``bwd.py``, ``function.py``; they do not nest) of a profiler's
@@ -142,11 +151,9 @@ def stage_table(averages, prefix: str = "nested.") -> list[str]:
     for evt in averages:
         if not evt.key.startswith(prefix):
             continue
-        device_us = getattr(evt, "device_time_total", None)
-        if device_us is None:
-            device_us = getattr(evt, "cuda_time_total", 0.0)
+        device_us, is_span = _device_time(evt)
         row = stages.setdefault(evt.key, {"calls": 0, "span": None, "host_device": 0.0, "cpu": 0.0})
-        if evt.cpu_time_total == 0 and device_us > 0:       # the range's span on the GPU timeline
+        if is_span:                                         # the range's span on the GPU timeline
             row["span"] = (row["span"] or 0.0) + device_us / 1e3
         else:                                               # the host range
             row["calls"] += evt.count
@@ -173,10 +180,7 @@ def stage_calls_table(events, prefix: str = "nested.") -> list[str]:
     for evt in events:
         if not evt.name.startswith(prefix):
             continue
-        device_us = getattr(evt, "device_time_total", None)
-        if device_us is None:
-            device_us = getattr(evt, "cuda_time_total", 0.0)
-        is_span = evt.cpu_time_total == 0 and device_us > 0
+        device_us, is_span = _device_time(evt)
         (spans if is_span else hosts).setdefault(evt.name, []).append((evt.time_range.start, device_us / 1e3))
     calls = {name: sorted(spans.get(name) or hosts[name]) for name in {*spans, *hosts}}
     calls = {name: c for name, c in calls.items() if len(c) > 1}

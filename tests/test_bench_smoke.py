@@ -139,6 +139,12 @@ def _row(sweep, config, impl, queries, L, K, **ratios):
     return row
 
 
+def _judged(rows) -> dict:
+    """``target_rows``' targets as ``{(what, where): (shown, status)}``."""
+    targets, _ = target_rows(rows)
+    return {(what, where): (shown, status) for what, where, shown, status in targets}
+
+
 def test_targets_are_judged_at_their_limits():
     """Every performance target, judged on the right rows: at its limit it is met, just
     above it not; the memory targets on the inputs-included ratio, the step's own shown beside it."""
@@ -159,10 +165,8 @@ def test_targets_are_judged_at_their_limits():
         _row("ladder", "ladder-K128-L5", "nested", "ladder", 5, 128, fwdbwd_ms=11.0),
         _row("ladder", "ladder-K128-L5", "nested", "uniform16", 5, 128, fwdbwd_ms=10.0),
     ]
-    targets, _ = target_rows(rows)
-    got = {(what, where): (shown, status) for what, where, shown, status in targets}
     fb4, fb2, fwd, ladder, peak4, peak6 = TARGETS
-    assert got == {
+    assert _judged(rows) == {
         (fb4, "L=4, K=128"): ("0.500x", "met"),
         (fb4, "L=6, K=64"): ("0.510x", "not met"),
         (fb4, "L=6, K=128"): ("0.400x", "met"),
@@ -192,10 +196,8 @@ def test_host_paced_rows_are_named_beside_their_targets():
     ]
     assert HOST_PACED == 0.9 and host_paced(rows[2]) and not host_paced(rows[0]) and host_paced(rows[0], "fwd")
     assert not host_paced(rows[4]) and not host_paced(None)
-    targets, _ = target_rows(rows)
-    got = {(what, where): (shown, status) for what, where, shown, status in targets}
     fb4, fb2, fwd, ladder, _, _ = TARGETS
-    assert got == {
+    assert _judged(rows) == {
         (fb4, "L=4, K=64"): ("0.610x (host-paced: ladder host 9.00 of 10.00 ms)", "not met"),
         (fb2, "L=2, K=64"): ("0.600x", "met"),
         (fwd, "worst over depth rows: L=2, K=64"): ("0.800x (host-paced: ladder host 2.50 of 2.00 ms)", "met"),
