@@ -1,5 +1,6 @@
 """The widest-ladder launch test against the fold at one block of 128 pairs (the code before the
-pair blocks): expected to be refused for shared memory on an H200."""
+pair blocks): expected to be refused for shared memory on an H200. Run at ff6a761, where the test
+took no argument (it takes ``counts`` since: call it with ``"ladder"``)."""
 import optimized.nested.reads_bwd as reads_bwd
 from tests.test_nested_widest_ladder import test_full_ladder_launches_at_the_widest_firings as test
 
