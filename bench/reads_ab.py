@@ -98,7 +98,10 @@ from pathlib import Path
 
 import torch
 
-from bench.harness import prepare_environment, write_profile_table
+from bench.harness import CudaDevice, prepare_environment, write_profile_table
+from bench.measure import host_ms
+
+HOST_REPS = 21      # launches from an idle GPU per host time (bench.measure.host_ms; its median)
 
 
 def _log(message: str):
@@ -429,22 +432,6 @@ def _ops(B, T, H, K, V, L, dtype, seed, names=VARIANTS, device="cuda"):
     return ops
 
 
-def host_ms(forward, reps: int = 21) -> float:
-    """Median host time of launching one forward from an idle GPU (a sync before each call, none
-    inside the timing): what the CPU spends issuing the forward's kernels. A value near the forward's
-    device time (``do_bench``) says the forward is launch-bound there, or syncs with the host."""
-    import statistics
-
-    times = []
-    for _ in range(reps):
-        torch.cuda.synchronize()
-        started = time.perf_counter()
-        forward()
-        times.append(time.perf_counter() - started)
-    torch.cuda.synchronize()
-    return 1e3 * statistics.median(times)
-
-
 def write_host_profile(path: Path, forward, step, reps: int = 5) -> None:
     """``cProfile`` of ``reps`` forwards and ``reps`` forward+backward steps, each launched from an
     idle GPU: the host functions a launch-bound op spends its time in (cumulative, top 60; then
@@ -503,7 +490,7 @@ def _write(out: Path, rows: list, B, T, H, K, dtype: str):
              f"B={B}, T={T}, H={H} per level (flat: L·H heads), K=V={K}, {dtype}; do_bench medians; "
              f"finiteness check off except `triton+check`; `peak` = memory one step allocates on top of its inputs; "
              f"`peak incl. inputs` adds the op's own inputs (the targets' measure, as `ngdn bench`'s).",
-             "`host ms`: the host's time to launch one forward (or forward+backward) from an idle GPU (`host_ms`).",
+             "`host ms`: the host's time to launch one forward (or forward+backward) from an idle GPU (`bench.measure.host_ms`).",
              "", "| L | op | fwd ms | fwd host ms | fwd+bwd ms | fwd+bwd host ms | fwd / flat | fwd+bwd / flat | "
                  "fwd+bwd floor ms | × floor | "
                  "peak GiB | peak / flat | peak incl. inputs GiB | incl. inputs / flat |",
@@ -552,6 +539,7 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     dtype = getattr(torch, args.dtype)
+    device = CudaDevice()
     rows = []
     rates = None if args.warmup_only else _rates()
     B, T, H, K = args.B, args.T, args.H, args.K
@@ -579,8 +567,8 @@ def main(argv=None) -> int:
                         continue
                     fwd = triton.testing.do_bench(forward, warmup=25, rep=200, grad_to_none=leaves)
                     fwdbwd = triton.testing.do_bench(step, warmup=25, rep=200, grad_to_none=leaves)
-                    fwd_host = host_ms(forward)
-                    fwdbwd_host = host_ms(step)
+                    fwd_host = host_ms(forward, device, reps=HOST_REPS)
+                    fwdbwd_host = host_ms(step, device, reps=HOST_REPS)
                     for t in leaves:
                         t.grad = None
                     for t in leaves:
