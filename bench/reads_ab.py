@@ -169,7 +169,8 @@ VARIANTS = ("torch", "generic", "fused-ieee", "scan-tf32", "triton", "triton+che
             "states-one-buffer", "snapshot-copies", "dz-new-buffer", "l0-keep", "l0-recompute-wy", "ranges-always",
             "gates-nu-128", "l0-overlap", "l0-overlap-fwd", "l0-output-fla", "snap-grads-materialised",
             "snap-add-kernel", "partials-sum", "rtok-k32-v32", "rtok-k64-v64", "rtok-k128-v32", "rtok-k32-v64", "l0-grads-f32",
-            "l0-db-add-torch", "uniform16", "scan-2phase-bv64", "scan-2phase-n32", "gates-one-launch")
+            "l0-db-add-torch", "uniform16", "scan-2phase-bv64", "scan-2phase-n32", "gates-one-launch",
+            "params-run-dtype", "params-cast-each")
 
 
 @contextlib.contextmanager
@@ -228,6 +229,31 @@ def gates_in_one_launch(on: bool):
         yield
     finally:
         probe_gates_nu.ONE_LAUNCH = original
+
+
+@contextlib.contextmanager
+def param_casts_each(on: bool):
+    """With ``on``, the op casts its scheme parameters to float32 one tensor at a time, and each
+    gradient back (variant ``params-cast-each``; the op before 2026-12-04 did that, and cast them
+    again in the backward), instead of ``optimized.param_casts``' one cast for all of them."""
+    if not on:
+        yield
+        return
+    import optimized.nested.fwd as fwd
+    import optimized.nested.function as function
+
+    def each_float32(groups):
+        return [None if g is None else {n: t.detach().float() for n, t in g.items()} for g in groups]
+
+    def each_like(grads, likes):
+        return [None if g is None else g.to(like.dtype) for g, like in zip(grads, likes)]
+
+    originals = fwd.float32_params, function.cast_like
+    fwd.float32_params, function.cast_like = each_float32, each_like
+    try:
+        yield
+    finally:
+        fwd.float32_params, function.cast_like = originals
 
 
 @contextlib.contextmanager
@@ -345,14 +371,17 @@ def _ops(B, T, H, K, V, L, dtype, seed, names=VARIANTS, device="cuda"):
         x, do = _inputs(B, T, H * L, K, V, L, dtype, seed, nested=False, device=device)
         ops["flat"] = (list(x.values()), lambda x=x: chunk_gdn2(**x)[0], do)
     xn, don = _inputs(B, T, H, K, V, L, dtype, seed + 1, nested=True, device=device)
-    def device_levels(query_counts=None):
+    def device_levels(query_counts=None, param_dtype=torch.float32):
         levels = make_levels(L, H, K, V, query_counts=query_counts, generator=torch.Generator().manual_seed(seed + 2))
         for lv in levels:
             for n in lv.params:
-                lv.params[n] = lv.params[n].to(device, torch.float32).requires_grad_(True)
+                lv.params[n] = lv.params[n].to(device, param_dtype).requires_grad_(True)
         return levels, [p for lv in levels for p in lv.params.values()]
     levels, params = device_levels()
     uniform = device_levels(uniform_query_counts(L)) if "uniform16" in names else None
+    # the scheme parameters in the run's dtype, as ``ngdn bench --param-dtype auto`` gives them
+    run_dtype_params = device_levels(param_dtype=dtype) if {"params-run-dtype", "params-cast-each"} & set(names) \
+        else None
     ieee = lambda dtype, direction: "ieee"  # noqa: E731
     variants = {
         "torch": Pieces(reads_fwd=reads_router_fwd_torch, reads_bwd=reads_router_bwd_torch_levels, fused_probe=False,
@@ -421,12 +450,15 @@ def _ops(B, T, H, K, V, L, dtype, seed, names=VARIANTS, device="cuda"):
         "rtok-k128-v32": Pieces(reads_bwd=partial(reads_router_bwd, tokens_blocks=(128, 32, 8))),
         "rtok-k32-v64": Pieces(reads_bwd=partial(reads_router_bwd, tokens_blocks=(32, 64, 8))),
         "uniform16": Pieces(),          # the default op; on levels of 16 queries each (below)
+        "params-run-dtype": Pieces(),   # the default op; its scheme parameters in the run's dtype (below)
+        "params-cast-each": Pieces(),   # the same; main() has the op cast them one at a time
     }
     for name in names:
         if name == "flat":
             continue
         pieces = variants[name.removesuffix("+check")]
-        lv, ps = uniform if name == "uniform16" else (levels, params)
+        lv, ps = {"uniform16": uniform, "params-run-dtype": run_dtype_params,
+                  "params-cast-each": run_dtype_params}.get(name, (levels, params))
         ops[name] = (list(xn.values()) + ps,
                      lambda pieces=pieces, lv=lv: _nested(levels=lv, pieces=pieces, **xn)[0], don)
     return ops
@@ -555,6 +587,7 @@ def main(argv=None) -> int:
                 with finite_checks(check), ranges_always(name == "ranges-always"), \
                         nu_gates_up_to(128 if name == "gates-nu-128" else None), \
                         gates_in_one_launch(name == "gates-one-launch"), \
+                        param_casts_each(name == "params-cast-each"), \
                         level0_output_by_fla(name == "l0-output-fla"), \
                         db_partials_by_torch(name == "l0-db-add-torch"):
                     started = time.perf_counter()

@@ -668,6 +668,26 @@ def test_reads_ab_uniform16_runs_the_default_op_on_16_queries_a_level():
     assert level0.add_key_block_partials is kernel_add
 
 
+def test_reads_ab_params_run_dtype_gives_the_scheme_parameters_the_runs_dtype():
+    """Variant ``params-run-dtype``: the scheme parameters in the run's dtype (``ngdn bench``'s
+    ``--param-dtype auto``), the other variants' in float32, the activations shared; and
+    ``params-cast-each``'s twin of the casts, put back after."""
+    from bench import reads_ab
+
+    ops = reads_ab._ops(1, 64, 1, 32, 32, 3, torch.bfloat16, 0, names=("triton", "params-run-dtype"), device="cpu")
+    assert {t.dtype for t in ops["triton"][0][7:]} == {torch.float32}
+    assert {t.dtype for t in ops["params-run-dtype"][0][7:]} == {torch.bfloat16}
+    assert ops["triton"][0][0] is ops["params-run-dtype"][0][0]
+    import optimized.nested.fwd as fwd
+    import optimized.nested.function as function
+    grouped = fwd.float32_params, function.cast_like
+    with reads_ab.param_casts_each(True):
+        assert fwd.float32_params is not grouped[0] and function.cast_like is not grouped[1]
+        x = torch.randn(3).bfloat16()
+        assert torch.equal(fwd.float32_params([None, {"a": x}])[1]["a"], x.float())
+    assert (fwd.float32_params, function.cast_like) == grouped
+
+
 def test_reads_ab_two_phase_from_n32_runs_it_at_the_wider_levels_only(monkeypatch):
     """Variant ``scan-2phase-n32``: the two-phase reverse scan at the levels whose firings hold ≥ 32
     pairs (here level 2 of the L = 3 ladder, n = 16, 32), at the fused scan's V block, and the

@@ -80,7 +80,7 @@ def nested_bwd(saved: NestedSaved, do, dfinals, release: bool = False):
         level = s.levels[ℓ - 1]
         if s.probes[ℓ] is not None:         # fused probe of a built-in scheme: hand-written backward
             pairs, probe_saved = s.probes[ℓ]
-            p32 = {n: t.detach().float() for n, t in s.params[ℓ].items()}
+            p32 = s.params[ℓ]                               # float32, cast once in the forward
             with stage("nested.scan_bwd"):
                 dM0, *d_pairs = s.pieces.scan_bwd(s.level_states(ℓ), *pairs, level_dstates[ℓ],
                                                  block_v=s.pieces.scan_block(), block_n=s.pieces.block_n,
@@ -156,7 +156,7 @@ def _generic_probe_bwd(s: NestedSaved, plan, tables, ℓ, level, dstates, H, K, 
     autograd (any registered scheme). Returns ``(dM0, dparams, d_snaps)``."""
     h, ht0 = s.level0.h, s.h_final0
     snaps = _snapshots(plan, tables, ℓ, s.states, h, ht0).detach().requires_grad_()
-    leaves = {n: t.detach().float().requires_grad_() for n, t in s.params[ℓ].items()}
+    leaves = {n: t.detach().requires_grad_() for n, t in s.params[ℓ].items()}    # float32
     with torch.enable_grad():
         pairs = _probe(level, snaps, leaves, H, K, V)
     if plan.firings(ℓ) == 0:        # no firing: the stored states are the initial ones

@@ -12,6 +12,7 @@ from optimized.gdn2 import MAX_HEAD_DIM
 from optimized.nested.bwd import nested_bwd
 from optimized.nested.fwd import nested_fwd
 from optimized.nested.pieces import DEFAULT_PIECES, Pieces
+from optimized.param_casts import cast_like
 from optimized.stages import stage
 from reference.nested import validate_nested_inputs
 from reference.validation import sequences
@@ -54,8 +55,8 @@ class NestedGDN2Function(torch.autograd.Function):
         ins = meta["inputs"]
         cast = lambda gr, like: None if (gr is None or like is None) else gr.to(like.dtype)  # noqa: E731
         flat = [cast(dinit[ℓ], ins["initial_states"][ℓ]) for ℓ in range(meta["L"])]
-        for ℓ, level in enumerate(saved.levels, start=1):
-            flat += [dparams[ℓ][n].to(p.dtype) for n, p in level.params.items()]
+        params = [(dparams[ℓ][n], p) for ℓ, level in enumerate(saved.levels, start=1) for n, p in level.params.items()]
+        flat += cast_like([d for d, _ in params], [p for _, p in params])   # one cast for all of them
         if not kept:
             ctx.saved = None   # as autograd frees saved tensors: nothing outlives a plain backward
         with stage("nested.grad_casts"):

@@ -11,6 +11,7 @@ from optimized.nested.plan import DeviceTables, PackedPlan, Plan, device_tables,
 from optimized.nested.probe import _probe, _snapshots, snapshot_rows
 from optimized.nested.probe_fused import FUSED_SCHEMES, probe_fwd
 from optimized.nested.stored_states import StoredStates, as_stored
+from optimized.param_casts import float32_params
 from optimized.side_stream import fork, join
 from optimized.stages import stage
 
@@ -37,7 +38,7 @@ class NestedSaved:
     o0: torch.Tensor
     q: torch.Tensor
     r: torch.Tensor
-    params: list                    # per level ℓ ≥ 1: {name: tensor} as given (index 0: None)
+    params: list                    # per level ℓ ≥ 1: {name: float32 tensor}, detached (index 0: None)
     has_initial: list
     probes: list                    # per level ℓ ≥ 1: (pairs, fused-probe intermediates) or None (generic)
     pieces: Pieces = field(default_factory=Pieces)
@@ -107,13 +108,14 @@ def nested_fwd(q, k, v, g, b, w, r, levels, scale, initial_states, pieces: Piece
         o0 = level0_fwd_output(saved0)
     split = pieces.split_stored_states and L > 1
     states = StoredStates.empty(B, tables.S, tables.level_rows(1).stop if split else tables.S, H, K, V, q.device)
-    params = [None] + [lv.params for lv in levels]
+    # every level's scheme parameters in float32, cast together (one launch) and kept for the backward
+    params = float32_params([None] + [lv.params for lv in levels])
     probes = [None]
     for ℓ in range(1, L):
         level = levels[ℓ - 1]
         fused = pieces.fused_probe and level.scheme in FUSED_SCHEMES and plan.firings(ℓ) > 0
         with stage("nested.snapshots"):
-            p32 = {n: p.detach().float() for n, p in params[ℓ].items()}
+            p32 = params[ℓ]
             if fused and pieces.reads_rows(level.scheme):       # read in place by the probe: no copy
                 snaps = snapshot_rows(tables, ℓ, states, h, ht0)
             else:
