@@ -503,7 +503,7 @@ def _write(out: Path, rows: list, B, T, H, K, dtype: str):
     """``reads_ab.csv`` and ``reads_ab.md`` from the rows so far (rewritten after every depth)."""
     import triton
 
-    flat = {r["L"]: r for r in rows if r["op"] == "flat"}
+    flat = {r["L"]: r for r in rows if r["op"] == "flat" and r.get("round", 1) == 1}
     for r in rows:
         f = flat.get(r["L"])
         if f is None:           # --no-flat: no ratios
@@ -527,7 +527,7 @@ def _write(out: Path, rows: list, B, T, H, K, dtype: str):
                  "fwd+bwd floor ms | × floor | "
                  "peak GiB | peak / flat | peak incl. inputs GiB | incl. inputs / flat |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    lines += [f"| {r['L']} | {r['op']} | {r['fwd_ms']} | {r['fwd_host_ms']} | {r['fwdbwd_ms']} | {r['fwdbwd_host_ms']} | "
+    lines += [f"| {r['L']} | {r['op']}{'' if r.get('round', 1) == 1 else ' #' + str(r['round'])} | {r['fwd_ms']} | {r['fwd_host_ms']} | {r['fwdbwd_ms']} | {r['fwdbwd_host_ms']} | "
               f"{r['fwd_vs_flat']} | "
               f"{r['fwdbwd_vs_flat']} | {r['fwdbwd_floor_ms']} | {r['fwdbwd_x_floor']} | {r['peak_extra_gib']} | "
               f"{r['peak_vs_flat']} | {r['peak_gib']} | {r['peak_incl_vs_flat']} |" for r in rows]
@@ -557,10 +557,14 @@ def main(argv=None) -> int:
     parser.add_argument("--host-profile", action="store_true",
                         help="host_profile_L<L>_<op>.txt: cProfile of the host's forward and step launches "
                              "(write_host_profile)")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="time every op this many times in turn (rows `op #2`, …; profiles in the first round only)")
     parser.add_argument("--warmup-only", action="store_true",
                         help="one step per op and exit: fills the Triton cache (compiled kernels and autotune "
                              "candidates) for a later timed run in another process")
     args = parser.parse_args(argv)
+    if args.rounds < 1:
+        parser.error(f"--rounds must be at least 1, got {args.rounds}")
     if not torch.cuda.is_available():
         parser.error("needs a GPU")
     prepare_environment()
@@ -577,7 +581,8 @@ def main(argv=None) -> int:
     B, T, H, K = args.B, args.T, args.H, args.K
     for L in args.levels:
         ops = _ops(B, T, H, K, K, L, dtype, args.seed, ([] if args.no_flat else ["flat"]) + args.variants)
-        for name, (leaves, forward, do) in ops.items():
+        # --rounds: every op timed again in turn, so a spread between rounds shows beside the ops' gaps
+        for rnd, (name, (leaves, forward, do)) in ((rnd, op) for rnd in range(args.rounds) for op in ops.items()):
             check = name == "triton+check"
 
             def step(forward=forward, do=do):
@@ -615,7 +620,7 @@ def main(argv=None) -> int:
                     peak_total = peak + inputs_gib([*leaves, do])
                     for t in leaves:
                         t.grad = None
-                    if args.memory_at_peak and not check:
+                    if rnd == 0 and args.memory_at_peak and not check:
                         from bench import memory_at_peak
 
                         snapshot = memory_at_peak.record(step)
@@ -625,7 +630,7 @@ def main(argv=None) -> int:
                             f"(B={B}, T={T}, H={H}, K=V={K}, {args.dtype})", snapshot)
                         for t in leaves:
                             t.grad = None
-                    if args.stage_peaks and not check and name != "flat":
+                    if rnd == 0 and args.stage_peaks and not check and name != "flat":
                         from bench import stage_peaks
 
                         stage_peaks.write_table(
@@ -635,11 +640,11 @@ def main(argv=None) -> int:
                             stage_peaks.record(step), int(peak * 2 ** 30))
                         for t in leaves:
                             t.grad = None
-                    if args.host_profile:
+                    if rnd == 0 and args.host_profile:
                         write_host_profile(out / f"host_profile_L{L}_{name}.txt", forward, step)
                         for t in leaves:
                             t.grad = None
-                    if args.profile and not check and L == args.levels[0]:
+                    if rnd == 0 and args.profile and not check and L == args.levels[0]:
                         write_profile_table(out / f"profile_L{L}_{name}.txt", step, leaves)
             except Exception as e:      # one broken op must not cost the others' numbers
                 import traceback
@@ -654,7 +659,8 @@ def main(argv=None) -> int:
                    "fwd_ms": round(fwd, 3), "fwd_host_ms": round(fwd_host, 3), "fwdbwd_ms": round(fwdbwd, 3),
                    "fwdbwd_host_ms": round(fwdbwd_host, 3), "peak_extra_gib": round(peak, 3),
                    "peak_gib": round(peak_total, 3), "fwd_floor_ms": round(floor[0], 3),
-                   "fwdbwd_floor_ms": round(floor[1], 3), "fwdbwd_x_floor": round(fwdbwd / floor[1], 2)}
+                   "fwdbwd_floor_ms": round(floor[1], 3), "fwdbwd_x_floor": round(fwdbwd / floor[1], 2),
+                   "round": rnd + 1}
             rows.append(row)
             _log(str(row))
         del ops
