@@ -170,7 +170,7 @@ VARIANTS = ("torch", "generic", "fused-ieee", "scan-tf32", "triton", "triton+che
             "gates-nu-128", "l0-overlap", "l0-overlap-fwd", "l0-output-fla", "snap-grads-materialised",
             "snap-add-kernel", "partials-sum", "rtok-k32-v32", "rtok-k64-v64", "rtok-k128-v32", "rtok-k32-v64", "l0-grads-f32",
             "l0-db-add-torch", "uniform16", "scan-2phase-bv64", "scan-2phase-n32", "gates-one-launch",
-            "params-run-dtype", "params-cast-each")
+            "params-run-dtype", "params-cast-each", "gates-per-block")
 
 
 @contextlib.contextmanager
@@ -215,16 +215,18 @@ def nu_gates_up_to(pairs: int | None):
 
 
 @contextlib.contextmanager
-def gates_in_one_launch(on: bool):
-    """With ``on``, the gates that make ``z`` themselves run every block in one launch
-    (``probe_gates_nu.ONE_LAUNCH``; variant ``gates-one-launch``), else one launch per block."""
-    if not on:
+def gates_in_one_launch(on: bool | None):
+    """``on`` True: the gates that make ``z`` themselves run every block in one launch
+    (``probe_gates_nu.ONE_LAUNCH``; variant ``gates-one-launch``); False: one launch per block
+    (variant ``gates-per-block``, the op before 2026-12-04 at head dims up to 64); None: the
+    default (one launch at head dims up to ``probe_gates_nu.ONE_LAUNCH_MAX_K``)."""
+    if on is None:
         yield
         return
     import optimized.nested.probe_gates_nu as probe_gates_nu
 
     original = probe_gates_nu.ONE_LAUNCH
-    probe_gates_nu.ONE_LAUNCH = True
+    probe_gates_nu.ONE_LAUNCH = on
     try:
         yield
     finally:
@@ -429,6 +431,7 @@ def _ops(B, T, H, K, V, L, dtype, seed, names=VARIANTS, device="cuda"):
         "ranges-always": Pieces(),      # the default op; main() opens its stage ranges on every call
         "gates-nu-128": Pieces(),       # the default op; main() lets its gates make z up to 128 pairs a firing
         "gates-one-launch": Pieces(),   # the default op; main() runs its gates' blocks in one launch
+        "gates-per-block": Pieces(),    # the default op; main() runs its gates one launch per block
         # level 0's output and dAv on a side stream beside the upper levels (optimized.side_stream),
         # and the output alone there; the default runs both in line
         "l0-overlap": Pieces(level0_overlap="fwd+bwd"),
@@ -591,7 +594,7 @@ def main(argv=None) -> int:
             try:
                 with finite_checks(check), ranges_always(name == "ranges-always"), \
                         nu_gates_up_to(128 if name == "gates-nu-128" else None), \
-                        gates_in_one_launch(name == "gates-one-launch"), \
+                        gates_in_one_launch({"gates-one-launch": True, "gates-per-block": False}.get(name)), \
                         param_casts_each(name == "params-cast-each"), \
                         level0_output_by_fla(name == "l0-output-fla"), \
                         db_partials_by_torch(name == "l0-db-add-torch"):

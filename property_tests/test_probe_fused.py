@@ -529,12 +529,18 @@ def test_gates_from_nu_in_one_launch_mutant_fails(mutant):
     assert not all(torch.equal(a, b) for a, b in zip(per_block, one))
 
 
-def test_gates_from_nu_one_launch_argument():
-    """``one_launch`` None takes ``ONE_LAUNCH`` (off: one launch per block until measured); not a
-    bool is refused."""
-    assert probe_gates_nu_module.ONE_LAUNCH is False
+def test_gates_from_nu_one_launch_argument(monkeypatch):
+    """``one_launch`` None takes ``ONE_LAUNCH``, whose default None is one launch at head dims up
+    to ``ONE_LAUNCH_MAX_K`` (64) and one launch per block above; True / False hold at every K; not
+    a bool is refused."""
+    m = probe_gates_nu_module
+    assert m.ONE_LAUNCH is None and m.ONE_LAUNCH_MAX_K == 64
+    assert [m._one_launch(None, K) for K in (16, 64, 65, 128)] == [True, True, False, False]
+    assert [m._one_launch(flag, K) for flag in (True, False) for K in (16, 128)] == [True, True, False, False]
+    monkeypatch.setattr(m, "ONE_LAUNCH", False)
+    assert m._one_launch(None, 16) is False
     with pytest.raises(TypeError, match="one_launch must be a bool"):
-        probe_gates_nu_module._one_launch(1)
+        m._one_launch(1, 16)
 
 
 def test_triton_gates_cover_more_than_one_row_block():

@@ -613,9 +613,10 @@ def test_reads_ab_builds_every_variant_off_the_gpu():
 
 
 def test_reads_ab_gates_one_launch_sets_and_restores_the_flag(monkeypatch):
-    """Variant ``gates-one-launch``: ``probe_gates_nu.ONE_LAUNCH`` on inside, back after, even on an
-    error; the op's step then launches each level's gates once a pass (L = 3: 2 + 2 launches, not
-    16), with the default op's gradients."""
+    """Variants ``gates-one-launch`` and ``gates-per-block``: ``probe_gates_nu.ONE_LAUNCH`` True
+    (False) inside, back to the default None after, even on an error; the op's step then launches
+    each level's gates once a pass (L = 3: 2 + 2 launches, not 16), with the per-block launches'
+    gradients."""
     from bench import reads_ab
     import optimized.nested.probe_gates_nu as probe_gates_nu
 
@@ -628,16 +629,18 @@ def test_reads_ab_gates_one_launch_sets_and_restores_the_flag(monkeypatch):
 
     monkeypatch.setattr(probe_gates_nu, "_launch", spy)
 
-    assert probe_gates_nu.ONE_LAUNCH is False
+    assert probe_gates_nu.ONE_LAUNCH is None
     with pytest.raises(RuntimeError):
         with reads_ab.gates_in_one_launch(True):
             assert probe_gates_nu.ONE_LAUNCH is True
             raise RuntimeError("inside")
-    assert probe_gates_nu.ONE_LAUNCH is False
+    assert probe_gates_nu.ONE_LAUNCH is None
     with reads_ab.gates_in_one_launch(False):
         assert probe_gates_nu.ONE_LAUNCH is False
+    assert probe_gates_nu.ONE_LAUNCH is None
     # the op's step with its gates in one launch: the same gradients, bit for bit
-    ops = reads_ab._ops(1, 130, 2, 32, 32, 3, torch.float32, 0, names=("triton", "gates-one-launch"), device="cpu")
+    ops = reads_ab._ops(1, 130, 2, 32, 32, 3, torch.float32, 0, names=("gates-per-block", "gates-one-launch"),
+                        device="cpu")
     grads = {}
     for name, (leaves, forward, do) in ops.items():
         with reads_ab.gates_in_one_launch(name == "gates-one-launch"):

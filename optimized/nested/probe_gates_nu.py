@@ -51,10 +51,12 @@ TILES = 8           # tiles a program runs with its block of W (512 rows by defa
 MAX_BLOCK = 128     # the largest NP, BK, BV: [rows, BK] float32 tiles and a [BV, 128] block of W in registers
 PRECISIONS = ("ieee", "tf32")
 # Every block's gate in one launch instead of one launch per block (4 a pass): the gates' launches
-# are 24 of the 54 Triton launches of an L = 4 step, whose host time paces it at head dim 64
-# (bench/NOTES.md). Unpipelined (``_launch``), so off by default until measured on a GPU (reads_ab
-# variant gates-one-launch)
-ONE_LAUNCH = False
+# are 24 of the 54 Triton launches of an L = 4 step. Unpipelined (``_launch``). ``None`` (the
+# default): one launch where K <= ONE_LAUNCH_MAX_K, where the step's host time paces it (head dim
+# 64), one per block above, where the device does (head dim 128: the one launch took 0.6 ms of host
+# time off an L = 4 step and added ≈ 0.06 ms of device time; bench/NOTES.md). True / False: always.
+ONE_LAUNCH: bool | None = None
+ONE_LAUNCH_MAX_K = 64
 
 
 @triton.jit
@@ -255,9 +257,12 @@ def _check(scheme, nu, W, Bt, H, n, K, V, precision, rows):
     return C, 0 if scheme == "merge" else K, sizes
 
 
-def _one_launch(one_launch: bool | None) -> bool:
+def _one_launch(one_launch: bool | None, K: int) -> bool:
+    """``one_launch`` as given, else ``ONE_LAUNCH``, else whether ``K <= ONE_LAUNCH_MAX_K``."""
     if one_launch is None:
-        return ONE_LAUNCH
+        one_launch = ONE_LAUNCH
+    if one_launch is None:
+        return K <= ONE_LAUNCH_MAX_K
     if not isinstance(one_launch, bool):
         raise TypeError(f"one_launch must be a bool or None, got {type(one_launch).__name__}")
     return one_launch
@@ -268,9 +273,10 @@ def probe_gates_nu_fwd(scheme: str, nu: torch.Tensor, W: torch.Tensor, Bt: int, 
                        gamma: torch.Tensor, precision: str = "ieee", rows: int | None = None,
                        one_launch: bool | None = None):
     """Writes ``κ`` (not for ``merge``: pass None), ``β``, ``ω``, ``γ`` from ``ν`` and ``W`` (layouts in
-    the module docstring); ``z`` is never stored. ``one_launch`` (default ``ONE_LAUNCH``): every
-    block in one launch (``probe_gates_nu_fwd_one_kernel``) instead of one launch per block."""
-    one = _one_launch(one_launch)
+    the module docstring); ``z`` is never stored. ``one_launch``: every block in one launch
+    (``probe_gates_nu_fwd_one_kernel``) instead of one launch per block; None: ``ONE_LAUNCH``, whose
+    default ``None`` is one launch at ``K <= ONE_LAUNCH_MAX_K``."""
+    one = _one_launch(one_launch, K)
     C, off_b, (G, NP, BV, BC) = _check(scheme, nu, W, Bt, H, n, K, V, precision, rows)
     check_outputs(scheme, kappa, beta, omega, gamma, Bt, H, n, K, V, nu.device)
     if Bt * H * n == 0:
@@ -295,7 +301,7 @@ def probe_gates_nu_bwd(scheme: str, nu: torch.Tensor, W: torch.Tensor, Bt: int, 
                        rows: int | None = None, one_launch: bool | None = None) -> torch.Tensor:
     """``dz [H, Bt·n, C]`` float32 from the gates' gradients (any may be None), ``z`` made again from
     ``ν W`` inside the kernel. ``one_launch``: as in ``probe_gates_nu_fwd``."""
-    one = _one_launch(one_launch)
+    one = _one_launch(one_launch, K)
     C, off_b, (G, NP, BV, BC) = _check(scheme, nu, W, Bt, H, n, K, V, precision, rows)
     dz = nu.new_empty(H, Bt * n, C)
     if Bt * H * n == 0:
