@@ -14,6 +14,7 @@ import triton
 import triton.language as tl
 
 from optimized.checks import check_kernel_device, check_kernel_dtype
+from optimized.host_math import cdiv
 
 ROWS = 64       # (b, t, h) rows per program
 
@@ -39,7 +40,7 @@ def add_key_block_partials(db: torch.Tensor, parts: torch.Tensor, dtype) -> torc
     contiguous; ``NK = ⌈K / BK⌉``) as above, returned in ``dtype``."""
     B, T, H, K = db.shape
     NK, BK = parts.shape[0], parts.shape[-1]
-    if parts.shape != (NK, B, T, H, BK) or NK != triton.cdiv(K, BK):
+    if parts.shape != (NK, B, T, H, BK) or NK != cdiv(K, BK):
         raise ValueError(f"parts must be [⌈K/BK⌉, B, T, H, BK] for db {tuple(db.shape)}, got {tuple(parts.shape)}")
     if db.dtype != torch.float32 or parts.dtype != torch.float32:
         raise ValueError(f"db and parts must be float32, got {db.dtype} and {parts.dtype}")
@@ -50,5 +51,5 @@ def add_key_block_partials(db: torch.Tensor, parts: torch.Tensor, dtype) -> torc
     check_kernel_dtype("the output dtype", out)     # the interpreter does not round to bf16 correctly
     R = B * T * H
     if out.numel():
-        add_key_block_partials_kernel[(triton.cdiv(R, ROWS), NK)](db, parts, out, R, K, BK=BK, BR=ROWS)
+        add_key_block_partials_kernel[(cdiv(R, ROWS), NK)](db, parts, out, R, K, BK=BK, BR=ROWS)
     return out

@@ -23,12 +23,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import triton
 
 from optimized import triton_mode  # noqa: F401  (device mode before fla)
 from optimized.checks import check_kernel_dtype
 from optimized.key_block_partials import add_key_block_partials
 from optimized.state_grad import CHUNK, FactoredSnapGrads, state_grad_bwd
+from optimized.host_math import cdiv, next_power_of_2
 
 
 def fla_varlen(packed) -> dict:
@@ -73,7 +73,7 @@ class Level0Saved:
         """What a launch of fla's chunk kernels here needs: ``(cu_seqlens, chunk_indices, NT)``,
         the first two None for one sequence per row, ``NT`` the chunks a row (or in all, packed)."""
         if self.packed is None:
-            return None, None, triton.cdiv(self.q.shape[1], CHUNK)
+            return None, None, cdiv(self.q.shape[1], CHUNK)
         return self.packed.cu_seqlens, self.packed.chunk_indices, len(self.packed.chunk_indices)
 
     def gate_cumsum(self) -> torch.Tensor:
@@ -136,7 +136,7 @@ def level0_fwd_output(saved: Level0Saved) -> torch.Tensor:
         return o
 
     def grid(meta):
-        return (triton.cdiv(V, meta["BV"]) * NT, B * H)
+        return (cdiv(V, meta["BV"]) * NT, B * H)
 
     chunk_gla_fwd_kernel_o[grid](
         q=s.q, v=s.v_new, g=s.g_cumsum, h=s.h, o=o, A=s.Aqk,
@@ -273,9 +273,9 @@ def level0_bwd_intra(saved: Level0Saved, g_cumsum, dAqk, dAkk, dq, dk, db, dg, g
 
     s = saved
     B, T, H, K = s.k.shape
-    BC, BK = min(16, CHUNK), min(32, triton.next_power_of_2(K))
+    BC, BK = min(16, CHUNK), min(32, next_power_of_2(K))
     cu_seqlens, chunk_indices, NT = s.kernel_grid()
-    NC, NK = triton.cdiv(CHUNK, BC), triton.cdiv(K, BK)
+    NC, NK = cdiv(CHUNK, BC), cdiv(K, BK)
     dq2, dk2 = torch.empty_like(s.q), torch.empty_like(s.k)
     db2 = s.q.new_empty(NK, B, T, H, BK, dtype=torch.float32)
     dg2 = torch.empty_like(dg, dtype=torch.float32)
@@ -349,4 +349,4 @@ def level0_bwd(saved: Level0Saved, do, dht=None, d_ends=None, end_chunks=None, s
 
 
 def num_chunks(T: int) -> int:
-    return triton.cdiv(T, CHUNK)
+    return cdiv(T, CHUNK)

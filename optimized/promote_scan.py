@@ -37,6 +37,7 @@ import triton
 import triton.language as tl
 
 from optimized.fits import first_that_fits
+from optimized.host_math import cdiv, next_power_of_2
 
 
 @triton.jit
@@ -209,13 +210,13 @@ def block_sizes(K: int, V: int, n: int, block_v: int | None = None,
     an IEEE one (its dots are FMA loops: wider blocks were slower). Measured: bench/NOTES.md. The
     wide defaults need more shared memory than some GPUs give a block: both scans fall back to
     32 on ``OutOfResources``."""
-    BK = max(16, triton.next_power_of_2(K))
+    BK = max(16, next_power_of_2(K))
     if block_n is None:
         block_n = 16
-    BN = max(16, min(triton.next_power_of_2(block_n), triton.next_power_of_2(n)))
+    BN = max(16, min(next_power_of_2(block_n), next_power_of_2(n)))
     if block_v is None:
         block_v = (64 if reverse else 128 if precision == "tf32" else 32) if BK <= 128 else 16
-    BV = max(16, min(triton.next_power_of_2(block_v), triton.next_power_of_2(V)))
+    BV = max(16, min(next_power_of_2(block_v), next_power_of_2(V)))
     return BK, BN, BV
 
 
@@ -309,7 +310,7 @@ def promote_scan_fwd(M0, kappa, nu, beta, omega, gamma, block_v: int | None = No
             omega.contiguous(), gamma.contiguous(), states, fire_offsets, F, n, states.stride(0))
 
     def run(BV):
-        promote_scan_fwd_kernel[(triton.cdiv(V, BV), programs * H)](
+        promote_scan_fwd_kernel[(cdiv(V, BV), programs * H)](
             *args, H=H, K=K, V=V, BK=BK, BN=BN, BV=BV, HAS_M0=M0 is not None, DOT_PRECISION=precision,
             IS_VARLEN=fire_offsets is not None, **launch_options(BK, BV, num_warps, num_stages))
 
@@ -420,7 +421,7 @@ def promote_scan_bwd(states, kappa, nu, beta, omega, gamma, dstates, block_v: in
     programs = B if fire_offsets is None else fire_offsets.numel() - 1
 
     def run(BV):
-        NV = triton.cdiv(V, BV)
+        NV = cdiv(V, BV)
         dm0 = states.new_empty(programs, H, K, V)
         dkappa_part, dnu, dbeta_part, domega, dgamma_part = pair_grad_buffers(kappa, nu, NV)
         promote_scan_bwd_kernel[(NV, programs * H)](

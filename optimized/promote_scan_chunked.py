@@ -42,6 +42,7 @@ import triton.language as tl
 from optimized.fits import first_that_fits
 from optimized.promote_scan import (_check, _check_precision, _state_rows, block_sizes, launch_options,
                                     promote_scan_fwd, states_out)
+from optimized.host_math import cdiv, next_power_of_2
 
 GROUP_ROWS = 64     # rows of a group (G · NP): G = GROUP_ROWS // NP firings
 
@@ -217,7 +218,7 @@ def chunked_fill_kernel(
 def group_size(n: int, group_rows: int = GROUP_ROWS) -> tuple[int, int]:
     """``(G, NP)``: firings per group and rows per firing (``n`` padded to a power of two ≥ 16,
     what ``tl.dot`` needs); ``G = group_rows // NP``, at least 1."""
-    NP = max(16, triton.next_power_of_2(max(n, 1)))
+    NP = max(16, next_power_of_2(max(n, 1)))
     return max(1, group_rows // NP), NP
 
 
@@ -225,7 +226,7 @@ def chain_block_v(V: int, precision: str, block_v: int | None) -> int:
     """The chain's and the fill's V block: ``block_v``, else 64 (TF32) or 32 (IEEE: FMA dots)."""
     if block_v is None:
         block_v = 64 if precision == "tf32" else 32
-    return max(16, min(triton.next_power_of_2(block_v), triton.next_power_of_2(V)))
+    return max(16, min(next_power_of_2(block_v), next_power_of_2(V)))
 
 
 def promote_scan_fwd_chunked(M0, kappa, nu, beta, omega, gamma, block_v: int | None = None,
@@ -251,12 +252,12 @@ def promote_scan_fwd_chunked(M0, kappa, nu, beta, omega, gamma, block_v: int | N
                                 precision=precision, fire_offsets=fire_offsets, num_warps=num_warps,
                                 num_stages=num_stages)
     BK = block_sizes(K, V, n)[0]
-    BVF = max(16, triton.next_power_of_2(V))
+    BVF = max(16, next_power_of_2(V))
     BV = chain_block_v(V, precision, block_v)
     shape = (*_state_rows(B, F, None), H, K, V)
     states = states_out(kappa, out, shape)
     kappa, nu, beta, omega, gamma = (x.contiguous() for x in (kappa, nu, beta, omega, gamma))
-    NG = triton.cdiv(F, G)
+    NG = cdiv(F, G)
     BR = G * NP
     chain_fills = fill == "chain"
     wt = kappa.new_empty(B * H * NG, BR, K)
@@ -276,7 +277,7 @@ def promote_scan_fwd_chunked(M0, kappa, nu, beta, omega, gamma, block_v: int | N
     xs = None if chain_fills else kappa.new_empty(B * H * NG, BR, V)
 
     def chain(chain_opts, chain_bv):
-        chunked_chain_kernel[(triton.cdiv(V, chain_bv), B * H)](
+        chunked_chain_kernel[(cdiv(V, chain_bv), B * H)](
             m0, wt, ut, kt, gt, xs, kappa, gamma, states, F, n, NG, states.stride(0), H=H, K=K, V=V, BK=BK,
             BV=chain_bv, NP=NP, G=G, FILL=chain_fills, HAS_M0=M0 is not None, DOT_PRECISION=precision,
             **chain_opts)
@@ -286,7 +287,7 @@ def promote_scan_fwd_chunked(M0, kappa, nu, beta, omega, gamma, block_v: int | N
                     [lambda o=o, bv=bv: chain(o, bv) for o, bv in tries])
     if chain_fills:
         return states
-    chunked_fill_kernel[(triton.cdiv(V, BV), B * H, NG)](
+    chunked_fill_kernel[(cdiv(V, BV), B * H, NG)](
         kappa, gamma, xs, states, F, n, NG, states.stride(0), H=H, K=K, V=V, BK=BK, BV=BV, NP=NP, G=G,
         DOT_PRECISION=precision, **opts)
     return states

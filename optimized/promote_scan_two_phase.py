@@ -27,6 +27,7 @@ import triton.language as tl
 
 from optimized.promote_scan import (_batch_strided, block_sizes, check_bwd, launch_options, pair_block,
                                     pair_grad_buffers, state_block, sum_partials)
+from optimized.host_math import cdiv
 
 
 @triton.jit(do_not_specialize=["F", "N"])
@@ -124,7 +125,7 @@ def promote_scan_bwd_two_phase(states, kappa, nu, beta, omega, gamma, dstates, b
     g = dstates if consume_dstates and _batch_strided(dstates) else dstates.contiguous().clone()
     kappa, nu, beta, omega, gamma = (x.contiguous() for x in (kappa, nu, beta, omega, gamma))
     BK, BN, BV = block_sizes(K, V, n, block_v, block_n)
-    NV = triton.cdiv(V, BV)
+    NV = cdiv(V, BV)
     opts = launch_options(BK, BV, num_warps, num_stages)
     promote_scan_bwd_carry_kernel[(NV, B * H)](
         kappa, beta, gamma, g, F, n, g.stride(0),

@@ -41,6 +41,7 @@ from typing import NamedTuple
 import torch
 import triton
 import triton.language as tl
+from optimized.host_math import cdiv, next_power_of_2
 
 CHUNK = 64
 
@@ -204,10 +205,10 @@ def block_sizes(K: int, V: int, block_v: int | None = None) -> tuple[int, int, i
     """``BK`` covers all of ``K`` (≥ 16 for ``tl.dot``); ``BV`` splits ``V`` across programs;
     ``BS`` token rows per dot. For K > 128 the smaller BV and BS keep the dots' staged
     operands within an H100/H200 block's shared memory (float32, IEEE)."""
-    BK = max(16, triton.next_power_of_2(K))
+    BK = max(16, next_power_of_2(K))
     if block_v is None:
         block_v = 32 if BK <= 128 else 16
-    BV = max(16, min(block_v, triton.next_power_of_2(V)))
+    BV = max(16, min(block_v, next_power_of_2(V)))
     BS = CHUNK if BK <= 128 else CHUNK // 2
     return BK, BV, BS
 
@@ -223,7 +224,7 @@ def pair_blocks(n: int, block_n, name: str) -> int:
     else ``ValueError``), no wider than the pairs' own power of two."""
     if not isinstance(block_n, int) or isinstance(block_n, bool) or block_n < 16 or block_n & (block_n - 1):
         raise ValueError(f"{name} must be a power of two >= 16, got {block_n!r}")
-    return max(16, min(block_n, triton.next_power_of_2(max(n, 1))))
+    return max(16, min(block_n, next_power_of_2(max(n, 1))))
 
 
 def factored_blocks(n: int, block_n: int | None = None) -> int:
@@ -272,7 +273,7 @@ def state_grad_bwd(qg, kg, w, gk, do, dv, scale, dht=None, ds=None, slots=None, 
             raise ValueError("packed sequences: slots is needed (it carries the packed chunk count)")
     else:
         programs = B
-        NT = triton.cdiv(T, CHUNK)
+        NT = cdiv(T, CHUNK)
     BK, BV, BS = block_sizes(K, V, block_v)
     dh = qg.new_empty(B, NT, H, K, V)
     dh0 = kg.new_empty(programs, H, K, V, dtype=torch.float32) if want_dh0 else None
@@ -303,7 +304,7 @@ def state_grad_bwd(qg, kg, w, gk, do, dv, scale, dht=None, ds=None, slots=None, 
     else:
         S = 0
     BN = factored_blocks(n, factored_block_n)
-    grid = (triton.cdiv(V, BV), programs * H)
+    grid = (cdiv(V, BV), programs * H)
     state_grad_bwd_kernel[grid](
         qg, kg, w, gk, do, dv, dht, ds, ds_q, slots, dh, dh0, dv2, cu_seqlens, chunk_offsets,
         scale, T, S, n,

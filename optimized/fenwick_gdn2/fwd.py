@@ -21,7 +21,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import triton
 
 from optimized import triton_mode  # device mode before fla
 from optimized.fenwick_gdn2.intra import intra_fwd
@@ -31,6 +30,7 @@ from optimized.fenwick_gdn2.router import router_fwd
 from optimized.fenwick_gdn2.states import CHUNK, OWN_LEVELS, states_fwd
 from optimized.fenwick_gdn2.wy import fenwick_wy_fwd
 from reference.fenwick import trailing_ones
+from optimized.host_math import cdiv
 
 
 def bucket_blocks(offset: int, T: int, L: int, has_initial_state: bool) -> int:
@@ -147,7 +147,7 @@ def stacked_pass(q, k, v, g, b, w, lam, scale: float, initial_state, offset: int
     V = v.shape[-1]
     L = lam.shape[-1]
     fla = {} if p is None else p.fla()
-    N = triton.cdiv(T, CHUNK) if p is None else p.n_chunks          # chunks of the (packed) grid
+    N = cdiv(T, CHUNK) if p is None else p.n_chunks          # chunks of the (packed) grid
     S = B if p is None else p.n_seqs                                  # sequences
     n_own = own.shape[1]
     NB = J + n_own
@@ -170,7 +170,7 @@ def stacked_pass(q, k, v, g, b, w, lam, scale: float, initial_state, offset: int
     h0 = torch.zeros(S, H, K, NB * V, device=q.device, dtype=torch.float32)
     if initial_state is not None and J > 0:
         h0[:, :, :, : J * V] = initial_pre_state(initial_state.float(), offset, J)
-    mtab = carry_table(offset, triton.cdiv(T if p is None else p.max_len, CHUNK), q.device)
+    mtab = carry_table(offset, cdiv(T if p is None else p.max_len, CHUNK), q.device)
     precision = dot_precision(q.dtype)
     h, vn, final = states_fwd(kg, w_wy, u_st, gk, mtab, h0, N, J, L, V, n_own, precision=precision, dtype=q.dtype,
                               p=p)
@@ -188,7 +188,7 @@ def stacked_pass(q, k, v, g, b, w, lam, scale: float, initial_state, offset: int
 
 
 def last_chunk_start(T: int) -> int:
-    return CHUNK * (triton.cdiv(T, CHUNK) - 1)
+    return CHUNK * (cdiv(T, CHUNK) - 1)
 
 
 def fenwick_gdn2_fwd(q, k, v, g, b, w, lam, scale: float, initial_state=None, offset: int = 0,

@@ -31,6 +31,7 @@ import triton.language as tl
 
 from optimized.fenwick_gdn2.wy import chunk_of_program
 from optimized.warps import num_warps
+from optimized.host_math import cdiv, next_power_of_2
 
 CHUNK = 64
 INTRA_LEVELS = 7          # levels 0..6 occur inside a chunk of 64
@@ -137,7 +138,7 @@ def fenwick_intra_bwd_kernel(
 
 
 def _block_v(V: int) -> int:
-    return max(16, min(64, triton.next_power_of_2(V)))
+    return max(16, min(64, next_power_of_2(V)))
 
 
 def _grid(v, p):
@@ -145,7 +146,7 @@ def _grid(v, p):
     (``p``, a ``Packing``) runs its packed grid of per-sequence chunks."""
     B, T, H, _ = v.shape
     if p is None:
-        return (triton.cdiv(T, CHUNK), B * H), None, None
+        return (cdiv(T, CHUNK), B * H), None, None
     if B != 1:
         raise ValueError(f"v: a packed row (p) needs B = 1, got B = {B}")
     return (p.n_chunks, H), p.cu_seqlens, p.chunk_indices

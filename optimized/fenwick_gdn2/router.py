@@ -21,6 +21,7 @@ import triton.language as tl
 
 from optimized.fenwick_gdn2.states import OWN_LEVELS
 from optimized.warps import num_warps
+from optimized.host_math import cdiv, next_power_of_2
 
 TILE = 4096          # elements per program's [BR, BV] tile
 
@@ -70,9 +71,9 @@ def _check_levels(lam: torch.Tensor, J: int):
 def launch_blocks(V: int, R: int):
     """``(grid, BR, BV)``: ``BV`` every value column of a row, ``BR`` rows per program (a tile of
     ``TILE`` elements)."""
-    BV = triton.next_power_of_2(V)
+    BV = next_power_of_2(V)
     BR = max(1, TILE // BV)
-    return (triton.cdiv(R, BR),), BR, BV
+    return (cdiv(R, BR),), BR, BV
 
 
 def _check_stacked(reads: torch.Tensor, NB: int, V: int):

@@ -51,6 +51,7 @@ import triton
 import triton.language as tl
 
 from optimized.warps import num_warps
+from optimized.host_math import cdiv, next_power_of_2
 
 CHUNK = 64
 OWN_LEVELS = 7
@@ -214,13 +215,13 @@ def block_sizes(K: int, V: int, NB: int, width: int | None = None, block_k: int 
     width = WIDTH if width is None else width
     if not isinstance(width, int) or isinstance(width, bool) or width < MIN_WIDTH or width & (width - 1):
         raise ValueError(f"width must be a power of two >= {MIN_WIDTH}, got {width!r}")
-    BK = max(16, triton.next_power_of_2(K))
+    BK = max(16, next_power_of_2(K))
     if block_k is not None:
         if not isinstance(block_k, int) or isinstance(block_k, bool) or block_k < BK or block_k & (block_k - 1):
             raise ValueError(f"block_k must be a power of two >= {BK} (K = {K}), got {block_k!r}")
         BK = block_k
-    NBP = max(MIN_BLOCKS, triton.next_power_of_2(NB))
-    BV = max(min(triton.next_power_of_2(V), max(1, width // NBP)), triton.cdiv(MIN_WIDTH, NBP))
+    NBP = max(MIN_BLOCKS, next_power_of_2(NB))
+    BV = max(min(next_power_of_2(V), max(1, width // NBP)), cdiv(MIN_WIDTH, NBP))
     return BK, NBP, BV
 
 
@@ -269,7 +270,7 @@ def states_fwd(kg, wy, u, gk, mtab, h0, N: int, J: int, L: int, V: int, n_own: i
     h = torch.empty(B, N, H, K, NB * V, device=kg.device, dtype=dtype)
     vn = torch.empty(B, T, H, NB * V, device=kg.device, dtype=dtype)
     final = torch.zeros(S, H, L, K, V, device=kg.device, dtype=torch.float32)
-    grid = (triton.cdiv(V, BV), S * H)
+    grid = (cdiv(V, BV), S * H)
     fenwick_states_fwd_kernel[grid](kg, wy, u, gk, mtab, h0, h, vn, final, cu_seqlens, chunk_offsets,
                                     T, N, J, L, NB, H=H, K=K, V=V, BT=CHUNK, BK=BK, NBP=NBP, BV=BV, DOT=precision,
                                     IS_VARLEN=p is not None, **opts)
@@ -305,7 +306,7 @@ def states_bwd(qg, kg, wy, gk, do, dv, dfinal, mtab, scale: float, N: int, J: in
     dh = torch.empty(B, N, H, K, NB * V, device=kg.device, dtype=dtype)
     dv2 = torch.empty(B, T, H, NB * V, device=kg.device, dtype=dtype)
     dpre = torch.zeros(S, H, K, max(J, 1) * V, device=kg.device, dtype=torch.float32)
-    grid = (triton.cdiv(V, BV), S * H)
+    grid = (cdiv(V, BV), S * H)
     fenwick_states_bwd_kernel[grid](qg, kg, wy, gk, do, dv, dfinal, dcarry, mtab, dh, dv2, dpre, cu_seqlens,
                                     chunk_offsets, scale, T, N, J, L, NB, H=H, K=K, V=V, BT=CHUNK, BK=BK, NBP=NBP,
                                     BV=BV, HAS_DFINAL=dfinal is not None, HAS_DCARRY=dcarry is not None,

@@ -25,6 +25,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from optimized.host_math import cdiv
 
 CHUNK = 64
 
@@ -97,7 +98,7 @@ def wy_intra(q, k, b, gk, scale: float, p=None):
     Aqk = torch.empty(B, T, H, CHUNK, device=k.device, dtype=k.dtype)
     Akk = torch.empty(B, T, H, CHUNK, device=k.device, dtype=k.dtype)
     if p is None:
-        grid, cu_seqlens, chunk_indices = (triton.cdiv(T, CHUNK), B * H), None, None
+        grid, cu_seqlens, chunk_indices = (cdiv(T, CHUNK), B * H), None, None
     elif B != 1:
         raise ValueError(f"k: a packed row (p) needs B = 1, got B = {B}")
     else:

@@ -35,6 +35,7 @@ import triton
 import triton.language as tl
 
 from reference.schemes import check_reduction
+from optimized.host_math import next_power_of_2
 
 GATE_SCHEMES = ("learned", "merge")
 
@@ -150,8 +151,8 @@ def _sizes(scheme, z, Bt, H, n, K, V):
     C = gate_columns(scheme, K, V)
     _expect("z", z, (H, Bt * n, C))
     off_b = 0 if scheme == "merge" else K
-    BK, BV = triton.next_power_of_2(K), triton.next_power_of_2(V)
-    BN = max(1, min(triton.next_power_of_2(n), 4096 // max(BK, BV)))  # ≤ 4096 float32 a tile
+    BK, BV = next_power_of_2(K), next_power_of_2(V)
+    BN = max(1, min(next_power_of_2(n), 4096 // max(BK, BV)))  # ≤ 4096 float32 a tile
     return C, off_b, BN, BK, BV
 
 

@@ -45,6 +45,7 @@ import triton.language as tl
 from optimized.fits import first_that_fits
 from optimized.nested.probe_gates import (_expect, _reduce_factor, _softplus, check_outputs, checked_grads,
                                           gate_columns)
+from optimized.host_math import cdiv, next_power_of_2
 
 ROWS = 64           # a tile's rows (G firings of NP rows) by default
 TILES = 8           # tiles a program runs with its block of W (512 rows by default)
@@ -238,8 +239,8 @@ def blocks(n: int, K: int, V: int, rows: int | None = None) -> tuple | None:
     rows = ROWS if rows is None else rows
     if rows < 16 or rows & (rows - 1):
         raise ValueError(f"rows must be a power of two >= 16, got {rows!r}")
-    NP = triton.next_power_of_2(max(n, 1))
-    BK, BV = max(16, triton.next_power_of_2(K)), max(16, triton.next_power_of_2(V))
+    NP = next_power_of_2(max(n, 1))
+    BK, BV = max(16, next_power_of_2(K)), max(16, next_power_of_2(V))
     if max(NP, BK, BV) > MAX_BLOCK:
         return None
     return max(1, rows // NP), NP, BV, max(BK, BV)
@@ -283,7 +284,7 @@ def probe_gates_nu_fwd(scheme: str, nu: torch.Tensor, W: torch.Tensor, Bt: int, 
         gamma.zero_()
         return
     c = _reduce_factor(reduction, n)
-    grid = (H, triton.cdiv(Bt, G * TILES))
+    grid = (H, cdiv(Bt, G * TILES))
     if one:
         first = 1 if kappa is None else 0
         _launch(probe_gates_nu_fwd_one_kernel, grid + (4 - first,), nu, W, beta if kappa is None else kappa, beta,
@@ -308,7 +309,7 @@ def probe_gates_nu_bwd(scheme: str, nu: torch.Tensor, W: torch.Tensor, Bt: int, 
         return dz
     grads = checked_grads(dkappa, dbeta, domega, dgamma, Bt, H, n, K, V, nu.device)
     c = _reduce_factor(reduction, n)
-    grid = (H, triton.cdiv(Bt, G * TILES))
+    grid = (H, cdiv(Bt, G * TILES))
     if one:
         first = 1 if scheme == "merge" else 0
         has = {f"HAS_D{seg}": d is not None for seg, d in enumerate(grads)}

@@ -32,6 +32,7 @@ from optimized.nested.reads_fwd import (_expect, block_sizes, check_reads, chunk
                                         dot_exact_b, level_column, num_warps, router_probs, state_row)
 from optimized.nested.stored_states import as_stored
 from optimized.state_grad import FactoredSnapGrads, pair_blocks
+from optimized.host_math import cdiv, next_power_of_2
 
 
 # T, N, S, S_LO, L are runtime sizes (see reads_fwd_kernel).
@@ -193,10 +194,10 @@ def token_blocks(K: int, V: int, block_v: int | None = None) -> tuple[int, int, 
     fewer, larger dots. At K = V = 128 in bf16, 64 x 64 with 8 warps holds 128 registers, no spill,
     72 KiB of shared memory (sm_90, ``scripts/kernel_resources.py``); H200, L = 4 (bench/NOTES.md):
     the step −0.73 ms against 32 x 32, which 128 x 32 and 32 x 64 beat by less."""
-    BKA = min(64, max(16, triton.next_power_of_2(K)))
-    BVA = min(64, max(16, triton.next_power_of_2(V)))
+    BKA = min(64, max(16, next_power_of_2(K)))
+    BVA = min(64, max(16, next_power_of_2(V)))
     if block_v is not None:
-        BVA = max(16, min(BVA, triton.next_power_of_2(block_v)))
+        BVA = max(16, min(BVA, next_power_of_2(block_v)))
     return BKA, BVA, 4 if BKA * BVA < 32 * 32 else 8
 
 
@@ -313,7 +314,7 @@ def reads_bwd_states(do: torch.Tensor, q: torch.Tensor, r: torch.Tensor, o0: tor
     BT, BK, BV, BL = block_sizes(K, V, L, states_block_v(K) if block_v is None else block_v)
     dstates = torch.empty(B, n, H, K, V, dtype=torch.float32, device=q.device)
     if n > 0 and B * H > 0 and K * V > 0:
-        reads_bwd_states_kernel[(triton.cdiv(V, BV), n, B * H)](
+        reads_bwd_states_kernel[(cdiv(V, BV), n, B * H)](
             do.contiguous(), q.contiguous(), r.contiguous(), row_level[start:stop].contiguous(),
             row_chunk_lo[start:stop].contiguous(), row_chunk_hi[start:stop].contiguous(), chunk_bounds, dstates,
             dstates if snap_q is None else snap_q, dstates if snap_dnu is None else snap_dnu, lo, hi,

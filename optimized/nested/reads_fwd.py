@@ -41,6 +41,7 @@ from optimized.fits import first_that_fits
 from optimized.level0 import CHUNK
 from optimized.nested.stored_states import as_stored
 from optimized.warps import num_warps
+from optimized.host_math import cdiv, next_power_of_2
 
 # CUDA limits the 2nd and 3rd grid dimensions to 65535 programs.
 MAX_GRID_YZ = 65535
@@ -236,11 +237,11 @@ def block_sizes(K: int, V: int, L: int, block_v: int | None = None) -> tuple[int
     """``BT = 64`` (one chunk); ``BK`` covers all of K (≥ 16 for ``tl.dot``); ``BV`` splits V
     across programs (64 for K ≤ 64, else 32: the ``[BK, BV]`` state block and the
     ``[64, BV]`` accumulator stay in registers); ``BL`` covers the levels."""
-    BK = max(16, triton.next_power_of_2(K))
+    BK = max(16, next_power_of_2(K))
     if block_v is None:
         block_v = 64 if BK <= 64 else 32
-    BV = max(16, min(triton.next_power_of_2(block_v), triton.next_power_of_2(V)))
-    BL = max(2, triton.next_power_of_2(L))
+    BV = max(16, min(next_power_of_2(block_v), next_power_of_2(V)))
+    BL = max(2, next_power_of_2(L))
     return CHUNK, BK, BV, BL
 
 
@@ -250,7 +251,7 @@ def forward_block_v(K: int, dtype: torch.dtype) -> int | None:
     once instead of once per V block), else None (``block_sizes``' default, which the backward
     keeps). H200, bf16, K = V = 128 (bench/NOTES.md): the forward −0.15 ms at L = 2, −0.22 ms at
     L = 4 against V blocks of 32; 64 gained nothing; float32 inputs were not measured."""
-    BK = max(16, triton.next_power_of_2(K))
+    BK = max(16, next_power_of_2(K))
     return 128 if dtype == torch.bfloat16 and 64 < BK <= 128 else None
 
 
@@ -278,7 +279,7 @@ def check_reads(q, r, o0, states, read_row, chunk_bounds=None):
     B, T, H, L, K = q.shape
     stored = as_stored(states)
     S, V = stored.S, stored.lo.shape[-1]
-    N = triton.cdiv(T, CHUNK)
+    N = cdiv(T, CHUNK)
     if chunk_bounds is not None:
         if B != 1:
             raise ValueError(f"chunk_bounds: packed sequences need B = 1, got B = {B}")
@@ -326,7 +327,7 @@ def reads_fwd(q: torch.Tensor, r: torch.Tensor, o0: torch.Tensor, states: torch.
 
     def run(bv):
         BT, BK, BV, BL = block_sizes(K, V, L, bv)
-        reads_fwd_kernel[(triton.cdiv(V, BV), N, B * H)](
+        reads_fwd_kernel[(cdiv(V, BV), N, B * H)](
             *args, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, BL=BL, SPLIT=q.dtype == torch.bfloat16,
             IS_VARLEN=chunk_bounds is not None, num_warps=num_warps(BK, BV))
 

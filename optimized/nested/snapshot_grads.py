@@ -28,6 +28,7 @@ import triton
 import triton.language as tl
 
 from optimized.state_grad import FactoredSnapGrads
+from optimized.host_math import cdiv, next_power_of_2
 
 DOT_PRECISIONS = ("ieee", "tf32")
 
@@ -67,9 +68,9 @@ def block_sizes(n: int, K: int, V: int) -> tuple[int, int, int]:
     """``(BN, BK, BV)``: all pairs and keys in one block (``n``, ``K`` ≤ 128 in every built-in
     use; ≥ 16 for ``tl.dot``), V in blocks of up to 64 (a ``[BK, BV]`` float32 accumulator
     beside the target block)."""
-    BN = max(16, triton.next_power_of_2(n))
-    BK = max(16, triton.next_power_of_2(K))
-    BV = max(16, min(64, triton.next_power_of_2(V)))
+    BN = max(16, next_power_of_2(n))
+    BK = max(16, next_power_of_2(K))
+    BV = max(16, min(64, next_power_of_2(V)))
     return BN, BK, BV
 
 
@@ -113,6 +114,6 @@ def add_snapshot_grads(dst: torch.Tensor, grads: FactoredSnapGrads, targets: tor
     for r in rounds:
         if r.numel() == 0:
             continue
-        add_snapshot_grads_kernel[(triton.cdiv(V, BV), r.numel(), B * H)](
+        add_snapshot_grads_kernel[(cdiv(V, BV), r.numel(), B * H)](
             dst, q, dnu, r, targets, dst.stride(0), F, r.numel(), n,
             H=H, K=K, V=V, BN=BN, BK=BK, BV=BV, PRECISION=precision, num_warps=8)

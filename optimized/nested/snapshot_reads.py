@@ -33,6 +33,7 @@ from typing import NamedTuple
 import torch
 import triton
 import triton.language as tl
+from optimized.host_math import cdiv, next_power_of_2
 
 PRECISIONS = ("ieee", "tf32")
 
@@ -139,7 +140,7 @@ def snapshot_read_dq_kernel(dnu, src, final, rows, dq_part, F, N, BF, ITEMS, str
 def block_sizes(n: int, K: int, V: int) -> tuple[int, int, int]:
     """``(BN, BK, BV)``: pairs, keys and V columns per block, 16 to 64 (``tl.dot``'s minimum 16)."""
     def block(x):
-        return max(16, min(64, triton.next_power_of_2(x)))
+        return max(16, min(64, next_power_of_2(x)))
     return block(n), block(K), block(V)
 
 
@@ -191,7 +192,7 @@ def snapshot_read(Q: torch.Tensor, snaps: SnapshotRows, precision: str = "ieee")
     if nu.numel() == 0:
         return nu
     BN, BK, BV = block_sizes(n, K, V)
-    grid = (B * F * H, triton.cdiv(n, BN), triton.cdiv(V, BV))
+    grid = (B * F * H, cdiv(n, BN), cdiv(V, BV))
     snapshot_read_fwd_kernel[grid](Q, snaps.src, final, snaps.rows, nu, F, n, snaps.src.stride(0),
                                    H=H, K=K, V=V, BN=BN, BK=BK, BV=BV, PREC=precision, num_warps=4)
     return nu
@@ -200,9 +201,9 @@ def snapshot_read(Q: torch.Tensor, snaps: SnapshotRows, precision: str = "ieee")
 def dq_groups(items: int, programs_per_group: int, target: int = 1024) -> tuple[int, int]:
     """``(groups, items per group)`` of the query gradient's (b, m) items: about ``target``
     programs in all (every SM busy), each group a sequential sum."""
-    groups = max(1, min(items, triton.cdiv(target, programs_per_group)))
-    per = triton.cdiv(items, groups)
-    return triton.cdiv(items, per), per
+    groups = max(1, min(items, cdiv(target, programs_per_group)))
+    per = cdiv(items, groups)
+    return cdiv(items, per), per
 
 
 def snapshot_read_dq(dnu: torch.Tensor, snaps: SnapshotRows, precision: str = "ieee") -> torch.Tensor:
@@ -214,7 +215,7 @@ def snapshot_read_dq(dnu: torch.Tensor, snaps: SnapshotRows, precision: str = "i
     if B * F == 0 or n == 0:
         return torch.zeros(H, n, K, dtype=torch.float32, device=dnu.device)
     BN, BK, BV = block_sizes(n, K, V)
-    tiles = triton.cdiv(n, BN) * triton.cdiv(K, BK)
+    tiles = cdiv(n, BN) * cdiv(K, BK)
     groups, per = dq_groups(B * F, tiles * H)
     part = torch.empty(groups, H, n, K, dtype=torch.float32, device=dnu.device)
     snapshot_read_dq_kernel[(groups, tiles, H)](
