@@ -502,6 +502,27 @@ def inputs_gib(tensors) -> float:
     return sum(seen.values()) / 2 ** 30
 
 
+def _graph_times(name, forward, leaves, do, bench) -> tuple:
+    """``(forward, forward+backward)`` ms of the op's calls captured in CUDA graphs and replayed
+    (``bench.cuda_graph``: the device's time without the host's launches); the step's gradients
+    by ``torch.autograd.grad`` (graph-owned, no ``.grad`` accumulation). A capture that fails gives
+    ``nan`` with the error in the log, and the other columns stand."""
+    from bench.cuda_graph import graph_ms
+
+    timer = lambda fn: float(bench(fn, warmup=25, rep=200))   # noqa: E731
+    times = []
+    for what, fn in (("forward", forward),
+                     ("forward+backward", lambda: torch.autograd.grad(forward(), leaves, do, allow_unused=True))):
+        try:
+            times.append(round(graph_ms(fn, timer), 3))
+        except Exception as e:      # noqa: BLE001 (the eager rows are measured already)
+            _log(f"{name}: {what} not captured in a CUDA graph: {type(e).__name__}: {e}")
+            times.append(float("nan"))
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+    return tuple(times)
+
+
 def _write(out: Path, rows: list, B, T, H, K, dtype: str):
     """``reads_ab.csv`` and ``reads_ab.md`` from the rows so far (rewritten after every depth)."""
     import triton
@@ -511,11 +532,14 @@ def _write(out: Path, rows: list, B, T, H, K, dtype: str):
         f = flat.get(r["L"])
         if f is None:           # --no-flat: no ratios
             r["fwd_vs_flat"] = r["fwdbwd_vs_flat"] = r["peak_vs_flat"] = r["peak_incl_vs_flat"] = ""
+            r["fwdbwd_graph_vs_flat"] = ""
             continue
         r["fwd_vs_flat"] = round(r["fwd_ms"] / f["fwd_ms"], 3)
         r["fwdbwd_vs_flat"] = round(r["fwdbwd_ms"] / f["fwdbwd_ms"], 3)
         r["peak_vs_flat"] = round(r["peak_extra_gib"] / f["peak_extra_gib"], 3) if f["peak_extra_gib"] else ""
         r["peak_incl_vs_flat"] = round(r["peak_gib"] / f["peak_gib"], 3) if f["peak_gib"] else ""
+        graphed = isinstance(r.get("fwdbwd_graph_ms"), float) and isinstance(f.get("fwdbwd_graph_ms"), float)
+        r["fwdbwd_graph_vs_flat"] = round(r["fwdbwd_graph_ms"] / f["fwdbwd_graph_ms"], 3) if graphed else ""
     with open(out / "reads_ab.csv", "w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=list(rows[0]))
         w.writeheader()
@@ -526,14 +550,19 @@ def _write(out: Path, rows: list, B, T, H, K, dtype: str):
              f"finiteness check off except `triton+check`; `peak` = memory one step allocates on top of its inputs; "
              f"`peak incl. inputs` adds the op's own inputs (the targets' measure, as `ngdn bench`'s).",
              "`host ms`: the host's time to launch one forward (or forward+backward) from an idle GPU (`bench.measure.host_ms`).",
+             "`graph ms` (`--graph`): the same calls captured in a CUDA graph and replayed (`bench.cuda_graph`): "
+             "the device's time without the host's launches.",
              "", "| L | op | fwd ms | fwd host ms | fwd+bwd ms | fwd+bwd host ms | fwd / flat | fwd+bwd / flat | "
                  "fwd+bwd floor ms | × floor | "
-                 "peak GiB | peak / flat | peak incl. inputs GiB | incl. inputs / flat |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+                 "peak GiB | peak / flat | peak incl. inputs GiB | incl. inputs / flat | "
+                 "fwd graph ms | fwd+bwd graph ms | graph f+b / flat |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     lines += [f"| {r['L']} | {r['op']}{'' if r.get('round', 1) == 1 else ' #' + str(r['round'])} | {r['fwd_ms']} | {r['fwd_host_ms']} | {r['fwdbwd_ms']} | {r['fwdbwd_host_ms']} | "
               f"{r['fwd_vs_flat']} | "
               f"{r['fwdbwd_vs_flat']} | {r['fwdbwd_floor_ms']} | {r['fwdbwd_x_floor']} | {r['peak_extra_gib']} | "
-              f"{r['peak_vs_flat']} | {r['peak_gib']} | {r['peak_incl_vs_flat']} |" for r in rows]
+              f"{r['peak_vs_flat']} | {r['peak_gib']} | {r['peak_incl_vs_flat']} | "
+              f"{r.get('fwd_graph_ms', '')} | {r.get('fwdbwd_graph_ms', '')} | {r.get('fwdbwd_graph_vs_flat', '')} |"
+              for r in rows]
     (out / "reads_ab.md").write_text("\n".join(lines) + "\n")
     return lines
 
@@ -560,6 +589,9 @@ def main(argv=None) -> int:
     parser.add_argument("--host-profile", action="store_true",
                         help="host_profile_L<L>_<op>.txt: cProfile of the host's forward and step launches "
                              "(write_host_profile)")
+    parser.add_argument("--graph", action="store_true",
+                        help="also time each op's forward and step captured in a CUDA graph and replayed "
+                             "(bench.cuda_graph: the device's time without the host's launches)")
     parser.add_argument("--rounds", type=int, default=1,
                         help="time every op this many times in turn (rows `op #2`, …; profiles in the first round only)")
     parser.add_argument("--warmup-only", action="store_true",
@@ -610,6 +642,9 @@ def main(argv=None) -> int:
                     fwdbwd = triton.testing.do_bench(step, warmup=25, rep=200, grad_to_none=leaves)
                     fwd_host = host_ms(forward, device, reps=HOST_REPS)
                     fwdbwd_host = host_ms(step, device, reps=HOST_REPS)
+                    fwd_graph = fwdbwd_graph = ""
+                    if args.graph and not check:
+                        fwd_graph, fwdbwd_graph = _graph_times(name, forward, leaves, do, triton.testing.do_bench)
                     for t in leaves:
                         t.grad = None
                     for t in leaves:
@@ -657,13 +692,14 @@ def main(argv=None) -> int:
                 if args.warmup_only:    # no rates, no row: go on compiling the rest
                     continue
                 fwd = fwdbwd = peak = peak_total = fwd_host = fwdbwd_host = float("nan")
+                fwd_graph = fwdbwd_graph = ""
             floor = _floor_ms(name, B, T, H, K, L, dtype, rates)
             row = {"L": L, "op": name, "B": B, "T": T, "H": H, "K": K, "dtype": args.dtype,
                    "fwd_ms": round(fwd, 3), "fwd_host_ms": round(fwd_host, 3), "fwdbwd_ms": round(fwdbwd, 3),
                    "fwdbwd_host_ms": round(fwdbwd_host, 3), "peak_extra_gib": round(peak, 3),
                    "peak_gib": round(peak_total, 3), "fwd_floor_ms": round(floor[0], 3),
                    "fwdbwd_floor_ms": round(floor[1], 3), "fwdbwd_x_floor": round(fwdbwd / floor[1], 2),
-                   "round": rnd + 1}
+                   "fwd_graph_ms": fwd_graph, "fwdbwd_graph_ms": fwdbwd_graph, "round": rnd + 1}
             rows.append(row)
             _log(str(row))
         del ops

@@ -733,3 +733,52 @@ def test_reads_ab_ranges_always_opens_the_op_ranges_and_restores_stage():
     assert nfwd.stage is stage and nbwd.stage is stage
     with reads_ab.ranges_always(False):
         assert nfwd.stage is stage
+
+
+def test_cuda_graph_capture_refuses_without_cuda_or_warmups():
+    """``bench.cuda_graph.capture`` needs CUDA (a clear error on the CPU) and at least one warm-up
+    (autotuners and the op's tables fill there, outside the capture)."""
+    from bench import cuda_graph
+
+    if not torch.cuda.is_available():
+        with pytest.raises(RuntimeError, match="needs a CUDA device"):
+            cuda_graph.capture(lambda: None)
+    else:
+        with pytest.raises(ValueError, match="warmups must be at least 1"):
+            cuda_graph.capture(lambda: None, warmups=0)
+
+
+def test_reads_ab_graph_times_record_a_failed_capture_and_the_ratio(monkeypatch, tmp_path):
+    """``reads_ab --graph``: a capture that fails gives ``nan`` (the eager columns stand), one that
+    works its timer's figure; ``_write`` puts the graph f+b ratio beside flat's graph row."""
+    import math
+    from bench import cuda_graph, reads_ab
+
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda *a, **k: None)
+
+    def refused(fn, timer, warmups=cuda_graph.WARMUPS):
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(cuda_graph, "graph_ms", refused)
+    fwd, step = reads_ab._graph_times("triton", lambda: None, [], None, lambda fn, **k: 1.0)
+    assert math.isnan(fwd) and math.isnan(step)
+    seen = []
+
+    def timed(fn, timer, warmups=cuda_graph.WARMUPS):
+        seen.append(fn)
+        return timer(fn)
+
+    monkeypatch.setattr(cuda_graph, "graph_ms", timed)
+    assert reads_ab._graph_times("triton", lambda: None, [], None, lambda fn, **k: 2.00049) == (2.0, 2.0)
+    assert len(seen) == 2
+    base = {"L": 4, "B": 1, "T": 64, "H": 1, "K": 16, "dtype": "bfloat16", "fwd_ms": 1.0, "fwd_host_ms": 1.0,
+            "fwdbwd_ms": 2.0, "fwdbwd_host_ms": 1.0, "peak_extra_gib": 1.0, "peak_gib": 1.0, "fwd_floor_ms": 0.1,
+            "fwdbwd_floor_ms": 0.2, "fwdbwd_x_floor": 10.0, "round": 1}
+    rows = [dict(base, op="flat", fwd_graph_ms=1.0, fwdbwd_graph_ms=4.0),
+            dict(base, op="triton", fwd_graph_ms=0.5, fwdbwd_graph_ms=1.0),
+            dict(base, op="scan-bv16", fwd_graph_ms="", fwdbwd_graph_ms="")]
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "test GPU")
+    reads_ab._write(tmp_path, rows, 1, 64, 1, 16, "bfloat16")
+    assert rows[1]["fwdbwd_graph_vs_flat"] == 0.25 and rows[2]["fwdbwd_graph_vs_flat"] == ""
+    assert "| 0.5 | 1.0 | 0.25 |" in (tmp_path / "reads_ab.md").read_text()
