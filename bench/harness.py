@@ -211,7 +211,9 @@ class Hooks:
 
     ``nested_op``/``flat_op`` have the signatures of ``optimized.nested.chunk_nested_gdn2``
     and ``optimized.gdn2.chunk_gdn2``; ``make_levels``/``query_counts`` those of
-    ``reference.nested``; ``timer(fn) -> ms``; ``device`` a :class:`CudaDevice`-like object.
+    ``reference.nested``; ``timer(fn) -> ms``; ``device`` a :class:`CudaDevice`-like object;
+    ``graph(fn, timer) -> ms`` times ``fn`` captured in a CUDA graph (``--graph``;
+    ``bench.cuda_graph.graph_ms``), left None when not asked for.
     """
     nested_op: Callable | None = None
     flat_op: Callable | None = None
@@ -220,6 +222,7 @@ class Hooks:
     timer: Callable[[Callable], float] | None = None
     device: object | None = None
     log: Callable[[str], None] = stderr_log
+    graph: Callable | None = None       # (fn, timer) -> ms of fn's captured graph; None: not timed
 
     def resolve(self, args) -> "Hooks":
         h = dataclasses.replace(self)
@@ -238,6 +241,10 @@ class Hooks:
             h.device = CudaDevice()
         if h.timer is None:
             h.timer = do_bench_timer(args.warmup_ms, args.rep_ms)
+        if h.graph is None and getattr(args, "graph", False):
+            from bench.cuda_graph import graph_ms
+
+            h.graph = graph_ms
         return h
 
 

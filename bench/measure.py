@@ -1,6 +1,7 @@
 """Building and measuring one workload: random inputs on the device, a warm-up (where
 Triton and fla autotune, timed on its own), ``do_bench`` timings of forward, backward and
-forward+backward, and the peak memory of one forward+backward.
+forward+backward, and the peak memory of one forward+backward; with ``--graph`` also the
+forward's and the step's replays as captured CUDA graphs (``bench.cuda_graph``).
 
 :func:`measure_workload` returns a measurement dict (the :data:`MEASURED` fields); any
 exception (OOM included) lands in its ``error`` field and never stops the run. With
@@ -24,8 +25,8 @@ from bench.plan import DTYPES, Workload
 
 GIB = 2 ** 30
 MEASURED = ("param_dtype", "query_counts", "intervals", "param_elements", "warmup_s", "fwd_ms",
-            "bwd_ms", "fwdbwd_ms", "fwd_host_ms", "fwdbwd_host_ms", "peak_gib", "peak_extra_gib", "finite",
-            "error")
+            "bwd_ms", "fwdbwd_ms", "fwd_host_ms", "fwdbwd_host_ms", "fwd_graph_ms", "fwdbwd_graph_ms",
+            "peak_gib", "peak_extra_gib", "finite", "error")
 HOST_REPS = 11      # launches from an idle device per host time (their median)
 
 
@@ -206,6 +207,13 @@ def _measure_built(built: Built, m: dict, hooks: Hooks, progress):
             m["fwdbwd_host_ms"] = host_ms(lambda: grads(forward()), dev)
         except Exception as e:  # noqa: BLE001
             errors.append(describe("host timing", e))
+        if hooks.graph is not None:     # --graph: the device's time of captured calls (bench.cuda_graph)
+            for key, fn in (("fwd_graph_ms", forward), ("fwdbwd_graph_ms", lambda: grads(forward()))):
+                try:
+                    m[key] = hooks.graph(fn, timer)
+                except Exception as e:  # noqa: BLE001
+                    errors.append(describe(f"graph capture ({key.split('_')[0]})", e))
+                dev.cleanup()
         try:
             base = dev.memory_begin()
             gs = grads(forward())

@@ -205,6 +205,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPES))
     p.add_argument("--param-dtype", default="auto", choices=["auto", "run", *sorted(DTYPES)],
                    help="scheme parameters: 'run' = --dtype; 'auto' = --dtype, float32 if the op rejects it")
+    p.add_argument("--graph", action="store_true",
+                   help="also time each forward and step captured in a CUDA graph and replayed (bench.cuda_graph: "
+                        "the device's time without the host's launches; the host-paced rows' device ratio)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--warmup-ms", type=float, default=None, help="do_bench warmup (default 25; quick 10)")
     p.add_argument("--rep-ms", type=float, default=None, help="do_bench rep (default 200; quick 50)")

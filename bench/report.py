@@ -40,11 +40,13 @@ ANCHORS = (
 COLUMNS = [
     "sweep", "config", "impl", "queries", "L", "B", "T", "H", "heads", "K", "V",
     "dtype", "param_dtype", "query_counts", "intervals", "param_elements",
-    "warmup_s", "fwd_ms", "bwd_ms", "fwdbwd_ms", "fwd_host_ms", "fwdbwd_host_ms", "peak_gib", "peak_extra_gib",
+    "warmup_s", "fwd_ms", "bwd_ms", "fwdbwd_ms", "fwd_host_ms", "fwdbwd_host_ms", "fwd_graph_ms", "fwdbwd_graph_ms",
+    "peak_gib", "peak_extra_gib",
     "fwd_gflop", "bwd_gflop", "fwd_min_mb", "bwd_min_mb",
     "fwd_floor_ms", "bwd_floor_ms", "fwdbwd_floor_ms",
     "fwd_x_floor", "bwd_x_floor", "fwdbwd_x_floor",
     "fwd_vs_flat", "bwd_vs_flat", "fwdbwd_vs_flat", "peak_vs_flat", "peak_extra_vs_flat",
+    "fwd_graph_vs_flat", "fwdbwd_graph_vs_flat",
     "finite", "error",
 ]
 INT_COLUMNS = {"L", "B", "T", "H", "heads", "K", "V", "param_elements"}
@@ -111,8 +113,8 @@ def finalize(rows: list[dict], rates: dict, args) -> list[dict]:
         for p in ("fwd", "bwd", "fwdbwd"):
             row[f"{p}_x_floor"] = _ratio(row[f"{p}_ms"], row[f"{p}_floor_ms"])
         flat = flat_by_shape.get((B, T, L * H, K, V)) if row["impl"] == "nested" else None
-        for p in ("fwd", "bwd", "fwdbwd", "peak", "peak_extra"):
-            unit = "ms" if p in ("fwd", "bwd", "fwdbwd") else "gib"
+        for p in ("fwd", "bwd", "fwdbwd", "peak", "peak_extra", "fwd_graph", "fwdbwd_graph"):
+            unit = "gib" if p.startswith("peak") else "ms"
             row[f"{p}_vs_flat"] = _ratio(row[f"{p}_{unit}"], flat[f"{p}_{unit}"]) if flat else None
     return rows
 
@@ -215,10 +217,13 @@ def host_paced(row: dict | None, kind: str = "fwdbwd") -> bool:
     return row[f"{kind}_host_ms"] >= HOST_PACED * row[f"{kind}_ms"]
 
 
-def _paced_note(kind: str, *rows) -> str:
-    """`` (host-paced: …)`` naming the rows of ``rows`` that are, else ``""``."""
+def _paced_note(kind: str, *rows, graph_ratio: float | None = None) -> str:
+    """`` (host-paced: …)`` naming the rows of ``rows`` that are, else ``""``; with the ratio of
+    the captured graphs (``--graph``) where one of them is."""
     notes = [f"{r['impl'] if r['impl'] == 'flat' else r['queries'] or r['impl']} host "
              f"{r[kind + '_host_ms']:.2f} of {r[kind + '_ms']:.2f} ms" for r in rows if host_paced(r, kind)]
+    if notes and graph_ratio is not None:
+        notes.append(f"captured graphs: {graph_ratio:.3f}x")
     return f" (host-paced: {'; '.join(notes)})" if notes else ""
 
 
@@ -241,15 +246,18 @@ def target_rows(rows: list[dict]) -> tuple[list, list]:
     for n in depth:
         if n["L"] >= 4:
             v = n["fwdbwd_vs_flat"]
-            judged(fb_L4, f"L={n['L']}, K={n['K']}", v, x3(v) + _paced_note("fwdbwd", n))
+            judged(fb_L4, f"L={n['L']}, K={n['K']}", v,
+                   x3(v) + _paced_note("fwdbwd", n, graph_ratio=n.get("fwdbwd_graph_vs_flat")))
     for n in depth:
         if n["L"] == 2:
             v = n["fwdbwd_vs_flat"]
-            judged(fb_L2, f"L=2, K={n['K']}", v, x3(v) + _paced_note("fwdbwd", n))
+            judged(fb_L2, f"L=2, K={n['K']}", v,
+                   x3(v) + _paced_note("fwdbwd", n, graph_ratio=n.get("fwdbwd_graph_vs_flat")))
     fwd = [(n["fwd_vs_flat"], n) for n in depth if n["fwd_vs_flat"] is not None]
     if fwd:
         worst, n = max(fwd, key=lambda t: t[0])
-        judged(fwd_t, f"worst over depth rows: L={n['L']}, K={n['K']}", worst, x3(worst) + _paced_note("fwd", n))
+        judged(fwd_t, f"worst over depth rows: L={n['L']}, K={n['K']}", worst,
+               x3(worst) + _paced_note("fwd", n, graph_ratio=n.get("fwd_graph_vs_flat")))
     else:
         targets.append((fwd_t[0], "depth rows", "", "not measured"))
     idx = _index(rows)
@@ -354,6 +362,18 @@ def write_markdown(path: Path, rows: list[dict], header: list[str], plots: list[
         out += [f"## 4. Query ladder vs uniform {UNIFORM_QUERIES} queries per level (nested only)", ""]
         out += _md_table(("L", "K", "ladder", "uniform", "ladder fwd", "uniform fwd", "ladder f+b", "uniform f+b",
                           "fwd ladder/uniform", "bwd ladder/uniform", "f+b ladder/uniform", "error"), body) + [""]
+    graphed = [r for r in rows if r.get("fwd_graph_ms") is not None or r.get("fwdbwd_graph_ms") is not None]
+    if graphed:
+        body = [(r["config"], r["impl"] + (f"/{r['queries']}" if r["queries"] else ""),
+                 _ms(r["fwd_ms"]), _ms(r.get("fwd_graph_ms")), _x(r.get("fwd_graph_vs_flat")),
+                 _ms(r["fwdbwd_ms"]), _ms(r.get("fwdbwd_graph_ms")), _x(r.get("fwdbwd_graph_vs_flat")))
+                for r in graphed]
+        out += ["## Captured CUDA graphs (`--graph`): the device's time without the host's launches", "",
+                "Each forward and step captured in a CUDA graph and timed by its replays (bench/cuda_graph.py), "
+                "beside the eager times above; ratios against flat's graph on the same shape. The targets "
+                "are judged on the eager times; a host-paced target row shows its graph ratio beside it.", ""]
+        out += _md_table(("config", "impl", "fwd", "fwd graph", "fwd graph / flat", "f+b", "f+b graph",
+                          "f+b graph / flat"), body) + [""]
     body = [(r["config"], r["impl"] + (f"/{r['queries']}" if r["queries"] else ""), r["heads"],
              _fmt(r["fwd_gflop"]), _fmt(r["fwd_min_mb"]), _ms(r["fwd_floor_ms"]), _x(r["fwd_x_floor"]),
              _ms(r["bwd_floor_ms"]), _x(r["bwd_x_floor"]), _ms(r["fwdbwd_floor_ms"]), _x(r["fwdbwd_x_floor"]),

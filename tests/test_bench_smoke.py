@@ -782,3 +782,45 @@ def test_reads_ab_graph_times_record_a_failed_capture_and_the_ratio(monkeypatch,
     reads_ab._write(tmp_path, rows, 1, 64, 1, 16, "bfloat16")
     assert rows[1]["fwdbwd_graph_vs_flat"] == 0.25 and rows[2]["fwdbwd_graph_vs_flat"] == ""
     assert "| 0.5 | 1.0 | 0.25 |" in (tmp_path / "reads_ab.md").read_text()
+
+
+def test_graph_option_records_captured_times_ratios_and_a_failed_capture(tmp_path):
+    """``ngdn bench --graph``: each workload's forward and step also timed by ``hooks.graph`` (the
+    captured CUDA graph's replays on a GPU); the CSV carries the times and their ratios to flat's
+    graph, results.md a section of them, and a capture that fails is an error of that row only."""
+    from bench.report import _paced_note
+
+    def graph(fn, timer):
+        fn()
+        return {"nested": 1.5, "flat": 3.0}[LAST["op"]]
+
+    out = tmp_path / "res"
+    args = TINY + ["--out", str(out), "--configs", "depth-*", "--graph"]
+    assert nvf.run(nvf.parse_args(args), hooks(graph=graph)) == 0
+    _, rows = read_rows(out / "results.csv")
+    nested4 = next(r for r in rows if r["config"] == "depth-K32-L4" and r["impl"] == "nested")
+    assert float(nested4["fwd_graph_ms"]) == 1.5 and float(nested4["fwdbwd_graph_ms"]) == 1.5
+    assert float(nested4["fwdbwd_graph_vs_flat"]) == pytest.approx(0.5)
+    assert float(nested4["fwdbwd_vs_flat"]) == pytest.approx(1.5)          # the eager ratio as before
+    assert "## Captured CUDA graphs" in (out / "results.md").read_text()
+
+    def refused(fn, timer):
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    out2 = tmp_path / "res2"
+    assert nvf.run(nvf.parse_args(TINY + ["--out", str(out2), "--configs", "depth-K32-L4", "--graph"]),
+                   hooks(graph=refused)) == 0
+    _, rows2 = read_rows(out2 / "results.csv")
+    assert all(r["fwd_ms"] != "" and r["fwd_graph_ms"] == "" for r in rows2)
+    assert all("graph capture (fwd)" in r["error"] and "not permitted" in r["error"] for r in rows2)
+    # without --graph nothing is captured
+    out3 = tmp_path / "res3"
+    assert nvf.run(nvf.parse_args(TINY + ["--out", str(out3), "--configs", "depth-K32-L4"]), hooks()) == 0
+    _, rows3 = read_rows(out3 / "results.csv")
+    assert all(r["fwd_graph_ms"] == "" and r["error"] == "" for r in rows3)
+    assert "Captured CUDA graphs" not in (out3 / "results.md").read_text()
+    # a host-paced target row shows its graph ratio beside it
+    paced = {"impl": "nested", "queries": "ladder", "fwdbwd_ms": 9.6, "fwdbwd_host_ms": 11.1}
+    assert _paced_note("fwdbwd", paced, graph_ratio=0.451) == \
+        " (host-paced: ladder host 11.10 of 9.60 ms; captured graphs: 0.451x)"
+    assert _paced_note("fwdbwd", dict(paced, fwdbwd_host_ms=1.0), graph_ratio=0.451) == ""
