@@ -270,8 +270,9 @@ def target_rows(rows: list[dict]) -> tuple[list, list]:
             ladder.append((v, a, u))
     if ladder:
         worst, a, u = max(ladder, key=lambda t: t[0])
+        graph = _ratio(a.get("fwdbwd_graph_ms"), u.get("fwdbwd_graph_ms"))
         judged(ladder_t, f"worst over ladder rows: L={a['L']}, K={a['K']}", worst,
-               x3(worst) + _paced_note("fwdbwd", a, u))
+               x3(worst) + _paced_note("fwdbwd", a, u, graph_ratio=graph))
     for n in depth:
         for L, target in ((4, peak4), (6, peak6)):
             if n["L"] == L and n["K"] == 128:

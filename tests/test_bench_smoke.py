@@ -824,3 +824,18 @@ def test_graph_option_records_captured_times_ratios_and_a_failed_capture(tmp_pat
     assert _paced_note("fwdbwd", paced, graph_ratio=0.451) == \
         " (host-paced: ladder host 11.10 of 9.60 ms; captured graphs: 0.451x)"
     assert _paced_note("fwdbwd", dict(paced, fwdbwd_host_ms=1.0), graph_ratio=0.451) == ""
+
+
+def test_ladder_target_on_host_paced_rows_shows_the_graphs_ratio():
+    """The ladder target (ladder / uniform 16, both nested) on host-paced rows names the ratio of
+    their captured graphs beside the eager one."""
+    from bench.report import target_rows
+
+    def row(queries, ms, graph):
+        return {"sweep": "ladder", "config": "ladder-K64-L4", "impl": "nested", "queries": queries, "L": 4,
+                "K": 64, "fwd_ms": ms, "bwd_ms": ms, "fwdbwd_ms": ms, "fwdbwd_host_ms": 2 * ms,
+                "fwdbwd_graph_ms": graph}
+
+    targets, _ = target_rows([row("ladder", 11.0, 9.0), row("uniform16", 10.0, 10.0)])
+    (what, where, measured, status), = [t for t in targets if t[0] == TARGETS[3]]
+    assert measured.startswith("1.100x (host-paced:") and "captured graphs: 0.900x" in measured
