@@ -8,6 +8,7 @@ Triton autotuner to one config; without CUDA ``optimized`` switches Triton to
 its interpreter.
 """
 import os
+import time
 
 from ngdn import gpu_workers
 
@@ -44,18 +45,29 @@ def pytest_report_header(config):
     return lines + [gpus] if gpus else lines
 
 
+_LOG_START = time.monotonic()
+
+
 def pytest_runtest_logreport(report):
     """With ``NGDN_TEST_LOG=FILE``, append each test's outcome and duration as it finishes
     (JSON lines, written by the controlling process only). Unlike ``--durations`` this
     survives a suite that is cut off by a time limit, so a GPU run always says which tests
     failed and which were slow."""
     path = os.environ.get("NGDN_TEST_LOG")
-    if not path or os.environ.get("PYTEST_XDIST_WORKER") or (report.when != "call" and report.passed):
+    if not path or os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    # a passed setup or teardown only when it took a second or more (module fixtures)
+    if report.when != "call" and report.passed and report.duration < 1.0:
         return
     import json
 
+    # "end_s": seconds since this conftest was imported (before the precompile); "worker": the xdist worker:
+    # together they give each worker's timeline (where a cold run's end waited)
     entry = {"test": report.nodeid, "when": report.when, "outcome": report.outcome,
-             "duration_s": round(report.duration, 3)}
+             "duration_s": round(report.duration, 3), "end_s": round(time.monotonic() - _LOG_START, 2)}
+    worker = getattr(getattr(getattr(report, "node", None), "gateway", None), "id", None)
+    if worker:
+        entry["worker"] = worker
     entry.update((k, v) for k, v in report.user_properties if k in ("compile_s", "kernels_compiled"))
     if report.failed:
         entry["message"] = report.longreprtext[-3000:]
@@ -78,11 +90,21 @@ def pytest_configure(config):
 
 def pytest_collection_modifyitems(config, items):
     """Spread the tests that compile kernels (marker ``compiles``: one per compile bucket, see
-    ``ngdn.compile_buckets``) evenly through the run order. The order is a pure function of
-    the collected items (every xdist worker must collect the same order)."""
+    ``ngdn.compile_buckets``) evenly through the run order; on CUDA under xdist, deal the tests
+    measured long to the front of the workers' shares (``ngdn.suite_order``). The order is a pure
+    function of the collected items and the worker count (every xdist worker must collect the
+    same order)."""
     from ngdn.compile_buckets import spread_evenly
 
     items[:] = spread_evenly(items, lambda item: item.get_closest_marker("compiles") is not None)
+    # On CUDA under xdist, then: the tests the last cold run measured as long start first, one per
+    # worker (``ngdn.suite_order``): started late, their ends paced the run.
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0") or 0)
+    if MODE == triton_mode.CUDA and workers > 1:
+        from ngdn import suite_order
+
+        seconds = suite_order.load_durations()
+        items[:] = suite_order.longest_first(items, lambda item: seconds.get(item.nodeid, 0.0), workers)
 
 
 if MODE == triton_mode.CUDA and compile_clock.install():

@@ -83,6 +83,33 @@ def units() -> list[str]:
     return names
 
 
+# Seconds each unit took in the cold runs on one H200 with 16 units at a time (2026-12-03, else
+# 2026-12-02 where the 150 s deadline stopped it on 12-03; 150 where it never finished by then).
+# ``run_pool`` starts the units longest first by these: in the order of ``units()`` (by kind) the
+# units started last were the ones the deadline stopped, whatever their length.
+MEASURED_S = {
+    "fenwick_gdn2:b:float32:T100": 150, "fenwick_gdn2:b:float32:T200": 150, "nested:a:float32": 150,
+    "nested:b:float32": 150, "packed:b:float32:fenwick-gdn2": 146, "packed:a:float32:fenwick-gdn2-ragged": 121,
+    "fenwick_gdn2:a:float32:T200": 115, "fenwick_gdn2:a:float32:T520": 112, "fenwick_gdn2:a:float32:T100": 108,
+    "nested:b:bfloat16": 100, "packed:b:float32:nested": 89, "packed:b:float32:tensor3d-delta": 83,
+    "packed:b:float32:gdn2": 74, "nested:a:bfloat16": 72, "delta:b:float32": 67, "packed:b:float32:nested-levels": 66,
+    "delta:a:float32": 65, "fenwick_gdn2:b:bfloat16:T200": 64, "fenwick_gdn2:b:bfloat16:T100": 62,
+    "fenwick_gdn2:a:bfloat16:T100": 59, "fenwick_gdn2:a:bfloat16:T200": 59, "packed:b:float32:tensor3d-gla": 41,
+    "delta:b:bfloat16": 39, "fenwick:b:float32": 39, "gdn2:b:float32": 38, "delta:a:bfloat16": 36,
+    "fenwick:a:float32": 34, "gla:a:float32": 33, "packed:b:float32:fenwick": 33, "gla:b:float32": 31,
+    "fenwick:a:bfloat16": 31, "gla:a:bfloat16": 30, "gla:b:bfloat16": 30, "fenwick:b:bfloat16": 26,
+    "gdn2:a:float32": 26, "fenwick:c:float32": 26, "fenwick:c:bfloat16": 23, "gdn2:b:bfloat16": 22,
+    "gdn2:a:bfloat16": 22,
+}
+UNMEASURED_S = 60.0     # a unit not measured yet: started among the middling ones
+
+
+def longest_first(names) -> list[str]:
+    """``names`` by ``MEASURED_S`` (longest first; ties and unmeasured units keep their order)."""
+    names = list(names)
+    return sorted(names, key=lambda n: (-MEASURED_S.get(n, UNMEASURED_S), names.index(n)))
+
+
 def parse_unit(unit: str):
     """``(kind, bucket, dtype, part)``; ``part`` None for a unit without parts."""
     try:
@@ -185,11 +212,11 @@ def unit_command(name: str) -> list[str]:
 def run_pool(names=None, jobs: int | None = None, time_limit: float = 240.0, log=print,
              command=unit_command, deadline: float | None = None) -> dict:
     """Warm the units in subprocesses (``command(unit)``), ``jobs`` at a time (default: the CPU
-    count), each stopped after ``time_limit`` seconds; ``deadline``: seconds after the pool's
+    count; ``names`` default: every unit, longest measured first), each stopped after ``time_limit`` seconds; ``deadline``: seconds after the pool's
     start when the units still running are stopped and those not started are skipped (a unit
     started late must not hold the whole run: its tests compile what it did not). Returns
     ``{unit: (status, seconds)}``; never raises for a unit's failure."""
-    names = list(units() if names is None else names)
+    names = longest_first(units()) if names is None else list(names)
     for name in names:
         parse_unit(name)
     jobs = jobs or os.cpu_count() or 1

@@ -230,9 +230,12 @@ def test_packed_sequences_reach_different_bucket_counts():
 ], ids=["packed_grid_carries", "packed_grid_final_split"])
 def test_packed_sequences_catch_the_packed_grid(mutant, broken):
     """The property fails when a sequence's carries or its final split follow the packed row's
-    chunk grid instead of its own."""
+    chunk grid instead of its own. ``cu_seqlens`` as int64, as in the property above: the twins
+    break the grid, not the index width, and on CUDA int32 compiled every kernel of the packed
+    row anew for this test alone (≈ 90 s of a cold run, its last test)."""
     info, d = ragged_draw()
-    bad = failures(generic.packed_equals_separate(info, d, RAGGED_LENGTHS, torch.float32, op=mutant, log=False))
+    bad = failures(generic.packed_equals_separate(info, d, RAGGED_LENGTHS, torch.float32, op=mutant, log=False,
+                                                  cu_dtype=torch.int64))
     assert broken in bad, bad
 
 

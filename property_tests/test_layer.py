@@ -113,6 +113,9 @@ class RouterOnWrongLevels(NestedGDN2):
 @pytest.mark.mutation
 @pytest.mark.compiles
 def test_layer_property_catches_a_router_on_the_wrong_levels():
-    layer = make_layer("learned", 1, 16, seed=1, cls=RouterOnWrongLevels)
+    """On CUDA at bucket a's head dims, as the property above (H = 1, K = 16 compiled the whole
+    nested kernel set for this test alone: ≈ 40 s of a cold run)."""
+    H, K, V = (LEVEL0[0].H, LEVEL0[0].K, LEVEL0[0].V) if on_cuda() else (1, 16, None)
+    layer = make_layer("learned", H, K, seed=1, cls=RouterOnWrongLevels, V=V)
     bad = failures(layer_errors(layer, 1, 130, seed=1, log=False))
     assert {"output", "dhidden", "dlayer_params"} <= set(bad), bad
