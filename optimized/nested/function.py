@@ -6,7 +6,8 @@ import contextlib
 import torch
 
 from optimized import triton_mode  # noqa: F401  (device mode before fla)
-from optimized.autograd import empty_result, first_order_only, graph_kept
+import optimized.autograd as op_autograd
+from optimized.autograd import empty_result, graph_kept
 from optimized.checks import KERNEL_DTYPES, check_finite_activations, check_kernel_device, check_kernel_dtype
 from optimized.gdn2 import MAX_HEAD_DIM
 from optimized.nested.bwd import nested_bwd
@@ -25,44 +26,54 @@ def _device_of(x: torch.Tensor):
 
 class NestedGDN2Function(torch.autograd.Function):
     """Thin autograd wrapper: inputs are flattened to tensors (initial states, then every
-    level's parameters in ``levels`` order)."""
+    level's parameters in ``levels`` order); outputs ``o`` and, when ``meta["finals"]``, the L
+    final states (not made at all otherwise: L copies fewer a call)."""
 
     @staticmethod
     def forward(ctx, meta, q, k, v, g, b, w, r, *flat):
         levels, scale, pieces, L = meta["levels"], meta["scale"], meta["pieces"], meta["L"]
         initial_states = list(flat[:L])
         o, finals, saved = nested_fwd(q, k, v, g, b, w, r, levels, scale, initial_states, pieces,
-                                      lengths=meta["lengths"])
+                                      lengths=meta["lengths"], finals=meta["finals"])
         ctx.saved = saved
         ctx.meta = meta
         ctx.set_materialize_grads(False)
         return (o, *finals)
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
     def backward(ctx, do, *dfinals):
-        saved, meta = ctx.saved, ctx.meta
-        if saved is None:
-            raise RuntimeError("chunk_nested_gdn2: backward through the same graph a second time, but the "
-                               "saved tensors were freed after the first; pass retain_graph=True to the "
-                               "first backward")
-        q = saved.q
-        if do is None:
-            do = torch.zeros(q.shape[:3] + (saved.o0.shape[-1],), dtype=torch.float32, device=q.device)
-        kept = graph_kept()   # the saved state is a Python object: freed here unless kept
-        with _device_of(q):
-            dq, dk, dv, dg, db, dw, dr, dinit, dparams = nested_bwd(saved, do, list(dfinals), release=not kept)
-        ins = meta["inputs"]
-        cast = lambda gr, like: None if (gr is None or like is None) else gr.to(like.dtype)  # noqa: E731
-        flat = [cast(dinit[ℓ], ins["initial_states"][ℓ]) for ℓ in range(meta["L"])]
-        params = [(dparams[ℓ][n], p) for ℓ, level in enumerate(saved.levels, start=1) for n, p in level.params.items()]
-        flat += cast_like([d for d, _ in params], [p for _, p in params])   # one cast for all of them
-        if not kept:
-            ctx.saved = None   # as autograd frees saved tensors: nothing outlives a plain backward
-        with stage("nested.grad_casts"):
-            grads = (dq.to(q.dtype), dk.to(q.dtype), dv.to(q.dtype), dg.to(q.dtype), db.to(q.dtype),
-                     dw.to(q.dtype), dr.to(saved.r.dtype))
-        return (None, *grads, *flat)
+        # the kernels record no graph: a create_graph=True backward (which the engine runs in grad
+        # mode) is refused here, before any work (optimized.autograd; SPEC "Errors")
+        op_autograd.refuse_second_order("chunk_nested_gdn2")
+        return _backward(ctx, do, *dfinals)
+
+
+@torch.autograd.function.once_differentiable
+def _backward(ctx, do, *dfinals):
+    """``NestedGDN2Function``'s gradients (``dfinals``: none when the finals were not made)."""
+    saved, meta = ctx.saved, ctx.meta
+    if saved is None:
+        raise RuntimeError("chunk_nested_gdn2: backward through the same graph a second time, but the "
+                           "saved tensors were freed after the first; pass retain_graph=True to the "
+                           "first backward")
+    q = saved.q
+    if do is None:
+        do = torch.zeros(q.shape[:3] + (saved.o0.shape[-1],), dtype=torch.float32, device=q.device)
+    dfinals = list(dfinals) if dfinals else [None] * meta["L"]
+    kept = graph_kept()   # the saved state is a Python object: freed here unless kept
+    with _device_of(q):
+        dq, dk, dv, dg, db, dw, dr, dinit, dparams = nested_bwd(saved, do, dfinals, release=not kept)
+    ins = meta["inputs"]
+    cast = lambda gr, like: None if (gr is None or like is None) else gr.to(like.dtype)  # noqa: E731
+    flat = [cast(dinit[ℓ], ins["initial_states"][ℓ]) for ℓ in range(meta["L"])]
+    params = [(dparams[ℓ][n], p) for ℓ, level in enumerate(saved.levels, start=1) for n, p in level.params.items()]
+    flat += cast_like([d for d, _ in params], [p for _, p in params])   # one cast for all of them
+    if not kept:
+        ctx.saved = None   # as autograd frees saved tensors: nothing outlives a plain backward
+    with stage("nested.grad_casts"):
+        grads = (dq.to(q.dtype), dk.to(q.dtype), dv.to(q.dtype), dg.to(q.dtype), db.to(q.dtype),
+                 dw.to(q.dtype), dr.to(saved.r.dtype))
+    return (None, *grads, *flat)
 
 
 def _nested(q, k, v, g, b, w, r, levels, scale=None, initial_states=None, output_final_state=False,
@@ -92,9 +103,9 @@ def _nested(q, k, v, g, b, w, r, levels, scale=None, initial_states=None, output
     # schedule; the kernels index the sequences themselves (one launch set for the row)
     lengths = None if cu_seqlens is None else tuple(e - s for _, s, e in sequences(cu_seqlens))
     meta = {"levels": list(levels), "scale": scale, "pieces": pieces, "L": L, "lengths": lengths,
-            "inputs": {"initial_states": initial_states}}
+            "inputs": {"initial_states": initial_states}, "finals": output_final_state}
     flat = list(initial_states) + [p for lv in levels for p in lv.params.values()]
-    q, k, v, g, b, w, r, *flat = first_order_only("chunk_nested_gdn2", q, k, v, g, b, w, r, *flat)
+    # second-order gradients: refused by the Function's backward itself (no identity node on the inputs)
     with _device_of(q):
         o, *finals = NestedGDN2Function.apply(meta, q, k, v, g, b, w, r, *flat)
     return o, (finals if output_final_state else None)

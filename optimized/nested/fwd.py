@@ -89,11 +89,12 @@ def scan_kwargs(tables: DeviceTables, ℓ: int) -> dict:
 
 
 def nested_fwd(q, k, v, g, b, w, r, levels, scale, initial_states, pieces: Pieces = DEFAULT_PIECES,
-               lengths: tuple | None = None):
+               lengths: tuple | None = None, finals: bool = True):
     """All levels, probes, scans and reads. Returns ``(o [B, T, H, V] in q's dtype,
     finals: L float32 [B, H, K, V], saved)``. ``lengths``: sequences packed in one row
     (``B = 1``), each on its own schedule (``plan.make_packed_plan``); initial and final
-    states are then per sequence, ``[n, H, K, V]``."""
+    states are then per sequence, ``[n, H, K, V]``. ``finals=False``: the final states are not
+    made (an empty list: a call without ``output_final_state`` would copy them for nothing)."""
     B, T, H, L, K = q.shape
     V = v.shape[-1]
     intervals = tuple(lv.interval for lv in levels)
@@ -147,7 +148,7 @@ def nested_fwd(q, k, v, g, b, w, r, levels, scale, initial_states, pieces: Piece
     with stage("nested.reads_fwd"):
         o = pieces.reads_fwd(q, r, o0, states, plan, tables, scale, block_v=pieces.block_v)
     # fresh tensors: outputs must not alias what the backward keeps (no reference cycles)
-    finals = [ht0.clone()] + [final_states(states, tables, ℓ).clone() for ℓ in range(1, L)]
+    made = [ht0.clone()] + [final_states(states, tables, ℓ).clone() for ℓ in range(1, L)] if finals else []
     saved = NestedSaved(plan, tables, list(levels), scale, saved0, ht0, states, o0, q, r, params,
                         [s is not None for s in initial_states], probes, pieces)
-    return o, finals, saved
+    return o, made, saved

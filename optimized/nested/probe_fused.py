@@ -81,6 +81,8 @@ class FusedSaved(NamedTuple):
     n: int
     nu: torch.Tensor     # the output ν [..., H, n, V] (a reference, not a copy)
     z: torch.Tensor | None   # [H, Bt·n, C]  ν @ [W_K | W_β | W_ω | W_γ] (rows (b, i)); None: recomputed
+    weights: tuple | None = None   # (the forward's weight tensors, their versions, W): the backward's
+    #                                W when it is given the same, unmodified tensors (``_weights``)
 
 
 def _check_scheme(scheme):
@@ -88,9 +90,27 @@ def _check_scheme(scheme):
         raise ValueError(f"scheme {scheme!r} has no fused probe; fused schemes: {list(FUSED_SCHEMES)}")
 
 
-def _weights(scheme, params):
-    names = ("W_beta", "W_omega", "W_gamma") if scheme == "merge" else ("W_K", "W_beta", "W_omega", "W_gamma")
-    return names, torch.cat([params[k] for k in names], dim=-1)
+def _weight_names(scheme):
+    return ("W_beta", "W_omega", "W_gamma") if scheme == "merge" else ("W_K", "W_beta", "W_omega", "W_gamma")
+
+
+def _weights(scheme, params, saved: FusedSaved | None = None):
+    """``(names, W)``: the weights side by side, ``W = [W_K | W_β | W_ω | W_γ]`` ``[H, V, C]``.
+    With ``saved``: the forward's ``W`` when ``params`` holds the very tensors it was made of, none
+    modified in place since (their version counters), so a backward makes no second ``cat``."""
+    names = _weight_names(scheme)
+    parts = tuple(params[k] for k in names)
+    kept = None if saved is None else saved.weights
+    if (kept is not None and all(a is b for a, b in zip(kept[0], parts))
+            and kept[1] == tuple(p._version for p in parts)):
+        return names, kept[2]
+    return names, torch.cat(parts, dim=-1)
+
+
+def _kept_weights(scheme, params, W) -> tuple:
+    """``FusedSaved.weights`` of ``W`` made from ``params``."""
+    parts = tuple(params[k] for k in _weight_names(scheme))
+    return parts, tuple(p._version for p in parts), W
 
 
 def _offsets(scheme, K, V):
@@ -191,7 +211,7 @@ def _probe_fwd(scheme, snaps, params, reduction, keep_preactivations, gates="tor
         # z made block by block inside the gates' kernel: no head-major copy of ν, no bmm, no z
         probe_gates_nu_fwd(scheme, ν4.contiguous(), W.contiguous(), Bt, H, n, K, V, reduction,
                            None if scheme == "merge" else κ, β, ω, γ, precision=precision)
-        return outs, FusedSaved(scheme, lead, n, outs[1], None)
+        return outs, FusedSaved(scheme, lead, n, outs[1], None, _kept_weights(scheme, params, W))
     nu_h = ν4.transpose(0, 1).reshape(H, Bt * n, V)                # head-major copy
     z = torch.bmm(nu_h, W)                                         # [H, Bt·n, C]: the one matmul
     z4 = z.view(H, Bt, n, W.shape[-1])
@@ -200,7 +220,8 @@ def _probe_fwd(scheme, snaps, params, reduction, keep_preactivations, gates="tor
         probe_gates_fwd(scheme, z, Bt, H, n, K, V, reduction, None if scheme == "merge" else κ, β, ω, γ)
     else:
         _gates_fwd_torch(scheme, z4, reduction, K, V, κh, βh, ωh, γ)
-    return outs, FusedSaved(scheme, lead, n, outs[1], z if keep_preactivations else None)
+    return outs, FusedSaved(scheme, lead, n, outs[1], z if keep_preactivations else None,
+                            _kept_weights(scheme, params, W))
 
 
 def _gates_fwd_torch(scheme, z4, reduction, K, V, κh, βh, ωh, γ):
@@ -254,7 +275,7 @@ def _probe_bwd(scheme, saved, snaps, params, reduction, dκ, dν, dβ, dω, dγ,
         raise ValueError(f"saved state is for scheme {saved.scheme!r}, not {scheme!r}")
     *lead, H, K, V = snaps.shape
     Bt, n = math.prod(lead), saved.n
-    names, W = _weights(scheme, params)
+    names, W = _weights(scheme, params, saved)          # the forward's W where it still holds
     C = W.shape[-1]
     nu_h = saved.nu.reshape(Bt, H, n, V).transpose(0, 1).reshape(H, Bt * n, V)   # head-major copy
     if saved.z is None and _gates_from_nu(gates, scheme, n, K, V):
