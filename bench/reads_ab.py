@@ -58,8 +58,11 @@ heads. Variants (``--variants``, default all):
   (``optimized.nested.snapshot_grads``, ``Pieces(snapshot_grads="factored-add")``, the op before
   2026-12-04's fold into the reads' state-gradient kernel);
 - ``partials-sum``: the default op with the reverse scans' per-V-block partial gradients (dκ, dβ,
-  dγ) summed by torch's ``sum(0)`` (the op before 2026-12-04; the default adds them elementwise,
+  dγ) summed by torch's ``sum(0)`` (the op before 2026-12-04's elementwise adds,
   ``promote_scan.sum_partials``);
+- ``partials-add``: the default op with those partials summed by ``promote_scan.sum_partials``'
+  elementwise adds before the probe's backward (the op before the gates summed them as they load
+  them, ``promote_scan.keep_partials``);
 - ``rtok-k32-v32``, ``rtok-k64-v64``, ``rtok-k128-v32``, ``rtok-k32-v64``: the default op with the
   reads' token kernel (``reads_bwd_tokens_kernel``) visiting keys and V in blocks of 32 / 32 (the op
   before 2026-12-04), 64 / 64 (the default since, at K = V = 128), 128 / 32, 32 / 64
@@ -168,7 +171,7 @@ VARIANTS = ("torch", "generic", "fused-ieee", "scan-tf32", "triton", "triton+che
             "rstates-bv32", "rstates-bv64",
             "states-one-buffer", "snapshot-copies", "dz-new-buffer", "l0-keep", "l0-recompute-wy", "ranges-always",
             "gates-nu-128", "l0-overlap", "l0-overlap-fwd", "l0-output-fla", "snap-grads-materialised",
-            "snap-add-kernel", "partials-sum", "rtok-k32-v32", "rtok-k64-v64", "rtok-k128-v32", "rtok-k32-v64", "l0-grads-f32",
+            "snap-add-kernel", "partials-sum", "partials-add", "rtok-k32-v32", "rtok-k64-v64", "rtok-k128-v32", "rtok-k32-v64", "l0-grads-f32",
             "l0-db-add-torch", "uniform16", "scan-2phase-bv64", "scan-2phase-n32", "gates-one-launch",
             "params-run-dtype", "params-cast-each", "gates-per-block")
 
@@ -365,6 +368,7 @@ def _ops(B, T, H, K, V, L, dtype, seed, names=VARIANTS, device="cuda"):
     from optimized.nested.pieces import (precision_as_given, reads_router_bwd, reads_router_bwd_torch_levels,
                                          scan_bwd_two_phase)
     from optimized.nested.reads_torch import reads_router_fwd_torch
+    from optimized.promote_scan import sum_partials
     from optimized.promote_scan_chunked import promote_scan_fwd_chunked
     from reference.nested import make_levels
 
@@ -440,6 +444,7 @@ def _ops(B, T, H, K, V, L, dtype, seed, names=VARIANTS, device="cuda"):
         "snap-grads-materialised": Pieces(snapshot_grads="materialised"),
         "snap-add-kernel": Pieces(snapshot_grads="factored-add"),
         "partials-sum": Pieces(reduce_partials=_torch_sum_partials),
+        "partials-add": Pieces(reduce_partials=sum_partials),
         "scan-2phase-bv64": Pieces(scan_bwd=_scan_bwd_two_phase_from(1)),
         "scan-2phase-n32": Pieces(scan_bwd=_scan_bwd_two_phase_from(32)),
         # level 0's dg, db, dw in float32, cast by the op's last step (the default writes them in the

@@ -32,6 +32,8 @@ and under Triton's interpreter on CPU).
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
@@ -402,6 +404,28 @@ def sum_partials(partials: torch.Tensor, blocks: int | None = None) -> torch.Ten
     return total
 
 
+class Partials(NamedTuple):
+    """One gradient's per-V-block partial buffers ``parts [NV, ...]``, not yet summed: handed to a
+    consumer that sums them as it loads them (``optimized.nested.probe_gates_nu``: no add kernels,
+    no summed buffer written and read again); ``total()`` is their ``sum_partials``, the same sums."""
+    parts: torch.Tensor
+
+    def total(self) -> torch.Tensor:
+        return sum_partials(self.parts)
+
+
+def keep_partials(partials: torch.Tensor, blocks: int | None = None):
+    """A ``reduce_partials`` that sums nothing: ``Partials`` of the first ``blocks`` buffers, or the
+    one buffer itself where there is one (a view, as ``sum_partials`` returns it)."""
+    parts = partials if blocks is None else partials[:blocks]
+    return parts[0] if parts.shape[0] == 1 else Partials(parts)
+
+
+def summed(x):
+    """``x.total()`` for ``Partials``, else ``x`` (a tensor or None)."""
+    return x.total() if isinstance(x, Partials) else x
+
+
 def promote_scan_bwd(states, kappa, nu, beta, omega, gamma, dstates, block_v: int | None = None,
                      block_n: int | None = None, reduce_partials=sum_partials, precision: str = "ieee",
                      fire_offsets: torch.Tensor | None = None, num_warps: int | None = None,
@@ -409,8 +433,9 @@ def promote_scan_bwd(states, kappa, nu, beta, omega, gamma, dstates, block_v: in
     """Gradients of the scan given ``dstates [B, F+1, H, K, V]`` (float32), the gradient
     on every stored state (``dstates[:, F]`` includes the final state's).
 
-    Returns ``(dM0 [B, H, K, V], dκ, dν, dβ, dω, dγ)`` shaped like the inputs.
-    ``fire_offsets``: packed sequences as in ``promote_scan_fwd`` (states and ``dstates``
+    Returns ``(dM0 [B, H, K, V], dκ, dν, dβ, dω, dγ)`` shaped like the inputs; ``dκ, dβ, dγ`` are
+    ``reduce_partials`` of their per-V-block partials (``keep_partials``: ``Partials`` for a
+    consumer that sums them itself). ``fire_offsets``: packed sequences as in ``promote_scan_fwd`` (states and ``dstates``
     ``[1, F + n, H, K, V]``, ``dM0 [n, H, K, V]``). ``num_warps``, ``num_stages``: as in
     ``promote_scan_fwd``.
     """

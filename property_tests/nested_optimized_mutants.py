@@ -10,7 +10,7 @@ import functools
 import torch
 
 from optimized.nested import Pieces, _nested, make_plan
-from optimized.promote_scan import block_sizes, promote_scan_bwd
+from optimized.promote_scan import Partials, block_sizes, promote_scan_bwd
 from optimized.state_grad import state_grad_bwd
 
 SPLIT_V = 16     # the partial-sum mutants split V into blocks of 16 (V = 32: two blocks)
@@ -37,6 +37,13 @@ def sum_outer_partials(partials: torch.Tensor) -> torch.Tensor:
     """Sums only the first and the last V block's partial buffers: with one or two V blocks
     this is the right sum, from three on it forgets the middle ones."""
     return partials[0] + partials[-1] if partials.shape[0] > 1 else partials[0]
+
+
+def keep_outer_partials(partials: torch.Tensor, blocks: int | None = None):
+    """``promote_scan.keep_partials`` handing the consumer only the first and the last V block's
+    partial buffers: from three V blocks on, the gates' sum as they load them forgets the middle ones."""
+    parts = partials if blocks is None else partials[:blocks]
+    return Partials(parts[[0, -1]]) if parts.shape[0] > 1 else parts[0]
 
 
 def promote_scan_fwd_blocks_in_sequence(M0, kappa, nu, beta, omega, gamma, block_v=None, block_n=None,

@@ -334,8 +334,9 @@ COVERING_BUCKET = buckets("level0")[0]
 @pytest.mark.mutation
 @pytest.mark.parametrize("piece, broken", [
     (dict(reduce_partials=mutants.sum_outer_partials), {"dlevels[0].W_K", "dlevels[0].W_gamma"}),
+    (dict(reduce_partials=mutants.keep_outer_partials), {"dlevels[0].W_K", "dlevels[0].W_gamma"}),
     (dict(scan_fwd=mutants.promote_scan_fwd_blocks_in_sequence), {"output", "final_state[1]"}),
-], ids=["middle_partials_dropped", "pair_blocks_in_sequence"])
+], ids=["middle_partials_dropped", "middle_partials_dropped_in_the_gates", "pair_blocks_in_sequence"])
 def test_covering_case_catches(piece, broken):
     pieces = dataclasses.replace(covering_pieces(COVERING_BUCKET), **piece)
     bad = failures(checks.optimized_vs_reference(covering_case(COVERING_BUCKET), torch.float32,

@@ -428,7 +428,7 @@ NU_GATE_MUTANTS = {
     # γ summed over the wrong rows: the tile's rows grouped as (NP, G) instead of (G, NP)
     "gamma_wrong_firing": _nu("_fwd_tiles", "(G, NP, BC)), axis=1)", "(NP, G, BC)), axis=0)"),
     # the backward's reduction factor forgotten
-    "gamma_no_mean": _nu("_bwd_tiles", "dg_i = -c_reduce * tl.load(", "dg_i = -tl.load("),
+    "gamma_no_mean": _nu("_bwd_tiles", "dg_i = -c_reduce * _load_parts(", "dg_i = -_load_parts("),
     # the program's tiles overlap: tile j of program p is tile p + j
     "tiles_overlap": _nu("_fwd_tiles", "i_t = i_p * TILES + j", "i_t = i_p + j"),
     # the tiles counted by whole tiles: the ragged last tile's firings never written
@@ -527,6 +527,86 @@ def test_gates_from_nu_in_one_launch_mutant_fails(mutant):
     with planted(*ONE_LAUNCH_MUTANTS[mutant]):
         one = _gates_nu_both_passes("learned", True)
     assert not all(torch.equal(a, b) for a, b in zip(per_block, one))
+
+
+def _gates_nu_bwd_from_partials(npart: int, one_launch: bool, as_partials: bool):
+    """``probe_gates_nu_bwd``'s ``dz`` (learned, the draw of ``_gates_nu_both_passes``) from ``npart``
+    per-V-block partials of ``dκ``, ``dβ``, ``dγ`` handed over as ``promote_scan.Partials`` (the
+    kernels sum them as they load them) or summed first by ``sum_partials``; ``dω`` whole."""
+    from optimized.promote_scan import Partials, sum_partials
+
+    Bt, H, n, K, V = 9, 2, 5, 6, 5
+    C = probe_gates_module.gate_columns("learned", K, V)
+    dev = triton_mode.device()
+    gen = torch.Generator().manual_seed(6)
+
+    def rnd(*shape, scale=1.0):
+        return (scale * torch.randn(*shape, generator=gen)).to(dev)
+
+    nu, W = rnd(Bt, H, n, V), rnd(H, V, C, scale=2.0)
+    parts = {"kappa": rnd(npart, Bt, H, n, K), "beta": rnd(npart, Bt, H, n, K), "gamma": rnd(npart, Bt, H, K)}
+    grads = {k: Partials(p) if as_partials else sum_partials(p) for k, p in parts.items()}
+    with gates_rows("triton-nu"), nan_filled_allocations():
+        return probe_gates_nu_module.probe_gates_nu_bwd("learned", nu, W, Bt, H, n, K, V, "mean", grads["kappa"],
+                                                        grads["beta"], rnd(Bt, H, n, V), grads["gamma"],
+                                                        one_launch=one_launch)
+
+
+@pytest.mark.parametrize("one_launch", [False, True], ids=["per_block", "one_launch"])
+@pytest.mark.parametrize("npart", [2, 3])
+def test_gates_from_nu_sum_partials_as_they_load_them(npart, one_launch):
+    """The gates' backward given the reverse scan's per-V-block partials (``Partials``) writes the
+    ``dz`` it writes from their ``sum_partials``, bit for bit (the same float32 sums, left to
+    right), at two and three partials, in a launch per block and in one launch; every row written."""
+    kept = _gates_nu_bwd_from_partials(npart, one_launch, as_partials=True)
+    assert torch.isfinite(kept).all()
+    assert torch.equal(kept, _gates_nu_bwd_from_partials(npart, one_launch, as_partials=False))
+
+
+PARTIALS_MUTANTS = {
+    # the last partial never loaded
+    "last_partial_dropped": ("tl.static_range(1, NPART)", "tl.static_range(1, NPART - 1)"),
+    # every later partial read from the second buffer
+    "second_partial_repeated": ("acc += tl.load(p + j * PART_STRIDE", "acc += tl.load(p + PART_STRIDE"),
+}
+
+
+@pytest.mark.mutation
+@pytest.mark.parametrize("one_launch", [False, True], ids=["per_block", "one_launch"])
+@pytest.mark.parametrize("mutant", sorted(PARTIALS_MUTANTS))
+def test_gates_from_nu_partials_mutant_fails(mutant, one_launch):
+    """Each planted error in the partials' load changes ``dz`` at three partials."""
+    old, new = PARTIALS_MUTANTS[mutant]
+    m = probe_gates_nu_module
+    plant = Plant(m, "_load_parts", old, new, rebind=tuple((m, k) for k in (
+        "_bwd_tiles", "probe_gates_nu_bwd_kernel", "probe_gates_nu_bwd_one_kernel")))
+    right = _gates_nu_bwd_from_partials(3, one_launch, as_partials=False)
+    with planted(plant):
+        broken = _gates_nu_bwd_from_partials(3, one_launch, as_partials=True)
+    assert not torch.equal(right, broken)
+
+
+def test_gates_from_nu_shared_partials_rule():
+    """``shared_partials``: stacked buffers and their count only where every gradient given among
+    dκ, dβ, dγ is a ``Partials`` of one count ≥ 2; a tensor beside them, or counts that differ, or
+    a single partial: everything summed (count 1). ``dω`` as ``Partials`` is refused."""
+    from optimized.promote_scan import Partials, sum_partials
+
+    m = probe_gates_nu_module
+    p2, p3, t = torch.randn(2, 4, 3), torch.randn(3, 4, 3), torch.randn(4, 3)
+    grads, npart = m.shared_partials([Partials(p2), None, t, Partials(p2 + 1)])
+    assert npart == 2 and torch.equal(grads[0], p2) and grads[1] is None and grads[2] is t
+    for mixed in ([Partials(p2), t, None, None], [Partials(p2), Partials(p3), None, None],
+                  [Partials(p2[:1]), None, None, None]):
+        grads, npart = m.shared_partials(mixed)
+        assert npart == 1
+        assert all(g is None or isinstance(g, torch.Tensor) for g in grads)
+    grads, _ = m.shared_partials([Partials(p3), None, None, None])
+    assert torch.equal(grads[0], p3)
+    assert torch.equal(m.shared_partials([Partials(p3), t, None, None])[0][0], sum_partials(p3))
+    with pytest.raises(TypeError, match="domega"):
+        m.probe_gates_nu_bwd("learned", torch.zeros(1, 1, 1, 2), torch.zeros(1, 2, 3 * 2 + 2), 1, 1, 1, 2, 2, "mean",
+                             domega=Partials(torch.zeros(2, 1, 1, 1, 2)))
 
 
 def test_gates_from_nu_one_launch_argument(monkeypatch):

@@ -9,6 +9,7 @@ from optimized.nested.plan import add_in_rounds
 from optimized.nested.probe import _probe, _snapshots, snapshot_rows
 from optimized.nested.probe_fused import probe_bwd
 from optimized.nested.snapshot_grads import add_snapshot_grads
+from optimized.promote_scan import summed
 from optimized.side_stream import fork, join
 from optimized.stages import stage
 from optimized.state_grad import FactoredSnapGrads
@@ -171,6 +172,7 @@ def _generic_probe_bwd(s: NestedSaved, plan, tables, ℓ, level, dstates, H, K, 
     names = list(leaves)
     grads = [None] * (1 + len(names))
     if d_pairs is not None:
+        d_pairs = [summed(dx) for dx in d_pairs]             # autograd takes tensors, not partials
         outs = [(x, dx) for x, dx in zip(pairs, d_pairs) if x.requires_grad]
         if outs:
             with torch.enable_grad():

@@ -20,7 +20,7 @@ from optimized.nested.reads_bwd import reads_bwd, reads_bwd_states
 from optimized.nested.reads_fwd import reads_fwd
 from optimized.nested.reads_torch import reads_router_bwd_torch
 from optimized.nested.snapshot_grads import add_snapshot_grads
-from optimized.promote_scan import forward_precision, promote_scan_bwd, promote_scan_fwd, sum_partials
+from optimized.promote_scan import forward_precision, keep_partials, promote_scan_bwd, promote_scan_fwd
 from optimized.promote_scan_two_phase import promote_scan_bwd_two_phase
 from optimized.state_grad import state_grad_bwd
 
@@ -116,7 +116,9 @@ class Pieces:
     """The nested op's pieces and choices (module docstring); the defaults are the op."""
     plan: Callable = make_plan                  # (T, intervals) -> the schedule
     state_grad: Callable = state_grad_bwd       # level 0's state-gradient recurrence
-    reduce_partials: Callable = sum_partials    # the scans' per-V-block partial sums
+    reduce_partials: Callable = keep_partials   # the reverse scans' per-V-block partials of dκ, dβ, dγ: kept
+    #                                             for the probe's gates to sum as they load them (sum_partials:
+    #                                             summed by adds first)
     scan_fwd: Callable = promote_scan_fwd
     scan_bwd: Callable = promote_scan_bwd       # or scan_bwd_two_phase (the reverse scan in two phases)
     reads_fwd: Callable = reads_router_fwd      # or reads_torch.reads_router_fwd_torch (PyTorch reads)

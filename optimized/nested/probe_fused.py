@@ -66,6 +66,7 @@ from optimized.nested.probe_gates import GATE_SCHEMES, probe_gates_bwd, probe_ga
 from optimized.nested.probe_gates_nu import blocks as nu_gate_blocks
 from optimized.nested.probe_gates_nu import probe_gates_nu_bwd, probe_gates_nu_fwd
 from optimized.nested.snapshot_reads import SnapshotRows, snapshot_read, snapshot_read_dq
+from optimized.promote_scan import summed
 from optimized.state_grad import FactoredSnapGrads
 from reference.schemes import check_reduction
 
@@ -250,7 +251,8 @@ def probe_bwd(scheme: str, saved: FusedSaved, snaps, params: dict, reduction: st
               dκ=None, dν=None, dβ=None, dω=None, dγ=None, *, precision: str = "ieee",
               gates: str = "torch", dz_over_z: bool = True, factored: bool = False):
     """Gradients of the snapshots and of every parameter from the gradients of the five outputs
-    (``None``: zero). Returns ``(d_snaps [..., H, K, V], {name: d_param})``. ``snaps``: as
+    (``None``: zero; ``dκ``, ``dβ``, ``dγ`` may be the reverse scan's ``promote_scan.Partials``,
+    summed by the gates that make ``z`` themselves as they load them, else first). Returns ``(d_snaps [..., H, K, V], {name: d_param})``. ``snaps``: as
     given to ``probe_fwd`` (a tensor or ``SnapshotRows``: ``dQ`` then read from the rows in
     place). ``precision``: of its float32 matmuls on CUDA (``float32_matmuls``) and the in-place
     read's dots. ``gates``: as in ``probe_fwd`` (the gates' backward in one kernel). ``dz_over_z``:
@@ -279,10 +281,12 @@ def _probe_bwd(scheme, saved, snaps, params, reduction, dκ, dν, dβ, dω, dγ,
     C = W.shape[-1]
     nu_h = saved.nu.reshape(Bt, H, n, V).transpose(0, 1).reshape(H, Bt * n, V)   # head-major copy
     if saved.z is None and _gates_from_nu(gates, scheme, n, K, V):
-        # z made again inside the gates' kernel from ν and W, never stored; dz in a new buffer
+        # z made again inside the gates' kernel from ν and W, never stored; dz in a new buffer (the
+        # reverse scan's partials of dκ, dβ, dγ summed as the kernel loads them)
         dz = probe_gates_nu_bwd(scheme, saved.nu.reshape(Bt, H, n, V).contiguous(), W.contiguous(), Bt, H, n,
                                 K, V, reduction, dκ, dβ, dω, dγ, precision=precision)
     else:
+        dκ, dβ, dγ = summed(dκ), summed(dβ), summed(dγ)          # the partials' sums, if partials
         z = torch.bmm(nu_h, W) if saved.z is None else saved.z
         if gates in ("triton", "triton-nu") and scheme in GATE_SCHEMES:
             # a recomputed z is spent once the gates' backward has read it: dz goes over it (the

@@ -46,6 +46,7 @@ from optimized.fits import first_that_fits
 from optimized.nested.probe_gates import (_expect, _reduce_factor, _softplus, check_outputs, checked_grads,
                                           gate_columns)
 from optimized.host_math import cdiv, next_power_of_2
+from optimized.promote_scan import Partials, summed
 
 ROWS = 64           # a tile's rows (G firings of NP rows) by default
 TILES = 8           # tiles a program runs with its block of W (512 rows by default)
@@ -161,12 +162,23 @@ def probe_gates_nu_fwd_one_kernel(
 
 
 @triton.jit
+def _load_parts(p, mask, NPART: tl.constexpr, PART_STRIDE):
+    """``Σ_j p[j · PART_STRIDE]`` over ``NPART`` partial buffers, left to right (``promote_scan.
+    sum_partials``' order, so the same float32 sums); one buffer: a plain load."""
+    acc = tl.load(p, mask=mask, other=0.0)
+    for j in tl.static_range(1, NPART):
+        acc += tl.load(p + j * PART_STRIDE, mask=mask, other=0.0)
+    return acc
+
+
+@triton.jit
 def _bwd_tiles(nu, w, dy, dz, Bt, n, c_reduce, H, K, V, C, OFF_B, i_h, i_p,
                SEG: tl.constexpr, HAS_D: tl.constexpr, G: tl.constexpr, NP: tl.constexpr, TILES: tl.constexpr,
-               BV: tl.constexpr, BC: tl.constexpr, PREC: tl.constexpr):
+               BV: tl.constexpr, BC: tl.constexpr, PREC: tl.constexpr, NPART: tl.constexpr, PART_STRIDE):
     """Head ``i_h``, block ``SEG`` of ``dz``'s columns, program ``i_p``'s ``TILES`` tiles of G
     firings, from the gradient ``dy`` of that block's output (``HAS_D`` False: absent, the block is
-    written as 0), ``z``'s block made again from ``ν W``."""
+    written as 0), ``z``'s block made again from ``ν W``. ``NPART > 1``: ``dy`` is that many
+    per-V-block partials ``PART_STRIDE`` elements apart (the reverse scan's), summed as loaded."""
     o_v, m_v, o_c, m_c, b_w = _column_block(w, i_h, K, V, C, OFF_B, SEG, BV, BC)
     # only the tiles that hold firings (the last program's may be fewer than TILES)
     for j in range(0, tl.minimum(TILES, tl.cdiv(Bt, G) - i_p * TILES)):
@@ -178,19 +190,19 @@ def _bwd_tiles(nu, w, dy, dz, Bt, n, c_reduce, H, K, V, C, OFF_B, i_h, i_p,
             b_nu = tl.load(nu + row[:, None] * V + o_v[None, :], mask=m_r[:, None] & m_v[None, :], other=0.0)
             zc = tl.dot(b_nu, b_w, input_precision=PREC)                # [G·NP, BC]
             if SEG == 0:
-                d_y = tl.load(dy + row[:, None] * K + o_c[None, :], mask=m_rc, other=0.0)
+                d_y = _load_parts(dy + row[:, None] * K + o_c[None, :], m_rc, NPART, PART_STRIDE)
                 s = 1.0 / tl.sqrt(tl.sum(zc * zc, axis=1) + 1e-6)
                 kap = zc * s[:, None]
                 d = (d_y - kap * tl.sum(kap * d_y, axis=1)[:, None]) * s[:, None]
             elif SEG == 1:
                 sg = tl.sigmoid(zc)
-                d = tl.load(dy + row[:, None] * K + o_c[None, :], mask=m_rc, other=0.0) * (1.0 - sg) * sg
+                d = _load_parts(dy + row[:, None] * K + o_c[None, :], m_rc, NPART, PART_STRIDE) * (1.0 - sg) * sg
             elif SEG == 2:
                 sg = tl.sigmoid(zc)
                 d = tl.load(dy + row[:, None] * V + o_c[None, :], mask=m_rc, other=0.0) * (1.0 - sg) * sg
             else:
-                dg_i = -c_reduce * tl.load(dy + (bt.to(tl.int64)[:, None] * H + i_h) * K + o_c[None, :],
-                                           mask=m_rc, other=0.0)
+                dg_i = -c_reduce * _load_parts(dy + (bt.to(tl.int64)[:, None] * H + i_h) * K + o_c[None, :],
+                                               m_rc, NPART, PART_STRIDE)
                 d = tl.where(zc > 20.0, dg_i, dg_i * tl.sigmoid(zc))
         p_dz = dz + ((i_h.to(tl.int64) * Bt + bt) * n + i_n)[:, None] * C
         tl.store(p_dz + _first_column(K, V, OFF_B, SEG) + o_c[None, :], d, mask=m_rc)
@@ -198,38 +210,39 @@ def _bwd_tiles(nu, w, dy, dz, Bt, n, c_reduce, H, K, V, C, OFF_B, i_h, i_p,
 
 @triton.jit(do_not_specialize=["Bt", "n", "H"])
 def probe_gates_nu_bwd_kernel(
-    nu, w, dy, dz, Bt, n, c_reduce, H, K, V, C, OFF_B,
+    nu, w, dy, dz, Bt, n, c_reduce, H, K, V, C, OFF_B, PART_STRIDE,
     SEG: tl.constexpr, HAS_D: tl.constexpr, G: tl.constexpr, NP: tl.constexpr, TILES: tl.constexpr,
-    BV: tl.constexpr, BC: tl.constexpr, PREC: tl.constexpr,
+    BV: tl.constexpr, BC: tl.constexpr, PREC: tl.constexpr, NPART: tl.constexpr,
 ):
     """Block ``SEG``'s columns of ``dz`` (``_bwd_tiles``) for head ``program_id(0)``, tiles of
-    program ``program_id(1)``."""
+    program ``program_id(1)``; ``dy`` as ``NPART`` partials ``PART_STRIDE`` apart."""
     _bwd_tiles(nu, w, dy, dz, Bt, n, c_reduce, H, K, V, C, OFF_B, tl.program_id(0), tl.program_id(1),
-               SEG, HAS_D, G, NP, TILES, BV, BC, PREC)
+               SEG, HAS_D, G, NP, TILES, BV, BC, PREC, NPART, PART_STRIDE)
 
 
 @triton.jit(do_not_specialize=["Bt", "n", "H"])
 def probe_gates_nu_bwd_one_kernel(
-    nu, w, dkappa, dbeta, domega, dgamma, dz, Bt, n, c_reduce, H, K, V, C, OFF_B,
+    nu, w, dkappa, dbeta, domega, dgamma, dz, Bt, n, c_reduce, H, K, V, C, OFF_B, STRIDE_NK, STRIDE_K,
     FIRST: tl.constexpr, HAS_D0: tl.constexpr, HAS_D1: tl.constexpr, HAS_D2: tl.constexpr,
     HAS_D3: tl.constexpr, G: tl.constexpr, NP: tl.constexpr, TILES: tl.constexpr,
-    BV: tl.constexpr, BC: tl.constexpr, PREC: tl.constexpr,
+    BV: tl.constexpr, BC: tl.constexpr, PREC: tl.constexpr, NPART: tl.constexpr,
 ):
     """Every block's columns of ``dz`` in one launch: ``program_id(2)`` picks the block, as in
-    ``probe_gates_nu_fwd_one_kernel``; ``HAS_D<block>`` as ``HAS_D``."""
+    ``probe_gates_nu_fwd_one_kernel``; ``HAS_D<block>`` as ``HAS_D``. ``dκ``, ``dβ`` and ``dγ`` as
+    ``NPART`` partials ``STRIDE_NK`` (``[Bt, H, n, K]``) and ``STRIDE_K`` (``[Bt, H, K]``) apart."""
     i_h, i_p, seg = tl.program_id(0), tl.program_id(1), tl.program_id(2) + FIRST
     if seg == 0:
         _bwd_tiles(nu, w, dkappa, dz, Bt, n, c_reduce, H, K, V, C, OFF_B, i_h, i_p, 0, HAS_D0, G, NP, TILES,
-                   BV, BC, PREC)
+                   BV, BC, PREC, NPART, STRIDE_NK)
     elif seg == 1:
         _bwd_tiles(nu, w, dbeta, dz, Bt, n, c_reduce, H, K, V, C, OFF_B, i_h, i_p, 1, HAS_D1, G, NP, TILES,
-                   BV, BC, PREC)
+                   BV, BC, PREC, NPART, STRIDE_NK)
     elif seg == 2:
         _bwd_tiles(nu, w, domega, dz, Bt, n, c_reduce, H, K, V, C, OFF_B, i_h, i_p, 2, HAS_D2, G, NP, TILES,
-                   BV, BC, PREC)
+                   BV, BC, PREC, 1, 0)
     else:
         _bwd_tiles(nu, w, dgamma, dz, Bt, n, c_reduce, H, K, V, C, OFF_B, i_h, i_p, 3, HAS_D3, G, NP, TILES,
-                   BV, BC, PREC)
+                   BV, BC, PREC, NPART, STRIDE_K)
 
 
 def blocks(n: int, K: int, V: int, rows: int | None = None) -> tuple | None:
@@ -301,29 +314,55 @@ def probe_gates_nu_bwd(scheme: str, nu: torch.Tensor, W: torch.Tensor, Bt: int, 
                        reduction: str, dkappa=None, dbeta=None, domega=None, dgamma=None, precision: str = "ieee",
                        rows: int | None = None, one_launch: bool | None = None) -> torch.Tensor:
     """``dz [H, Bt·n, C]`` float32 from the gates' gradients (any may be None), ``z`` made again from
-    ``ν W`` inside the kernel. ``one_launch``: as in ``probe_gates_nu_fwd``."""
+    ``ν W`` inside the kernel. ``dkappa``, ``dbeta``, ``dgamma`` may also be ``promote_scan.Partials``
+    (the reverse scan's per-V-block partials), which the kernels sum as they load them, in
+    ``sum_partials``' order: the same float32 sums, no add kernels (``shared_partials``).
+    ``one_launch``: as in ``probe_gates_nu_fwd``."""
     one = _one_launch(one_launch, K)
     C, off_b, (G, NP, BV, BC) = _check(scheme, nu, W, Bt, H, n, K, V, precision, rows)
     dz = nu.new_empty(H, Bt * n, C)
     if Bt * H * n == 0:
         return dz
-    grads = checked_grads(dkappa, dbeta, domega, dgamma, Bt, H, n, K, V, nu.device)
+    if isinstance(domega, Partials):
+        raise TypeError("domega has no per-V-block partials (the reverse scan writes it whole)")
+    given, npart = shared_partials([dkappa, dbeta, domega, dgamma])
+    # shapes checked on the first partial buffer (a view of the stacked ones)
+    grads = checked_grads(*(d if d is None or npart == 1 or seg == 2 else d[0] for seg, d in enumerate(given)),
+                          Bt, H, n, K, V, nu.device)
+    strides = [0 if npart == 1 or seg == 2 or d is None else d[0].numel() for seg, d in enumerate(given)]
+    loads = [nu if d is None else (d if npart == 1 or seg == 2 else given[seg]) for seg, d in enumerate(grads)]
     c = _reduce_factor(reduction, n)
     grid = (H, cdiv(Bt, G * TILES))
     if one:
         first = 1 if scheme == "merge" else 0
         has = {f"HAS_D{seg}": d is not None for seg, d in enumerate(grads)}
-        _launch(probe_gates_nu_bwd_one_kernel, grid + (4 - first,), nu, W, *(nu if d is None else d for d in grads),
-                dz, Bt, n, c, H, K, V, C, off_b, pipelined=False, FIRST=first, **has, G=G, NP=NP, TILES=TILES,
-                BV=BV, BC=BC, PREC=precision, num_warps=_warps(G * NP, BV, BC))
+        _launch(probe_gates_nu_bwd_one_kernel, grid + (4 - first,), nu, W, *loads, dz, Bt, n, c, H, K, V, C, off_b,
+                max(strides[:2]), strides[3], pipelined=False, FIRST=first, **has, G=G, NP=NP, TILES=TILES,
+                BV=BV, BC=BC, PREC=precision, NPART=npart, num_warps=_warps(G * NP, BV, BC))
         return dz
     for seg, d in enumerate(grads):
         if seg == 0 and scheme == "merge":
             continue                        # no Z_K
-        _launch(probe_gates_nu_bwd_kernel, grid, nu, W, nu if d is None else d, dz, Bt, n, c, H, K, V, C, off_b,
+        _launch(probe_gates_nu_bwd_kernel, grid, nu, W, loads[seg], dz, Bt, n, c, H, K, V, C, off_b, strides[seg],
                 SEG=seg, HAS_D=d is not None, G=G, NP=NP, TILES=TILES, BV=BV, BC=BC, PREC=precision,
-                num_warps=_warps(G * NP, BV, BC))
+                NPART=1 if seg == 2 else npart, num_warps=_warps(G * NP, BV, BC))
     return dz
+
+
+def shared_partials(grads: list) -> tuple[list, int]:
+    """``(grads, NPART)`` for the kernels: where every gradient given among ``dκ, dβ, dγ`` is a
+    ``Partials`` of the same count (two or more, its offsets within int32), their stacked buffers
+    (contiguous float32 ``[NPART, ...]``) and that count; else (a tensor beside them, differing
+    counts) every ``Partials`` summed here (``summed``) and 1. ``dω`` (index 2) passes as it is."""
+    kinds = [grads[i] for i in (0, 1, 3) if grads[i] is not None]
+    counts = {d.parts.shape[0] if isinstance(d, Partials) else 1 for d in kinds}
+    if len(counts) == 1 and all(isinstance(d, Partials) for d in kinds) and kinds:
+        npart = counts.pop()
+        stacked = [d if i == 2 or d is None else d.parts.float().contiguous() for i, d in enumerate(grads)]
+        if npart > 1 and all((npart - 1) * d[0].numel() < 2**31 for i, d in enumerate(stacked)
+                             if i != 2 and d is not None):
+            return stacked, npart
+    return [summed(d) for d in grads], 1
 
 
 def _launch(kernel, grid, *args, pipelined: bool = True, **kwargs):
