@@ -30,7 +30,7 @@ def _stages(stages):
     if stages is None:
         yield
         return
-    with mock.patch.object(nu_module, "_launch", lambda kernel, grid, *a, **kw: kernel[grid](
+    with mock.patch.object(nu_module, "_launch", lambda kernel, grid, *a, pipelined=True, **kw: kernel[grid](
             *a, num_stages=stages, **kw)):
         yield
 

@@ -17,6 +17,7 @@ from bench.harness import CpuDevice, Hooks, prepare_environment
 from bench.measure import param_dtypes
 from bench.plan import Workload, make_plan
 from bench.report import COLUMNS, TARGETS, _split_errors, target_rows, write_plots
+from optimized import triton_mode
 
 GIB = 2 ** 30
 LAST = {"op": None}   # which stand-in ran last: the timer and device report per side
@@ -640,7 +641,7 @@ def test_reads_ab_gates_one_launch_sets_and_restores_the_flag(monkeypatch):
     assert probe_gates_nu.ONE_LAUNCH is None
     # the op's step with its gates in one launch: the same gradients, bit for bit
     ops = reads_ab._ops(1, 130, 2, 32, 32, 3, torch.float32, 0, names=("gates-per-block", "gates-one-launch"),
-                        device="cpu")
+                        device=triton_mode.device())
     grads = {}
     for name, (leaves, forward, do) in ops.items():
         with reads_ab.gates_in_one_launch(name == "gates-one-launch"):
@@ -706,7 +707,8 @@ def test_reads_ab_two_phase_from_n32_runs_it_at_the_wider_levels_only(monkeypatc
         return two_phase(states, kappa, *args, **kwargs)
 
     monkeypatch.setattr(pieces, "promote_scan_bwd_two_phase", spy)
-    ops = reads_ab._ops(1, 130, 2, 32, 32, 3, torch.float32, 0, names=("triton", "scan-2phase-n32"), device="cpu")
+    ops = reads_ab._ops(1, 130, 2, 32, 32, 3, torch.float32, 0, names=("triton", "scan-2phase-n32"),
+                        device=triton_mode.device())
     grads = {}
     for name, (leaves, forward, do) in ops.items():
         forward().backward(do)
