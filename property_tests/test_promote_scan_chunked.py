@@ -40,7 +40,7 @@ FILLS = ("kernel", "chain")     # the states inside a group: a third kernel, or 
 
 # The cases every run sees, one test item each: on CUDA each compiles kernels of its own (its
 # group size, V block and fill), so as separate items they compile on separate xdist workers
-# (as ``@example``s of the property they ran one after another in one item, the GPU suite's last).
+# (in one item, one after another, they were the GPU suite's last test).
 FIXED_CASES = [
     (GROUPS_DRAW, 64, 16, "kernel"),
     (GROUPS_DRAW, 128, None, "kernel"),
@@ -60,9 +60,12 @@ def test_chunked_scan_equals_reference_at_fixed_cases(d, group_rows, bv, fill):
     assert_passes(checks.scan_vs_reference(d, scan_fwd=_fwd(group_rows, bv, fill=fill), scan_bwd=promote_scan_bwd))
 
 
-@examples(ci=6)
-@given(d=scan_draws(), group_rows=st.sampled_from((32, 64, 128)), bv=st.sampled_from((None, 16)),
-       fill=st.sampled_from(FILLS))
+# Every group size with every fill, one test item each (on CUDA each compiles its own kernels, so
+# the items compile on separate workers), the draw and the V block drawn
+@pytest.mark.parametrize("fill", FILLS)
+@pytest.mark.parametrize("group_rows", (32, 64, 128))
+@examples(ci=1)
+@given(d=scan_draws(), bv=st.sampled_from((None, 16)))
 @pytest.mark.compiles
 def test_chunked_scan_equals_reference_promote_firing_by_firing(d, group_rows, bv, fill):
     assert_passes(checks.scan_vs_reference(d, scan_fwd=_fwd(group_rows, bv, fill=fill), scan_bwd=promote_scan_bwd))
