@@ -10,7 +10,9 @@ Mechanism: ``first_order_only(op, *tensors)`` routes the op's differentiable inp
 identity ``autograd.Function`` whose backward raises when autograd runs it with a graph being
 built (the engine runs backward functions in grad mode exactly when ``create_graph=True``).
 The identity returns views, so it costs no copy; it sits on the inputs, not the outputs, so the
-tensors a caller receives are the op's own (free to modify in place).
+tensors a caller receives are the op's own (free to modify in place). An op whose own
+``autograd.Function`` takes every differentiable input may instead call ``refuse_second_order``
+first thing in its backward (the nested op: no identity node, no views a call).
 """
 from __future__ import annotations
 
