@@ -83,8 +83,8 @@ def units() -> list[str]:
     return names
 
 
-# Seconds each unit took in the cold runs on one H200 with 16 units at a time (2026-12-03, else
-# 2026-12-02 where the 150 s deadline stopped it on 12-03; 150 where it never finished by then).
+# Seconds each unit took in a cold run on one H200 with 16 units at a time (150: stopped at the
+# deadline; results/2026-12-04-gpu-suite-cold-analysis/ says which runs).
 # ``run_pool`` starts the units longest first by these: in the order of ``units()`` (by kind) the
 # units started last were the ones the deadline stopped, whatever their length.
 MEASURED_S = {
