@@ -32,8 +32,6 @@ and under Triton's interpreter on CPU).
 """
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import torch
 import triton
 import triton.language as tl
@@ -404,14 +402,24 @@ def sum_partials(partials: torch.Tensor, blocks: int | None = None) -> torch.Ten
     return total
 
 
-class Partials(NamedTuple):
+class Partials:
     """One gradient's per-V-block partial buffers ``parts [NV, ...]``, not yet summed: handed to a
     consumer that sums them as it loads them (``optimized.nested.probe_gates_nu``: no add kernels,
-    no summed buffer written and read again); ``total()`` is their ``sum_partials``, the same sums."""
-    parts: torch.Tensor
+    no summed buffer written and read again); ``total()`` is their ``sum_partials``, the same sums.
+    A consumer that has read them calls ``release()``: the buffers (NV times a summed gradient's
+    memory) are then freed while the caller still holds this object."""
+    __slots__ = ("parts",)
+
+    def __init__(self, parts: torch.Tensor):
+        self.parts = parts
 
     def total(self) -> torch.Tensor:
+        if self.parts is None:
+            raise RuntimeError("these partials were released by the consumer that read them")
         return sum_partials(self.parts)
+
+    def release(self) -> None:
+        self.parts = None
 
 
 def keep_partials(partials: torch.Tensor, blocks: int | None = None):
@@ -421,9 +429,15 @@ def keep_partials(partials: torch.Tensor, blocks: int | None = None):
     return parts[0] if parts.shape[0] == 1 else Partials(parts)
 
 
-def summed(x):
-    """``x.total()`` for ``Partials``, else ``x`` (a tensor or None)."""
-    return x.total() if isinstance(x, Partials) else x
+def summed(x, release: bool = False):
+    """``x.total()`` for ``Partials`` (``release``: its buffers released after), else ``x`` (a
+    tensor or None)."""
+    if not isinstance(x, Partials):
+        return x
+    total = x.total()
+    if release:
+        x.release()
+    return total
 
 
 def promote_scan_bwd(states, kappa, nu, beta, omega, gamma, dstates, block_v: int | None = None,

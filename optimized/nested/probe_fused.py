@@ -286,7 +286,7 @@ def _probe_bwd(scheme, saved, snaps, params, reduction, dκ, dν, dβ, dω, dγ,
         dz = probe_gates_nu_bwd(scheme, saved.nu.reshape(Bt, H, n, V).contiguous(), W.contiguous(), Bt, H, n,
                                 K, V, reduction, dκ, dβ, dω, dγ, precision=precision)
     else:
-        dκ, dβ, dγ = summed(dκ), summed(dβ), summed(dγ)          # the partials' sums, if partials
+        dκ, dβ, dγ = (summed(x, release=True) for x in (dκ, dβ, dγ))   # the partials' sums, if partials
         z = torch.bmm(nu_h, W) if saved.z is None else saved.z
         if gates in ("triton", "triton-nu") and scheme in GATE_SCHEMES:
             # a recomputed z is spent once the gates' backward has read it: dz goes over it (the

@@ -316,8 +316,9 @@ def probe_gates_nu_bwd(scheme: str, nu: torch.Tensor, W: torch.Tensor, Bt: int, 
     """``dz [H, Bt·n, C]`` float32 from the gates' gradients (any may be None), ``z`` made again from
     ``ν W`` inside the kernel. ``dkappa``, ``dbeta``, ``dgamma`` may also be ``promote_scan.Partials``
     (the reverse scan's per-V-block partials), which the kernels sum as they load them, in
-    ``sum_partials``' order: the same float32 sums, no add kernels (``shared_partials``).
-    ``one_launch``: as in ``probe_gates_nu_fwd``."""
+    ``sum_partials``' order: the same float32 sums, no add kernels (``shared_partials``); their
+    buffers are released once the kernels are launched (they are read once). ``one_launch``: as in
+    ``probe_gates_nu_fwd``."""
     one = _one_launch(one_launch, K)
     C, off_b, (G, NP, BV, BC) = _check(scheme, nu, W, Bt, H, n, K, V, precision, rows)
     dz = nu.new_empty(H, Bt * n, C)
@@ -326,6 +327,9 @@ def probe_gates_nu_bwd(scheme: str, nu: torch.Tensor, W: torch.Tensor, Bt: int, 
     if isinstance(domega, Partials):
         raise TypeError("domega has no per-V-block partials (the reverse scan writes it whole)")
     given, npart = shared_partials([dkappa, dbeta, domega, dgamma])
+    for d in (dkappa, dbeta, dgamma):       # read once: freed when this call's references go
+        if isinstance(d, Partials):
+            d.release()
     # shapes checked on the first partial buffer (a view of the stacked ones)
     grads = checked_grads(*(d if d is None or npart == 1 or seg == 2 else d[0] for seg, d in enumerate(given)),
                           Bt, H, n, K, V, nu.device)
