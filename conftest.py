@@ -68,7 +68,7 @@ def pytest_runtest_logreport(report):
     worker = getattr(getattr(getattr(report, "node", None), "gateway", None), "id", None)
     if worker:
         entry["worker"] = worker
-    entry.update((k, v) for k, v in report.user_properties if k in ("compile_s", "kernels_compiled"))
+    entry.update((k, v) for k, v in report.user_properties if k in ("compile_s", "kernels_compiled", "compiled"))
     if report.failed:
         entry["message"] = report.longreprtext[-3000:]
     with open(path, "a") as f:
@@ -114,7 +114,8 @@ if MODE == triton_mode.CUDA and compile_clock.install():
         compile_clock.reset()
         yield
         seconds, kernels = compile_clock.read()
-        item.user_properties += [("compile_s", round(seconds, 2)), ("kernels_compiled", kernels)]
+        item.user_properties += [("compile_s", round(seconds, 2)), ("kernels_compiled", kernels),
+                                 ("compiled", compile_clock.compiled())]
 
 
 if MODE == triton_mode.CUDA:

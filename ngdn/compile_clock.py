@@ -5,26 +5,33 @@ compiled (a new dtype, a head dim of 1, one token) costs minutes on a busy machi
 warm a second. ``install()`` times every compile through Triton's JIT hooks
 (``triton.knobs.runtime.jit_cache_hook`` before a compile, ``jit_post_compile_hook`` after it);
 the root conftest records each test's share in the per-test log (``NGDN_TEST_LOG``), so a cold
-run says which tests brought which compiles. Under the interpreter nothing compiles and nothing is
+run says which tests brought which compiles. ``compiled()`` also lists each compile's kernel and
+argument specialisation (Triton's ``repr``: the kernel's name, its launch options and each
+argument's type, divisibility and constexpr value) with its seconds, so a cold run says which
+kernels compile in how many variants. Under the interpreter nothing compiles and nothing is
 installed.
 """
 from __future__ import annotations
 
 import time
 
-_started: list[float] = []
+_started: list[tuple[float, str]] = []
 _total = {"seconds": 0.0, "kernels": 0}
+_compiled: list[tuple[str, float]] = []
 
 
 def _before(*args, **kwargs):
-    _started.append(time.perf_counter())
+    _started.append((time.perf_counter(), str(kwargs.get("repr", kwargs.get("key", "?")))))
     return False            # a true value would tell Triton to skip the compile
 
 
 def _after(*args, **kwargs):
     if _started:
-        _total["seconds"] += time.perf_counter() - _started.pop()
+        began, what = _started.pop()
+        seconds = time.perf_counter() - began
+        _total["seconds"] += seconds
         _total["kernels"] += 1
+        _compiled.append((what, round(seconds, 3)))
     return False
 
 
@@ -48,6 +55,13 @@ def read() -> tuple[float, int]:
     return _total["seconds"], _total["kernels"]
 
 
+def compiled() -> list[tuple[str, float]]:
+    """Each compile (or disk-cache load) since the last ``reset()``: (Triton's repr of the kernel
+    and its argument specialisation, seconds), in order."""
+    return list(_compiled)
+
+
 def reset() -> None:
     _total.update(seconds=0.0, kernels=0)
     _started.clear()
+    _compiled.clear()

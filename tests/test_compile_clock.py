@@ -12,8 +12,12 @@ def test_hooks_time_each_compile_and_reset_clears():
     assert compile_clock._after(key="k") is False
     seconds, kernels = compile_clock.read()
     assert kernels == 1 and 0.005 < seconds < 5
+    assert compile_clock._before(repr="kern[num_warps=4](x: *fp32)") is False
+    compile_clock._after()
+    (first, s1), (second, s2) = compile_clock.compiled()
+    assert first == "k" and second == "kern[num_warps=4](x: *fp32)" and s1 >= 0.005 and s2 >= 0
     compile_clock.reset()
-    assert compile_clock.read() == (0.0, 0)
+    assert compile_clock.read() == (0.0, 0) and compile_clock.compiled() == []
 
 
 def test_install_leaves_a_foreign_hook_alone(monkeypatch):
