@@ -6,8 +6,8 @@ warm a second. ``install()`` times every compile through Triton's JIT hooks
 (``triton.knobs.runtime.jit_cache_hook`` before a compile, ``jit_post_compile_hook`` after it);
 the root conftest records each test's share in the per-test log (``NGDN_TEST_LOG``), so a cold
 run says which tests brought which compiles. ``compiled()`` also lists each compile's kernel and
-argument specialisation (Triton's ``repr``: the kernel's name, its launch options and each
-argument's type, divisibility and constexpr value) with its seconds, so a cold run says which
+its cache key (the kernel's name, then Triton's key: each argument's type, divisibility and
+constexpr value, and the launch options) with its seconds, so a cold run says which
 kernels compile in how many variants. Under the interpreter nothing compiles and nothing is
 installed.
 """
@@ -21,7 +21,9 @@ _compiled: list[tuple[str, float]] = []
 
 
 def _before(*args, **kwargs):
-    _started.append((time.perf_counter(), str(kwargs.get("repr", kwargs.get("key", "?")))))
+    fn = kwargs.get("fn")
+    what = f"{getattr(fn, 'name', '?')}|{kwargs['key']}" if "key" in kwargs else str(kwargs.get("repr", "?"))
+    _started.append((time.perf_counter(), what))
     return False            # a true value would tell Triton to skip the compile
 
 

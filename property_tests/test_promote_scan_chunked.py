@@ -37,6 +37,19 @@ def _fwd(group_rows, block_v=None, **kw):
 
 FILLS = ("kernel", "chain")     # the states inside a group: a third kernel, or the chain itself
 
+# On CUDA these float32 properties run IEEE dots (fla's and ours, ``NGDN_F32_DOTS``). At groups of
+# 128 rows the inverse's [128, 128] float32 products compile to unrolled FMA code that took the GPU
+# suite's cold run past its limit (still compiling ≥ 150 s after every other test had finished,
+# results/2026-12-04-gpu-suite-cold-kernel-log-h200/); the same kernels at 128 rows are checked on
+# CUDA by the TF32 property below (≈ 40 s each) and in IEEE float32 by the interpreter.
+IEEE_128_ROWS_ON_CUDA = pytest.mark.skipif(
+    on_cuda(), reason="IEEE float32 at 128-row groups compiles for minutes on CUDA: the TF32 "
+                      "property covers 128 rows there, the interpreter covers it in float32")
+
+
+def _rows(group_rows):
+    return pytest.param(group_rows, marks=IEEE_128_ROWS_ON_CUDA) if group_rows == 128 else group_rows
+
 
 # The cases every run sees, one test item each: on CUDA each compiles kernels of its own (its
 # group size, V block and fill), so as separate items they compile on separate xdist workers
@@ -52,9 +65,10 @@ FIXED_CASES = [
 ]
 
 
-@pytest.mark.parametrize("d, group_rows, bv, fill", FIXED_CASES,
-                         ids=[f"{'extreme' if d is EXTREME_DRAW else f'groups-F{d.F}'}-rows{r}-bv{bv}-{fill}"
-                              for d, r, bv, fill in FIXED_CASES])
+@pytest.mark.parametrize("d, group_rows, bv, fill", [
+    pytest.param(d, r, bv, fill, marks=[IEEE_128_ROWS_ON_CUDA] if r == 128 else [],
+                 id=f"{'extreme' if d is EXTREME_DRAW else f'groups-F{d.F}'}-rows{r}-bv{bv}-{fill}")
+    for d, r, bv, fill in FIXED_CASES])
 @pytest.mark.compiles
 def test_chunked_scan_equals_reference_at_fixed_cases(d, group_rows, bv, fill):
     assert_passes(checks.scan_vs_reference(d, scan_fwd=_fwd(group_rows, bv, fill=fill), scan_bwd=promote_scan_bwd))
@@ -63,7 +77,7 @@ def test_chunked_scan_equals_reference_at_fixed_cases(d, group_rows, bv, fill):
 # Every group size with every fill, one test item each (on CUDA each compiles its own kernels, so
 # the items compile on separate workers), the draw and the V block drawn
 @pytest.mark.parametrize("fill", FILLS)
-@pytest.mark.parametrize("group_rows", (32, 64, 128))
+@pytest.mark.parametrize("group_rows", [_rows(r) for r in (32, 64, 128)])
 @examples(ci=1)
 @given(d=scan_draws(), bv=st.sampled_from((None, 16)))
 @pytest.mark.compiles

@@ -12,10 +12,11 @@ def test_hooks_time_each_compile_and_reset_clears():
     assert compile_clock._after(key="k") is False
     seconds, kernels = compile_clock.read()
     assert kernels == 1 and 0.005 < seconds < 5
-    assert compile_clock._before(repr="kern[num_warps=4](x: *fp32)") is False
+    fn = type("Info", (), {"name": "kern"})()
+    assert compile_clock._before(key="[('*fp32', 'D')]{'num_warps': 4}", fn=fn, repr="kern(...)") is False
     compile_clock._after()
     (first, s1), (second, s2) = compile_clock.compiled()
-    assert first == "k" and second == "kern[num_warps=4](x: *fp32)" and s1 >= 0.005 and s2 >= 0
+    assert first == "?|k" and second == "kern|[('*fp32', 'D')]{'num_warps': 4}" and s1 >= 0.005 and s2 >= 0
     compile_clock.reset()
     assert compile_clock.read() == (0.0, 0) and compile_clock.compiled() == []
 
