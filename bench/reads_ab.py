@@ -18,9 +18,6 @@ heads. Variants (``--variants``, default all):
 - ``scan-2phase``: the default op with the reverse promote scans in two phases (the carried state
   gradient alone, then every firing's pair gradients in parallel: ``optimized.promote_scan_two_phase``;
   H200 2026-11-30: slower, 37.45 against 35.46 ms at L = 4);
-- ``scan-fwd-chunked``: the default op with the forward promote scans in groups of firings
-  (``optimized.promote_scan_chunked``: each group's pairs solved at once, a chain of groups), TF32 in
-  bf16 runs at every batch size;
 - ``scan-bv16``: the default op with V blocks of 16 in the scans only (``Pieces.scan_block_v``; the
   reads keep 32): twice the programs for the scans' sequential chains;
 - ``scan-bv32``: the default op with V blocks of 32 in both scans (the reverse scan's default is 64
@@ -165,7 +162,7 @@ def _floor_ms(name, B, T, H, K, L, dtype, rates) -> tuple[float, float]:
 
 
 VARIANTS = ("torch", "generic", "fused-ieee", "scan-tf32", "triton", "triton+check", "bv16", "bv64", "keep-z",
-            "scan-2phase", "scan-fwd-ieee", "scan-fwd-tf32", "scan-fwd-chunked", "scan-fwd-chunked-chain",
+            "scan-2phase", "scan-fwd-ieee", "scan-fwd-tf32",
             "reads-fwd-bv32", "reads-fwd-bv64",
             "scan-bv16", "scan-bv32", "bn32", "bn64", "gates-nu", "gates-triton", "gates-torch",
             "rstates-bv32", "rstates-bv64",
@@ -365,11 +362,10 @@ def _ops(B, T, H, K, V, L, dtype, seed, names=VARIANTS, device="cuda"):
     from optimized.nested import Pieces, _nested
     from functools import partial
 
-    from optimized.nested.pieces import (precision_as_given, reads_router_bwd, reads_router_bwd_torch_levels,
+    from optimized.nested.pieces import (reads_router_bwd, reads_router_bwd_torch_levels,
                                          scan_bwd_two_phase)
     from optimized.nested.reads_torch import reads_router_fwd_torch
     from optimized.promote_scan import sum_partials
-    from optimized.promote_scan_chunked import promote_scan_fwd_chunked
     from reference.nested import make_levels
 
     ops = {}
@@ -401,11 +397,6 @@ def _ops(B, T, H, K, V, L, dtype, seed, names=VARIANTS, device="cuda"):
             "tf32" if dtype == torch.bfloat16 and direction == "bwd" else "ieee")),
         # TF32 at one V block of 128 at every batch size (the op before its programs rule)
         "scan-fwd-tf32": Pieces(scan_fwd=_scan_fwd_tf32),
-        # the forward scans in groups of firings (optimized.promote_scan_chunked), TF32 in bf16 runs
-        "scan-fwd-chunked": Pieces(scan_fwd=promote_scan_fwd_chunked, forward_precision=precision_as_given),
-        # ... with the chain filling the states inside each group (no third kernel)
-        "scan-fwd-chunked-chain": Pieces(scan_fwd=partial(promote_scan_fwd_chunked, fill="chain"),
-                                         forward_precision=precision_as_given),
         "bv16": Pieces(block_v=16),     # the default op with V blocks of 16 in the scans and reads
         "bv64": Pieces(block_v=64),     # ... of 64 (default: 32 at K ≤ 128)
         "keep-z": Pieces(probe_keeps_preactivations=True),

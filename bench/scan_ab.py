@@ -14,10 +14,9 @@ Writes ``DIR/scan_ab.csv`` and ``DIR/scan_ab.md``. Variants are named by what di
 ``fwd`` (the IEEE forward scan, float32 runs' launch) and ``bwd`` (the TF32 reverse scan, the bf16
 op's): ``-tf32`` the forward's dots on TF32 (``fwd-tf32`` is the bf16 op's forward: one V block
 of 128), ``-sN`` Triton's ``num_stages``, ``-wN`` ``num_warps``, ``-bnN`` / ``-bvN`` pair and V
-blocks, ``2phase`` the two-phase reverse scan (``optimized.promote_scan_two_phase``), ``fwd-chunked*`` the
-forward in groups of firings (``optimized.promote_scan_chunked``; ``-chain``: the chain fills the
-states inside each group itself). The forward in transition form
-(variants ``fwd-inline*``, ``fwd-streamed*``) was measured slower and removed: bench/NOTES.md.
+blocks, ``2phase`` the two-phase reverse scan (``optimized.promote_scan_two_phase``). The forward in
+transition form (variants ``fwd-inline*``, ``fwd-streamed*``) and in groups of firings (``fwd-chunked*``)
+were measured slower and removed: bench/NOTES.md.
 """
 from __future__ import annotations
 
@@ -55,12 +54,7 @@ def _pairs(B, F, H, n, K, V, seed, device):
 def _variants() -> dict:
     """name -> ("fwd" | "bwd", fn(pairs, states, dstates))."""
     from optimized.promote_scan import promote_scan_bwd, promote_scan_fwd
-    from optimized.promote_scan_chunked import promote_scan_fwd_chunked
     from optimized.promote_scan_two_phase import promote_scan_bwd_two_phase
-
-    def chunked(**kw):
-        kw.setdefault("precision", "tf32")
-        return "fwd", lambda p, s, ds: promote_scan_fwd_chunked(None, *p, **kw)
 
     def fwd(**kw):
         kw.setdefault("precision", "ieee")
@@ -91,15 +85,6 @@ def _variants() -> dict:
         "fwd-tf32-bn64": fwd(precision="tf32", block_n=64),
         "fwd-bv64": fwd(block_v=64), "fwd-bv64-w16": fwd(block_v=64, num_warps=16),
         "fwd-bv128-w16": fwd(block_v=128, num_warps=16),
-        # in groups of firings (optimized.promote_scan_chunked): TF32, groups of 64 rows (4 firings of 16 pairs),
-        # the chain and the fill at V blocks of 64; -g32 / -g128 groups of 32 / 128 rows, -bv32 / -bv128 V blocks
-        "fwd-chunked": chunked(), "fwd-chunked-g32": chunked(group_rows=32), "fwd-chunked-g128": chunked(group_rows=128),
-        "fwd-chunked-bv32": chunked(block_v=32), "fwd-chunked-bv128": chunked(block_v=128),
-        # the chain makes every state itself (no fill kernel)
-        "fwd-chunked-chain": chunked(fill="chain"), "fwd-chunked-chain-g32": chunked(fill="chain", group_rows=32),
-        "fwd-chunked-chain-g128": chunked(fill="chain", group_rows=128),
-        "fwd-chunked-chain-bv32": chunked(fill="chain", block_v=32),
-        "fwd-chunked-chain-bv128": chunked(fill="chain", block_v=128),
         "bwd-bv32": bwd(block_v=32), "bwd-ieee": bwd(precision="ieee"),
         "bwd-ieee-bv32": bwd(precision="ieee", block_v=32),
         "bwd-bv64-w16": bwd(block_v=64, num_warps=16),     # the old variant bwd-bv64 is now bwd

@@ -16,7 +16,6 @@ the extreme regime (``ngdn.inputs.REGIMES``; named case ``extreme``), checked ag
 reference fed the kernel's level-0 snapshots and end to end with the error inherited from level 0
 allowed for (``ngdn.checks.nested_optimized.extreme_vs_reference``; results/2026-11-30-extreme-regime-cpu.md)."""
 import dataclasses
-import functools
 
 import pytest
 import torch
@@ -34,9 +33,8 @@ from ngdn.strategies import examples, seeds
 from ngdn.testing import kernel_dtypes, requires_cuda
 from ngdn.tolerances import assert_passes, failures, relative_error
 from optimized.nested import Pieces
-from optimized.nested.pieces import precision_as_given, scan_bwd_two_phase
+from optimized.nested.pieces import scan_bwd_two_phase
 from optimized.promote_scan import block_sizes as scan_block_sizes
-from optimized.promote_scan_chunked import promote_scan_fwd_chunked
 from optimized.nested.reads_fwd import block_sizes as reads_block_sizes, forward_block_v
 
 Case = checks.OptCase
@@ -175,22 +173,6 @@ def test_two_phase_reverse_scan_in_the_op(bucket):
     own state-gradient buffers) on the covering case, float32."""
     op = mutants.nested_with(dataclasses.replace(covering_pieces(bucket), scan_bwd=scan_bwd_two_phase))
     assert_passes(checks.optimized_vs_reference(covering_case(bucket), torch.float32, op=op))
-
-
-# Levels 1 and 2 fire at both full chunks (one group of two firings each; the scan's own properties,
-# property_tests/test_promote_scan_chunked.py, run many groups): the op's arguments reach the scan.
-CHUNKED_CASE = Case(on_bucket(NestedShape(B=2, T=130, H=1, L=3, K=16, V=32)), seed=7, intervals=(1, 1),
-                    query_counts=(5, 8))
-
-
-@pytest.mark.parametrize("dtype", kernel_dtypes())
-def test_chunked_forward_scan_in_the_op(dtype):
-    """``Pieces(scan_fwd=promote_scan_fwd_chunked)`` (the forward scans in groups of firings,
-    ``optimized.promote_scan_chunked``), groups of two firings, at the run's precision whatever the
-    launch (TF32 in bf16 runs on CUDA, as reads_ab's ``scan-fwd-chunked``)."""
-    op = mutants.nested_with(Pieces(scan_fwd=functools.partial(promote_scan_fwd_chunked, group_rows=32),
-                                    forward_precision=precision_as_given))
-    assert_passes(checks.optimized_vs_reference(CHUNKED_CASE, dtype, op=op))
 
 
 def covering_paths(bucket) -> dict:

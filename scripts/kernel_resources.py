@@ -63,7 +63,6 @@ def _kernels():
              "dbeta_part", "domega", "dgamma_part"), f32) | offsets
             | dict.fromkeys(("F", "B", "N", "stride_sb", "stride_db"), "i32"),
             c | dict(DOT_PRECISION=prec), warps))
-    rows += _chunked_scan_kernels()
     rows += _reads_and_state_grad_kernels()
     rows += _fenwick_states_kernels()
     # the two-phase reverse scan at its old default V block (32) and at the fused scan's (64:
@@ -114,33 +113,6 @@ def _gates_from_nu_kernels():
         rows.append((f"probe_gates_nu_bwd_one (n = {n})", probe_gates_nu_bwd_one_kernel,
                      dict.fromkeys(("nu", "w", "dkappa", "dbeta", "domega", "dgamma", "dz"), f32) | ints,
                      g | dict.fromkeys(("HAS_D0", "HAS_D1", "HAS_D2", "HAS_D3"), True), 8))
-    return rows
-
-
-def _chunked_scan_kernels():
-    """The forward scan in groups of firings (``optimized.promote_scan_chunked``), TF32, n = 16:
-    groups of 4 firings (64 rows, the default) and of 8 (128 rows); the chain and the fill at their
-    default V block of 64 and at 128; the chain that fills (``fill="chain"``) at both."""
-    from optimized.promote_scan_chunked import chunked_chain_kernel, chunked_fill_kernel, chunked_prep_kernel
-
-    f32 = "*fp32"
-    sizes = dict(H=16, K=128, V=128, BK=128, DOT_PRECISION="tf32")
-    rows = []
-    for G in (4, 8):
-        rows.append((f"chunked_prep (G = {G})", chunked_prep_kernel,
-                     dict.fromkeys(("kappa", "nu", "beta", "omega", "gamma", "wt", "ut", "kt", "gt"), f32)
-                     | dict.fromkeys(("F", "N", "NG"), "i32"),
-                     sizes | dict(BVF=128, NP=16, G=G, LOG_G=G.bit_length() - 1, GROUP_STEP=True), 8))
-        for BV in (64, 128):
-            for fill in (False, True):
-                rows.append((f"chunked_chain{' FILL' if fill else ''} (G = {G}, bv{BV})", chunked_chain_kernel,
-                             dict.fromkeys(("m0", "wt", "ut", "kt", "gt", "xs", "kappa", "gamma", "states"), f32)
-                             | dict.fromkeys(("F", "N", "NG", "stride_sb"), "i32"),
-                             sizes | dict(BV=BV, NP=16, G=G, FILL=fill, HAS_M0=True), {"num_warps": 8, "num_stages": 2}))
-            rows.append((f"chunked_fill (G = {G}, bv{BV})", chunked_fill_kernel,
-                         dict.fromkeys(("kappa", "gamma", "xs", "states"), f32)
-                         | dict.fromkeys(("F", "N", "NG", "stride_sb"), "i32"),
-                         sizes | dict(BV=BV, NP=16, G=G), 8))
     return rows
 
 

@@ -97,7 +97,7 @@ def scan_precision(dtype, direction: str) -> str:
 
 def precision_as_given(precision: str, programs: int, device) -> str:
     """A forward scan's precision whatever its launch (``Pieces.forward_precision`` of a scan
-    without the sequential scan's trade-off, e.g. ``promote_scan_chunked``)."""
+    without the sequential scan's programs rule)."""
     return precision
 
 
