@@ -106,7 +106,8 @@ def run(args, hooks: Hooks | None = None, argv: Sequence[str] = (), notes: Seque
 
         pre = precompile.run_workers(todo_workloads, args, args.precompile_workers, log)
         meta["notes"].append(
-            f"precompile: {pre['groups']} compile groups on {pre['workers']} parallel worker processes in "
+            f"precompile: {pre['groups']} compile groups in {pre['parts']} part(s) each on {pre['workers']} "
+            f"parallel worker processes in "
             f"{pre['seconds']:.0f} s (bench/precompile.py: kernels into Triton's disk cache, configs launched "
             f"once, no tuning result kept; warmup_s below is then autotuning proper)"
             + (f"; FAILED: {', '.join(pre['failed'])}" if pre["failed"] else ""))

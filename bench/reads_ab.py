@@ -140,6 +140,30 @@ def _rates() -> dict:
     return rates
 
 
+def precompile_workloads(args) -> list:
+    """What ``--precompile-workers`` compiles: per level count, flat GDN-2 with L·H heads (unless
+    ``--no-flat``) and the nested op with its default query counts, at this run's shape."""
+    from bench.plan import Workload
+    from reference.nested import default_query_counts
+
+    out = []
+    for L in args.levels:
+        if not args.no_flat:
+            out.append(Workload("flat", args.B, args.T, args.H, args.K, args.K, L))
+        out.append(Workload("nested", args.B, args.T, args.H, args.K, args.K, L, "ladder",
+                            tuple(default_query_counts(L, args.K))))
+    return out
+
+
+def precompile_args(args):
+    """The fields ``bench.precompile``'s workers build their inputs from, as this module builds
+    its ops: float32 scheme parameters, the learned scheme (``make_levels``' default)."""
+    import types
+
+    return types.SimpleNamespace(dtype=args.dtype, param_dtype="float32", scheme="learned", seed=args.seed,
+                                 warmup_ms=25, rep_ms=200)
+
+
 def uniform_query_counts(L: int) -> list[int]:
     """Variant ``uniform16``'s query counts: 16 at every upper level."""
     return [16] * (L - 1)
@@ -590,6 +614,11 @@ def main(argv=None) -> int:
                              "(bench.cuda_graph: the device's time without the host's launches)")
     parser.add_argument("--rounds", type=int, default=1,
                         help="time every op this many times in turn (rows `op #2`, …; profiles in the first round only)")
+    parser.add_argument("--precompile-workers", type=int, default=None,
+                        help="before timing, compile flat's and the default nested op's kernels (every "
+                             "autotuner config) in this many parallel processes (bench.precompile; default: "
+                             "one per core less two, at most 12; 0: off). The variants' own kernels still "
+                             "compile in the timing process")
     parser.add_argument("--warmup-only", action="store_true",
                         help="one step per op and exit: fills the Triton cache (compiled kernels and autotune "
                              "candidates) for a later timed run in another process")
@@ -608,6 +637,10 @@ def main(argv=None) -> int:
     dtype = getattr(torch, args.dtype)
     device = CudaDevice()
     rows = []
+    if args.precompile_workers != 0:
+        from bench import precompile
+
+        precompile.run_workers(precompile_workloads(args), precompile_args(args), args.precompile_workers, _log)
     rates = None if args.warmup_only else _rates()
     B, T, H, K = args.B, args.T, args.H, args.K
     for L in args.levels:
