@@ -18,6 +18,9 @@ heads. Variants (``--variants``, default all):
 - ``scan-2phase``: the default op with the reverse promote scans in two phases (the carried state
   gradient alone, then every firing's pair gradients in parallel: ``optimized.promote_scan_two_phase``;
   H200 2026-11-30: slower, 37.45 against 35.46 ms at L = 4);
+- ``scan-fwd-ieee-bv16``: the default op with its IEEE forward scans at V blocks of 16 (the programs
+  rule runs IEEE at V blocks of 32 where TF32's one V block would not fill the GPU, as at B = 2):
+  256 programs instead of 128 at the batch point's B = 2, H = 16, K = 128; B = 8 runs TF32, unchanged;
 - ``scan-bv16``: the default op with V blocks of 16 in the scans only (``Pieces.scan_block_v``; the
   reads keep 32): twice the programs for the scans' sequential chains;
 - ``scan-bv32``: the default op with V blocks of 32 in both scans (the reverse scan's default is 64
@@ -186,7 +189,7 @@ def _floor_ms(name, B, T, H, K, L, dtype, rates) -> tuple[float, float]:
 
 
 VARIANTS = ("torch", "generic", "fused-ieee", "scan-tf32", "triton", "triton+check", "bv16", "bv64", "keep-z",
-            "scan-2phase", "scan-fwd-ieee", "scan-fwd-tf32",
+            "scan-2phase", "scan-fwd-ieee", "scan-fwd-tf32", "scan-fwd-ieee-bv16",
             "reads-fwd-bv32", "reads-fwd-bv64",
             "scan-bv16", "scan-bv32", "bn32", "bn64", "gates-nu", "gates-triton", "gates-torch",
             "rstates-bv32", "rstates-bv64",
@@ -353,6 +356,16 @@ def _scan_fwd_tf32(*args, precision="ieee", **kwargs):
     return promote_scan_fwd(*args, precision="tf32", **kwargs)
 
 
+def _scan_fwd_ieee_bv16(*args, precision="ieee", block_v=None, **kwargs):
+    """The forward promote scan at V blocks of 16 where the op runs it in IEEE float32 (the
+    programs rule's choice where TF32's one V block would not fill the GPU: B = 2's batch point),
+    twice the programs of its default 32; TF32 launches as the op makes them."""
+    from optimized.promote_scan import promote_scan_fwd
+    if precision == "ieee" and block_v is None:
+        block_v = 16
+    return promote_scan_fwd(*args, precision=precision, block_v=block_v, **kwargs)
+
+
 def _torch_sum_partials(partials, blocks=None):
     """The reverse scans' per-V-block partials summed by torch's ``sum(0)`` (the op before
     2026-12-04's elementwise adds, ``promote_scan.sum_partials``)."""
@@ -421,6 +434,8 @@ def _ops(B, T, H, K, V, L, dtype, seed, names=VARIANTS, device="cuda"):
             "tf32" if dtype == torch.bfloat16 and direction == "bwd" else "ieee")),
         # TF32 at one V block of 128 at every batch size (the op before its programs rule)
         "scan-fwd-tf32": Pieces(scan_fwd=_scan_fwd_tf32),
+        # IEEE forward scans at V blocks of 16 (the batch point's: 256 programs instead of 128)
+        "scan-fwd-ieee-bv16": Pieces(scan_fwd=_scan_fwd_ieee_bv16),
         "bv16": Pieces(block_v=16),     # the default op with V blocks of 16 in the scans and reads
         "bv64": Pieces(block_v=64),     # ... of 64 (default: 32 at K ≤ 128)
         "keep-z": Pieces(probe_keeps_preactivations=True),

@@ -83,7 +83,7 @@ def _variants() -> dict:
         "fwd-tf32-w4": fwd(precision="tf32", num_warps=4), "fwd-tf32-w16": fwd(precision="tf32", num_warps=16),
         "fwd-tf32-s3": fwd(precision="tf32", num_stages=3), "fwd-tf32-bn32": fwd(precision="tf32", block_n=32),
         "fwd-tf32-bn64": fwd(precision="tf32", block_n=64),
-        "fwd-bv64": fwd(block_v=64), "fwd-bv64-w16": fwd(block_v=64, num_warps=16),
+        "fwd-bv16": fwd(block_v=16), "fwd-bv64": fwd(block_v=64), "fwd-bv64-w16": fwd(block_v=64, num_warps=16),
         "fwd-bv128-w16": fwd(block_v=128, num_warps=16),
         "bwd-bv32": bwd(block_v=32), "bwd-ieee": bwd(precision="ieee"),
         "bwd-ieee-bv32": bwd(precision="ieee", block_v=32),

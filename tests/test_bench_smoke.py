@@ -613,6 +613,35 @@ def test_reads_ab_builds_every_variant_off_the_gpu():
     assert reads_ab.inputs_gib(ops["flat"][0] + [ops["flat"][2]]) != want
 
 
+def test_reads_ab_ieee_forward_scan_at_v_blocks_of_16(monkeypatch):
+    """Variant ``scan-fwd-ieee-bv16``: the op's IEEE forward scans launch at V blocks of 16 (two at
+    V = 32, where the default runs one of 32) and give the default's output; a TF32 launch keeps
+    the op's V block."""
+    from bench import reads_ab
+    import optimized.promote_scan as promote_scan
+
+    seen = []
+    scan = promote_scan.promote_scan_fwd
+
+    def spy(*a, block_v=None, precision="ieee", **kw):
+        seen.append((precision, block_v))
+        return scan(*a, block_v=block_v, precision=precision, **kw)
+
+    monkeypatch.setattr(promote_scan, "promote_scan_fwd", spy)
+    ops = reads_ab._ops(1, 128, 1, 32, 32, 3, torch.float32, 0, names=("triton", "scan-fwd-ieee-bv16"), device="cpu")
+    with torch.no_grad():
+        want = ops["triton"][1]()
+        assert seen == []       # the default op calls its own import, not the spy
+        got = ops["scan-fwd-ieee-bv16"][1]()
+    assert seen == [("ieee", 16), ("ieee", 16)]     # levels 1 and 2
+    assert torch.allclose(got, want, rtol=1e-6, atol=1e-7)
+    seen.clear()
+    monkeypatch.setattr(promote_scan, "promote_scan_fwd", lambda *a, **kw: seen.append(kw))
+    reads_ab._scan_fwd_ieee_bv16(precision="tf32")
+    reads_ab._scan_fwd_ieee_bv16(precision="ieee", block_v=64)
+    assert [(kw["precision"], kw["block_v"]) for kw in seen] == [("tf32", None), ("ieee", 64)]
+
+
 def test_reads_ab_gates_one_launch_sets_and_restores_the_flag(monkeypatch):
     """Variants ``gates-one-launch`` and ``gates-per-block``: ``probe_gates_nu.ONE_LAUNCH`` True
     (False) inside, back to the default None after, even on an error; the op's step then launches
