@@ -18,6 +18,7 @@ import time
 _started: list[tuple[float, str]] = []
 _total = {"seconds": 0.0, "kernels": 0}
 _compiled: list[tuple[str, float]] = []
+_sink: dict = {"path": None, "label": None}
 
 
 def _before(*args, **kwargs):
@@ -34,12 +35,24 @@ def _after(*args, **kwargs):
         _total["seconds"] += seconds
         _total["kernels"] += 1
         _compiled.append((what, round(seconds, 3)))
+        if _sink["path"]:
+            import json
+
+            # one line per compile, appended as it ends: a process killed later keeps its lines
+            with open(_sink["path"], "a") as f:
+                f.write(json.dumps({"test": _sink["label"], "when": "compile", "outcome": "compiled",
+                                    "duration_s": round(seconds, 3), "compiled": [[what, round(seconds, 3)]]}) + "\n")
     return False
 
 
-def install() -> bool:
+def install(sink: str | None = None, label: str | None = None) -> bool:
     """Time every later Triton compile in this process; ``False`` where this Triton has no JIT
-    hooks (then ``read()`` stays at zero) or another hook is already installed (left alone)."""
+    hooks (then ``read()`` stays at zero) or another hook is already installed (left alone).
+    ``sink``: a file to which each compile is also appended as it ends, one JSON line in the
+    per-test log's form (``test``: ``label``, ``when``: ``"compile"``, ``compiled``: that one
+    compile): the GPU suite's precompile units write theirs into its per-test log this way,
+    line by line, since its deadline may kill them."""
+    _sink.update(path=sink, label=label)
     try:
         from triton import knobs
         runtime = knobs.runtime

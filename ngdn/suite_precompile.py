@@ -286,6 +286,11 @@ def main(argv=None) -> int:
         print("\n".join(units()))
         return 0
     if args.unit:
+        log = os.environ.get("NGDN_TEST_LOG")
+        if log:     # the unit's compiles in the per-test log, before the tests' (which start after the pool)
+            from ngdn import compile_clock
+
+            compile_clock.install(sink=log, label=f"precompile::{args.unit}")
         warm(args.unit)
         return 0
     done = run_pool(jobs=args.jobs, time_limit=args.time_limit)

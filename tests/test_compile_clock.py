@@ -21,6 +21,22 @@ def test_hooks_time_each_compile_and_reset_clears():
     assert compile_clock.read() == (0.0, 0) and compile_clock.compiled() == []
 
 
+def test_sink_gets_each_compile_as_a_per_test_log_line(tmp_path, monkeypatch):
+    import json
+
+    path = tmp_path / "tests.jsonl"
+    monkeypatch.setitem(compile_clock._sink, "path", str(path))
+    monkeypatch.setitem(compile_clock._sink, "label", "precompile::nested:a:float32")
+    compile_clock.reset()
+    for key in ("k1", "k2"):
+        compile_clock._before(key=key)
+        compile_clock._after()
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [(e["test"], e["when"], e["compiled"][0][0]) for e in lines] == [
+        ("precompile::nested:a:float32", "compile", "?|k1"), ("precompile::nested:a:float32", "compile", "?|k2")]
+    compile_clock.reset()
+
+
 def test_install_leaves_a_foreign_hook_alone(monkeypatch):
     from triton import knobs
 
