@@ -6,6 +6,9 @@
 # tolerance entry. Logs go under $OUT: env.txt, pytest-<run>.log, tests-<run>.jsonl.gz (with each
 # test's Triton compile seconds), errors.jsonl.gz, worst_errors.md. `CHECK=1` also runs `ngdn check` in float32 and bfloat16.
 # SUITE_TIMEOUTS: one time limit (s) per run, in order (default 540 each; the cold run took ≈ 450 s on one H200: results/2026-12-03-nested-gates-from-nu-default-h200/gpu-suite/).
+# SUITE_STALL_S (default 200): a test still running after that many seconds has every thread's stack
+# printed into the log (pytest's faulthandler_timeout), so a run cut off at its limit names the test
+# that held a worker (xdist cannot hand that worker's queued tests to another while it runs).
 # Usage: [SUITE_RUNS="cold warm"] [SUITE_TIMEOUTS="320 180"] bash scripts/gpu_suite.sh [pytest args...]
 set -uo pipefail
 source "$(dirname "$0")/gpu_setup.sh"
@@ -22,7 +25,7 @@ for run in ${SUITE_RUNS:-cold warm}; do
   start=$(date +%s)
   # SIGINT at the time limit: pytest then still prints its summary of failures (-rfE).
   NGDN_TEST_LOG=$OUT/tests-$run.jsonl timeout -s INT -k 30 "$limit" \
-    python3 -m pytest -n auto -p no:cacheprovider -rfE --durations=30 "$@" 2>&1 | tee "$OUT/pytest-$run.log" | tail -45
+    python3 -m pytest -n auto -p no:cacheprovider -rfE --durations=30 -o faulthandler_timeout="${SUITE_STALL_S:-200}" "$@" 2>&1 | tee "$OUT/pytest-$run.log" | tail -45
   status=${PIPESTATUS[0]}
   [ "$status" -ne 0 ] && rc=$status
   echo "== run $run: pytest wall time $(( $(date +%s) - start )) s, exit $status" | tee -a "$OUT/env.txt"
