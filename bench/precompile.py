@@ -92,6 +92,13 @@ def parts_per_group(n_groups: int, slots: int) -> int:
     return max(1, min(MAX_PARTS, slots // max(1, n_groups)))
 
 
+def slots_and_parts(n_groups: int, n_workers: int | None) -> tuple[int, int]:
+    """Processes at a time and parts per group: ``n_workers`` slots (``None``: one per core less
+    two, at most 12, whether or not there are that many groups: the parts fill them)."""
+    slots = n_workers or default_workers(n_groups * MAX_PARTS)
+    return slots, parts_per_group(n_groups, slots)
+
+
 def config_slice(configs: Sequence, part: int, parts: int) -> list:
     """Part ``part`` of ``parts``'s share of an autotuner's configs: every ``parts``-th from
     ``part`` on; where there are fewer configs than parts, the one at ``part % len``, so every
@@ -156,8 +163,7 @@ def run_workers(workloads: Sequence, args, n_workers: int | None, log: Callable[
     groups = compile_groups(workloads)
     if not groups:
         return {"groups": 0, "workers": 0, "parts": 0, "seconds": 0.0, "failed": []}
-    slots = n_workers or default_workers(len(groups))
-    parts = parts_per_group(len(groups), slots)
+    slots, parts = slots_and_parts(len(groups), n_workers)
     tasks, deps = split_tasks(dependencies(groups), parts)
     n = min(len(tasks), slots)
     spec = {"args": {f: getattr(args, f) for f in ARG_FIELDS}, "groups": groups}

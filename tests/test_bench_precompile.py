@@ -50,6 +50,15 @@ def test_parts_share_the_slots_out():
     assert precompile.parts_per_group(28, 12) == 1 and precompile.parts_per_group(0, 4) == 4
 
 
+def test_default_slots_are_filled_by_parts_when_there_are_few_groups(monkeypatch):
+    monkeypatch.setattr(precompile.os, "cpu_count", lambda: 16)
+    assert precompile.slots_and_parts(2, None) == (12, 6)       # reads_ab at one level: flat and nested
+    assert precompile.slots_and_parts(28, None) == (12, 1)      # the full ngdn bench plan
+    assert precompile.slots_and_parts(2, 4) == (4, 2) and precompile.slots_and_parts(3, 1) == (1, 1)
+    monkeypatch.setattr(precompile.os, "cpu_count", lambda: 2)
+    assert precompile.slots_and_parts(2, None) == (1, 1)
+
+
 def test_split_tasks_wait_for_every_part_of_the_group_they_share_kernels_with():
     deps = [None, None, 0, 2]       # groups 2 and 3 wait for 0 and 2
     tasks, task_deps = precompile.split_tasks(deps, 3)
