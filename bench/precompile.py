@@ -113,9 +113,9 @@ def config_slice(configs: Sequence, part: int, parts: int) -> list:
 def split_tasks(deps: Sequence[int | None], parts: int) -> tuple[list[tuple[int, int]], list[tuple[int, ...] | None]]:
     """The groups' tasks, ``(group, part)`` for each part of each group in group order, and each
     task's dependencies: every part of the group its group waits for (see :func:`dependencies`)."""
-    tasks = [(g, p) for g in range(len(deps)) for p in range(parts)]
-    of_group = {g: tuple(i for i, (h, _) in enumerate(tasks) if h == g) for g in range(len(deps))}
-    return tasks, [None if deps[g] is None else of_group[deps[g]] for g, _ in tasks]
+    tasks = [(g, p) for g in range(len(deps)) for p in range(parts)]     # group g's: g·parts … g·parts + parts − 1
+    return tasks, [None if deps[g] is None else tuple(range(deps[g] * parts, (deps[g] + 1) * parts))
+                   for g, _ in tasks]
 
 
 def schedule(deps: Sequence[int | Sequence[int] | None], slots: int, launch: Callable[[int], object],

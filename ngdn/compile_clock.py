@@ -71,8 +71,8 @@ def read() -> tuple[float, int]:
 
 
 def compiled() -> list[tuple[str, float]]:
-    """Each compile (or disk-cache load) since the last ``reset()``: (Triton's repr of the kernel
-    and its argument specialisation, seconds), in order."""
+    """Each compile (or disk-cache load) since the last ``reset()``: (``"name|key"``, the kernel's
+    name and Triton's cache key, seconds), in order."""
     return list(_compiled)
 
 

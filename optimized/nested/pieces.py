@@ -95,12 +95,6 @@ def scan_precision(dtype, direction: str) -> str:
     return "tf32" if dtype == torch.bfloat16 else "ieee"
 
 
-def precision_as_given(precision: str, programs: int, device) -> str:
-    """A forward scan's precision whatever its launch (``Pieces.forward_precision`` of a scan
-    without the sequential scan's programs rule)."""
-    return precision
-
-
 def probe_precision(dtype) -> str:
     """The fused probe's float32 matmul precision for a run in ``dtype``: TF32 when the
     activations are bf16 (2^-11 per product), IEEE otherwise."""
@@ -131,7 +125,7 @@ class Pieces:
     forward_precision: Callable = forward_precision  # (precision, programs, device) -> the forward scan's at
     #                                                  its default V block (promote_scan.forward_precision:
     #                                                  the sequential scan's TF32 only where its programs fill
-    #                                                  the GPU; precision_as_given for a scan without that rule)
+    #                                                  the GPU)
     probe_precision: Callable = probe_precision  # dtype -> the fused probe's float32 matmul precision
     block_v: int | None = None      # the scan's V block and pair block (None: promote_scan's
     block_n: int | None = None      # defaults); tests shrink them to reach several blocks
