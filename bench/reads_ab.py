@@ -21,6 +21,10 @@ heads. Variants (``--variants``, default all):
 - ``scan-fwd-ieee-bv16``: the default op with its IEEE forward scans at V blocks of 16 (the programs
   rule runs IEEE at V blocks of 32 where TF32's one V block would not fill the GPU, as at B = 2):
   256 programs instead of 128 at the batch point's B = 2, H = 16, K = 128; B = 8 runs TF32, unchanged;
+- ``scan-pf``, ``scan-fwd-pf``, ``scan-bwd-pf``: the default op with both promote scans, the forward
+  or the reverse one loading their operands a step ahead (``promote_scan_fwd(prefetch=True)``, the
+  same arithmetic: pair blocks, decays and the reverse scan's stored states no longer wait in the
+  chain of firings);
 - ``scan-bv16``: the default op with V blocks of 16 in the scans only (``Pieces.scan_block_v``; the
   reads keep 32): twice the programs for the scans' sequential chains;
 - ``scan-bv32``: the default op with V blocks of 32 in both scans (the reverse scan's default is 64
@@ -190,6 +194,7 @@ def _floor_ms(name, B, T, H, K, L, dtype, rates) -> tuple[float, float]:
 
 VARIANTS = ("torch", "generic", "fused-ieee", "scan-tf32", "triton", "triton+check", "bv16", "bv64", "keep-z",
             "scan-2phase", "scan-fwd-ieee", "scan-fwd-tf32", "scan-fwd-ieee-bv16",
+            "scan-pf", "scan-fwd-pf", "scan-bwd-pf",
             "reads-fwd-bv32", "reads-fwd-bv64",
             "scan-bv16", "scan-bv32", "bn32", "bn64", "gates-nu", "gates-triton", "gates-torch",
             "rstates-bv32", "rstates-bv64",
@@ -402,7 +407,7 @@ def _ops(B, T, H, K, V, L, dtype, seed, names=VARIANTS, device="cuda"):
     from optimized.nested.pieces import (reads_router_bwd, reads_router_bwd_torch_levels,
                                          scan_bwd_two_phase)
     from optimized.nested.reads_torch import reads_router_fwd_torch
-    from optimized.promote_scan import sum_partials
+    from optimized.promote_scan import promote_scan_bwd, promote_scan_fwd, sum_partials
     from reference.nested import make_levels
 
     ops = {}
@@ -436,6 +441,11 @@ def _ops(B, T, H, K, V, L, dtype, seed, names=VARIANTS, device="cuda"):
         "scan-fwd-tf32": Pieces(scan_fwd=_scan_fwd_tf32),
         # IEEE forward scans at V blocks of 16 (the batch point's: 256 programs instead of 128)
         "scan-fwd-ieee-bv16": Pieces(scan_fwd=_scan_fwd_ieee_bv16),
+        # the scans whose operands are loaded a step ahead (promote_scan's prefetch kernels)
+        "scan-pf": Pieces(scan_fwd=partial(promote_scan_fwd, prefetch=True),
+                          scan_bwd=partial(promote_scan_bwd, prefetch=True)),
+        "scan-fwd-pf": Pieces(scan_fwd=partial(promote_scan_fwd, prefetch=True)),
+        "scan-bwd-pf": Pieces(scan_bwd=partial(promote_scan_bwd, prefetch=True)),
         "bv16": Pieces(block_v=16),     # the default op with V blocks of 16 in the scans and reads
         "bv64": Pieces(block_v=64),     # ... of 64 (default: 32 at K ≤ 128)
         "keep-z": Pieces(probe_keeps_preactivations=True),

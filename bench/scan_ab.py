@@ -14,7 +14,8 @@ Writes ``DIR/scan_ab.csv`` and ``DIR/scan_ab.md``. Variants are named by what di
 ``fwd`` (the IEEE forward scan, float32 runs' launch) and ``bwd`` (the TF32 reverse scan, the bf16
 op's): ``-tf32`` the forward's dots on TF32 (``fwd-tf32`` is the bf16 op's forward: one V block
 of 128), ``-sN`` Triton's ``num_stages``, ``-wN`` ``num_warps``, ``-bnN`` / ``-bvN`` pair and V
-blocks, ``2phase`` the two-phase reverse scan (``optimized.promote_scan_two_phase``). The forward in
+blocks, ``-pf`` the kernels loading their operands a step ahead (``prefetch=True``), ``2phase``
+the two-phase reverse scan (``optimized.promote_scan_two_phase``). The forward in
 transition form (variants ``fwd-inline*``, ``fwd-streamed*``) and in groups of firings (``fwd-chunked*``)
 were measured slower and removed: bench/NOTES.md.
 """
@@ -85,6 +86,12 @@ def _variants() -> dict:
         "fwd-tf32-bn64": fwd(precision="tf32", block_n=64),
         "fwd-bv16": fwd(block_v=16), "fwd-bv64": fwd(block_v=64), "fwd-bv64-w16": fwd(block_v=64, num_warps=16),
         "fwd-bv128-w16": fwd(block_v=128, num_warps=16),
+        # operands loaded a step ahead (promote_scan's prefetch kernels)
+        "fwd-pf": fwd(prefetch=True), "fwd-pf-bv16": fwd(prefetch=True, block_v=16),
+        "fwd-tf32-pf": fwd(precision="tf32", prefetch=True), "bwd-pf": bwd(prefetch=True),
+        "fwd-tf32-bv32": fwd(precision="tf32", block_v=32), "fwd-tf32-pf-bv32": fwd(precision="tf32", block_v=32,
+                                                                                   prefetch=True),
+        "fwd-tf32-pf-bv64": fwd(precision="tf32", block_v=64, prefetch=True),
         "bwd-bv32": bwd(block_v=32), "bwd-ieee": bwd(precision="ieee"),
         "bwd-ieee-bv32": bwd(precision="ieee", block_v=32),
         "bwd-bv64-w16": bwd(block_v=64, num_warps=16),     # the old variant bwd-bv64 is now bwd

@@ -128,6 +128,72 @@ def promote_scan_fwd_kernel(
         tl.store(p_states + ((m + 1) * H + i_h) * K * V + o_kv, b_m, mask=m_kv)
 
 
+@triton.jit
+def pair_block_ahead(kappa, nu, beta, omega, i_f, i_n, valid, N, o_k, m_k, o_v, m_v,
+                     K: tl.constexpr, V: tl.constexpr, BN: tl.constexpr):
+    """``pair_block``'s operands ``(κ, β [BN, BK], ν, ω [BN, BV])`` of block ``i_n`` of firing
+    ``i_f``, all masked to 0 unless ``valid``: the prefetching scans load a step ahead, past
+    their last step too. Loaded a step early, a block's memory latency overlaps the step before
+    it instead of waiting in the chain."""
+    o_n = i_n * BN + tl.arange(0, BN)
+    m_n = (o_n < N) & valid
+    m_nk = m_n[:, None] & m_k[None, :]
+    m_nv = m_n[:, None] & m_v[None, :]
+    o_nk = i_f * N * K + o_n[:, None] * K + o_k[None, :]
+    o_nv = i_f * N * V + o_n[:, None] * V + o_v[None, :]
+    return (tl.load(kappa + o_nk, mask=m_nk, other=0.0), tl.load(beta + o_nk, mask=m_nk, other=0.0),
+            tl.load(nu + o_nv, mask=m_nv, other=0.0), tl.load(omega + o_nv, mask=m_nv, other=0.0))
+
+
+@triton.jit(do_not_specialize=["F", "N"])
+def promote_scan_fwd_prefetch_kernel(
+    m0, kappa, nu, beta, omega, gamma, states, fire_offsets,
+    F, N, stride_sb,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BK: tl.constexpr, BN: tl.constexpr, BV: tl.constexpr,
+    HAS_M0: tl.constexpr, DOT_PRECISION: tl.constexpr, IS_VARLEN: tl.constexpr,
+):
+    """``promote_scan_fwd_kernel``'s recurrence, the same operations in the same order, with every
+    operand that does not depend on ``M`` loaded one step ahead: a pair block while the block
+    before it is in the dots, the next firing's decay ``γ`` while this firing's blocks run. The
+    chain of firings then waits on its own arithmetic, not on memory."""
+    i_v, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = i_bh // H, i_bh % H
+    o_k, m_k, o_v, m_v, o_kv, m_kv = state_block(i_v, K, V, BK, BV)
+    if IS_VARLEN:
+        f0 = tl.load(fire_offsets + i_b).to(tl.int64)
+        n_fire = tl.load(fire_offsets + i_b + 1).to(tl.int64) - f0
+        p_states = states + (f0 + i_b) * H * K * V
+    else:
+        f0 = i_b.to(tl.int64) * F
+        n_fire = F
+        p_states = states + i_b.to(tl.int64) * stride_sb
+    NB = tl.cdiv(N, BN)
+
+    b_m = tl.zeros([BK, BV], dtype=tl.float32)
+    if HAS_M0:
+        b_m += tl.load(m0 + i_bh.to(tl.int64) * K * V + o_kv, mask=m_kv, other=0.0)
+    tl.store(p_states + i_h * K * V + o_kv, b_m, mask=m_kv)
+
+    b_gamma = tl.load(gamma + (f0 * H + i_h) * K + o_k, mask=m_k & (n_fire > 0), other=0.0)
+    b_kappa, b_beta, b_nu, b_omega = pair_block_ahead(kappa, nu, beta, omega, f0 * H + i_h, 0, n_fire > 0, N,
+                                                      o_k, m_k, o_v, m_v, K, V, BN)
+    for m in range(0, n_fire):
+        b_md = b_m * tl.exp(b_gamma)[:, None]               # M'
+        b_gamma = tl.load(gamma + ((f0 + m + 1) * H + i_h) * K + o_k, mask=m_k & (m + 1 < n_fire), other=0.0)
+        b_m = b_md
+        for i_n in range(0, NB):
+            t = m * NB + i_n + 1                             # the next step: firing t // NB, block t % NB
+            n_kappa, n_beta, n_nu, n_omega = pair_block_ahead(
+                kappa, nu, beta, omega, (f0 + t // NB) * H + i_h, t % NB, t < n_fire * NB, N,
+                o_k, m_k, o_v, m_v, K, V, BN)
+            # ω ⊙ ν - (β ⊙ κ) M'
+            b_d = b_omega * b_nu - tl.dot(b_beta * b_kappa, b_md, input_precision=DOT_PRECISION)
+            b_m += tl.dot(tl.trans(b_kappa), b_d, input_precision=DOT_PRECISION)
+            b_kappa, b_beta, b_nu, b_omega = n_kappa, n_beta, n_nu, n_omega
+        tl.store(p_states + ((m + 1) * H + i_h) * K * V + o_kv, b_m, mask=m_kv)
+
+
 @triton.jit(do_not_specialize=["F", "B", "N"])
 def promote_scan_bwd_kernel(
     states, kappa, nu, beta, omega, gamma, dstates, fire_offsets,
@@ -196,6 +262,81 @@ def promote_scan_bwd_kernel(
         b_dm = b_dmd * b_decay[:, None]
         b_dm += tl.load(p_dstates + (m * H + i_h) * K * V + o_kv, mask=m_kv, other=0.0)
     tl.store(dm0 + i_bh.to(tl.int64) * K * V + o_kv, b_dm, mask=m_kv)
+
+
+@triton.jit(do_not_specialize=["F", "B", "N"])
+def promote_scan_bwd_prefetch_kernel(
+    states, kappa, nu, beta, omega, gamma, dstates, fire_offsets,
+    dm0, dkappa_part, dnu, dbeta_part, domega, dgamma_part,
+    F, B, N, stride_sb, stride_db,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BK: tl.constexpr, BN: tl.constexpr, BV: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
+):
+    """``promote_scan_bwd_kernel``'s reverse scan, the same operations in the same order, with the
+    operands that do not depend on ``dM`` loaded ahead: the next firing's stored state and decay,
+    and each pair block, one step before they are used; this firing's ``dstates[m]`` at its start,
+    added at its end. The steps walk firings from the last, the blocks of a firing from the first."""
+    i_v, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = i_bh // H, i_bh % H
+    o_k, m_k, o_v, m_v, o_kv, m_kv = state_block(i_v, K, V, BK, BV)
+    part = i_v.to(tl.int64) * B * F * H        # this V block's partial buffer, counted in firings
+    if IS_VARLEN:
+        f0 = tl.load(fire_offsets + i_b).to(tl.int64)
+        n_fire = tl.load(fire_offsets + i_b + 1).to(tl.int64) - f0
+        p_states = states + (f0 + i_b) * H * K * V
+        p_dstates = dstates + (f0 + i_b) * H * K * V
+    else:
+        f0 = i_b.to(tl.int64) * F
+        n_fire = F
+        p_states = states + i_b.to(tl.int64) * stride_sb
+        p_dstates = dstates + i_b.to(tl.int64) * stride_db
+    NB = tl.cdiv(N, BN)
+
+    b_dm = tl.load(p_dstates + (n_fire * H + i_h) * K * V + o_kv, mask=m_kv, other=0.0)
+    last = n_fire - 1
+    b_gamma = tl.load(gamma + ((f0 + last) * H + i_h) * K + o_k, mask=m_k & (last >= 0), other=0.0)
+    b_m = tl.load(p_states + (last * H + i_h) * K * V + o_kv, mask=m_kv & (last >= 0), other=0.0)
+    b_kappa, b_beta, b_nu, b_omega = pair_block_ahead(kappa, nu, beta, omega, (f0 + last) * H + i_h, 0, last >= 0,
+                                                      N, o_k, m_k, o_v, m_v, K, V, BN)
+    for i in range(0, n_fire):
+        m = n_fire - 1 - i
+        i_f = (f0 + m) * H + i_h
+        b_ds = tl.load(p_dstates + (m * H + i_h) * K * V + o_kv, mask=m_kv, other=0.0)
+        b_decay = tl.exp(b_gamma)
+        b_md = b_m * b_decay[:, None]                                   # M'
+        b_gamma = tl.load(gamma + ((f0 + m - 1) * H + i_h) * K + o_k, mask=m_k & (m > 0), other=0.0)
+        b_m = tl.load(p_states + ((m - 1) * H + i_h) * K * V + o_kv, mask=m_kv & (m > 0), other=0.0)
+        b_dmd = b_dm                                                    # dM', accumulated over pairs
+        for i_n in range(0, NB):
+            t = i * NB + i_n + 1                                        # the next step
+            n_kappa, n_beta, n_nu, n_omega = pair_block_ahead(
+                kappa, nu, beta, omega, (f0 + n_fire - 1 - t // NB) * H + i_h, t % NB, t < n_fire * NB, N,
+                o_k, m_k, o_v, m_v, K, V, BN)
+            o_n = i_n * BN + tl.arange(0, BN)
+            m_n = o_n < N
+            o_nk = o_n[:, None] * K + o_k[None, :]
+            m_nk = m_n[:, None] & m_k[None, :]
+            o_nv = o_n[:, None] * V + o_v[None, :]
+            m_nv = m_n[:, None] & m_v[None, :]
+            b_p = b_beta * b_kappa                                      # P
+            b_d = b_omega * b_nu - tl.dot(b_p, b_md, input_precision=DOT_PRECISION)             # D
+
+            b_dd = tl.dot(b_kappa, b_dm, input_precision=DOT_PRECISION)                         # dD
+            tl.store(dnu + i_f * N * V + o_nv, b_dd * b_omega, mask=m_nv)
+            tl.store(domega + i_f * N * V + o_nv, b_dd * b_nu, mask=m_nv)
+            b_dp = -tl.dot(b_dd, tl.trans(b_md), input_precision=DOT_PRECISION)                 # dP
+            b_dkappa = tl.dot(b_d, tl.trans(b_dm), input_precision=DOT_PRECISION) + b_dp * b_beta
+            tl.store(dkappa_part + (part + i_f) * N * K + o_nk, b_dkappa, mask=m_nk)
+            tl.store(dbeta_part + (part + i_f) * N * K + o_nk, b_dp * b_kappa, mask=m_nk)
+            b_dmd -= tl.dot(tl.trans(b_p), b_dd, input_precision=DOT_PRECISION)
+            b_kappa, b_beta, b_nu, b_omega = n_kappa, n_beta, n_nu, n_omega
+        tl.store(dgamma_part + (part + i_f) * K + o_k, tl.sum(b_dmd * b_md, axis=1), mask=m_k)
+
+        b_dm = b_dmd * b_decay[:, None]
+        b_dm += b_ds
+    tl.store(dm0 + i_bh.to(tl.int64) * K * V + o_kv, b_dm, mask=m_kv)
+
 
 
 def block_sizes(K: int, V: int, n: int, block_v: int | None = None,
@@ -287,7 +428,7 @@ def _check_precision(precision: str) -> str:
 def promote_scan_fwd(M0, kappa, nu, beta, omega, gamma, block_v: int | None = None,
                      block_n: int | None = None, out: torch.Tensor | None = None, precision: str = "ieee",
                      fire_offsets: torch.Tensor | None = None, num_warps: int | None = None,
-                     num_stages: int | None = None):
+                     num_stages: int | None = None, prefetch: bool = False):
     """All firings of one level: ``states [B, F+1, H, K, V]`` (``states[:, 0]`` = ``M0`` or 0).
 
     ``M0 [B, H, K, V]`` or None; pairs and decays from the probes (layouts in the module
@@ -299,8 +440,11 @@ def promote_scan_fwd(M0, kappa, nu, beta, omega, gamma, block_v: int | None = No
     firings are ``fire_offsets[i] .. fire_offsets[i + 1] - 1``; each starts from its own ``M0[i]``
     (``M0 [n, H, K, V]``) and ``states [1, F + n, H, K, V]`` holds its states at rows
     ``fire_offsets[i] + i ..`` (its initial state, then one per firing).
+    ``prefetch``: run ``promote_scan_fwd_prefetch_kernel`` (the same arithmetic, operands loaded a
+    step ahead).
     """
     B, F, H, n, K, V = _check(M0, kappa, nu, beta, omega, gamma, fire_offsets)
+    kernel = promote_scan_fwd_prefetch_kernel if prefetch else promote_scan_fwd_kernel
     _check_precision(precision)
     BK, BN, BV = block_sizes(K, V, n, block_v, block_n, precision=precision)
     shape = (*_state_rows(B, F, fire_offsets), H, K, V)
@@ -310,7 +454,7 @@ def promote_scan_fwd(M0, kappa, nu, beta, omega, gamma, block_v: int | None = No
             omega.contiguous(), gamma.contiguous(), states, fire_offsets, F, n, states.stride(0))
 
     def run(BV):
-        promote_scan_fwd_kernel[(cdiv(V, BV), programs * H)](
+        kernel[(cdiv(V, BV), programs * H)](
             *args, H=H, K=K, V=V, BK=BK, BN=BN, BV=BV, HAS_M0=M0 is not None, DOT_PRECISION=precision,
             IS_VARLEN=fire_offsets is not None, **launch_options(BK, BV, num_warps, num_stages))
 
@@ -319,7 +463,7 @@ def promote_scan_fwd(M0, kappa, nu, beta, omega, gamma, block_v: int | None = No
     else:
         # the TF32 default of one V block of 128 needs more shared memory per program than some
         # GPUs give a block: V blocks of 32 there (the IEEE default)
-        first_that_fits((promote_scan_fwd_kernel, H, K, V, BK, BN, BV, precision, M0 is not None,
+        first_that_fits((kernel, H, K, V, BK, BN, BV, precision, M0 is not None,
                          fire_offsets is not None, num_warps, num_stages, kappa.device),
                         (lambda: run(BV), lambda: run(32)))
     return states
@@ -342,6 +486,7 @@ def forward_precision(precision: str, programs: int, device) -> str:
         return precision
     sms = torch.cuda.get_device_properties(device).multi_processor_count
     return "tf32" if 2 * programs > sms else "ieee"
+
 
 
 def _check_states(name: str, x: torch.Tensor, shape: tuple) -> torch.Tensor:
@@ -443,7 +588,7 @@ def summed(x, release: bool = False):
 def promote_scan_bwd(states, kappa, nu, beta, omega, gamma, dstates, block_v: int | None = None,
                      block_n: int | None = None, reduce_partials=sum_partials, precision: str = "ieee",
                      fire_offsets: torch.Tensor | None = None, num_warps: int | None = None,
-                     num_stages: int | None = None):
+                     num_stages: int | None = None, prefetch: bool = False):
     """Gradients of the scan given ``dstates [B, F+1, H, K, V]`` (float32), the gradient
     on every stored state (``dstates[:, F]`` includes the final state's).
 
@@ -451,8 +596,9 @@ def promote_scan_bwd(states, kappa, nu, beta, omega, gamma, dstates, block_v: in
     ``reduce_partials`` of their per-V-block partials (``keep_partials``: ``Partials`` for a
     consumer that sums them itself). ``fire_offsets``: packed sequences as in ``promote_scan_fwd`` (states and ``dstates``
     ``[1, F + n, H, K, V]``, ``dM0 [n, H, K, V]``). ``num_warps``, ``num_stages``: as in
-    ``promote_scan_fwd``.
+    ``promote_scan_fwd``; ``prefetch``: ``promote_scan_bwd_prefetch_kernel``.
     """
+    kernel = promote_scan_bwd_prefetch_kernel if prefetch else promote_scan_bwd_kernel
     B, F, H, n, K, V = check_bwd(states, kappa, nu, beta, omega, gamma, dstates, precision, fire_offsets)
     states, dstates = (x if _batch_strided(x) else x.contiguous() for x in (states, dstates))
     kappa, nu, beta, omega, gamma = (x.contiguous() for x in (kappa, nu, beta, omega, gamma))
@@ -463,7 +609,7 @@ def promote_scan_bwd(states, kappa, nu, beta, omega, gamma, dstates, block_v: in
         NV = cdiv(V, BV)
         dm0 = states.new_empty(programs, H, K, V)
         dkappa_part, dnu, dbeta_part, domega, dgamma_part = pair_grad_buffers(kappa, nu, NV)
-        promote_scan_bwd_kernel[(NV, programs * H)](
+        kernel[(NV, programs * H)](
             states, kappa, nu, beta, omega, gamma, dstates, fire_offsets,
             dm0, dkappa_part, dnu, dbeta_part, domega, dgamma_part, F, B, n, states.stride(0), dstates.stride(0),
             H=H, K=K, V=V, BK=BK, BN=BN, BV=BV, DOT_PRECISION=precision, IS_VARLEN=fire_offsets is not None,
@@ -475,6 +621,6 @@ def promote_scan_bwd(states, kappa, nu, beta, omega, gamma, dstates, block_v: in
         return run(BV)
     # the default V block of 64 needs ≈ 160 KiB of shared memory per program at K = 128 (sm_90):
     # a GPU with less per block runs V blocks of 32 (88 KiB), the forward's default
-    return first_that_fits((promote_scan_bwd_kernel, H, K, V, BK, BN, BV, precision, fire_offsets is not None,
+    return first_that_fits((kernel, H, K, V, BK, BN, BV, precision, fire_offsets is not None,
                             num_warps, num_stages, kappa.device),
                            (lambda: run(BV), lambda: run(32)))

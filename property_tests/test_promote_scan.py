@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from ngdn.checks import nested_optimized as checks
 import nested_optimized_mutants as mutants
+import optimized.promote_scan as promote_scan_module
 import optimized.promote_scan_two_phase as two_phase
 from kernel_mutation import Plant, planted
 from ngdn.checks.nested_optimized import LARGE_GATES
@@ -152,3 +153,77 @@ def test_sum_partials_is_the_left_to_right_sum(blocks):
         want = want + p
     assert torch.equal(sum_partials(parts, blocks), want)
     assert torch.equal(sum_partials(parts[:blocks] if blocks else parts[:0]), want)
+
+
+@examples(ci=6)
+@given(d=scan_draws(), bv=st.sampled_from((None, 16)), bn=st.sampled_from((None, 16)))
+@example(d=COVERING_DRAW, bv=16, bn=16)
+@example(d=EXTREME_DRAWS[0], bv=16, bn=16)
+@pytest.mark.compiles
+def test_prefetching_scans_equal_reference_promote_firing_by_firing(d, bv, bn):
+    """The scans that load their operands a step ahead (``prefetch=True``): several pair blocks
+    per firing (the walk crossing from one firing's last block to the next firing's first), a
+    ragged last block, F = 0 and 1 (the loads past the last step masked)."""
+    fwd = functools.partial(promote_scan_fwd, block_v=bv, block_n=bn, prefetch=True)
+    bwd = functools.partial(promote_scan_bwd, block_v=bv, block_n=bn, prefetch=True)
+    assert_passes(checks.scan_vs_reference(d, scan_fwd=fwd, scan_bwd=bwd))
+
+
+def _scan_args(B, F, H, n, K, V, seed, packed=None):
+    import torch
+    import torch.nn.functional as Fn
+
+    from optimized import triton_mode
+    g = torch.Generator().manual_seed(seed)
+    dev = triton_mode.device()
+    r = lambda *s: torch.randn(*s, generator=g).to(dev)  # noqa: E731
+    seqs = B if packed is None else len(packed)
+    pairs = (Fn.normalize(r(B, F, H, n, K), dim=-1), r(B, F, H, n, V), torch.sigmoid(r(B, F, H, n, K)),
+             torch.sigmoid(r(B, F, H, n, V)), -Fn.softplus(r(B, F, H, K)))
+    offsets = None
+    if packed is not None:
+        import itertools
+        offsets = torch.tensor([0, *itertools.accumulate(packed)], dtype=torch.int32, device=dev)
+    rows = F + 1 if packed is None else F + seqs
+    return r(seqs, H, K, V), pairs, r(B if packed is None else 1, rows, H, K, V), offsets
+
+
+@pytest.mark.parametrize("shape", [
+    dict(B=2, F=3, H=2, n=40, K=20, V=40),              # three pair blocks (the last ragged), three V blocks
+    dict(B=2, F=1, H=2, n=16, K=16, V=16),              # one firing, one block: every load ahead masked
+    dict(B=1, F=5, H=2, n=20, K=16, V=32, packed=(2, 0, 3)),   # packed sequences, one without firings
+])
+@pytest.mark.compiles
+def test_prefetching_scans_are_the_scans_bit_for_bit(shape):
+    """The same operations in the same order: every stored state and every gradient equal the
+    plain kernels' exactly, packed sequences (one of them empty) included."""
+    import torch
+    shape = dict(shape)
+    packed = shape.pop("packed", None)
+    M0, pairs, dstates, offsets = _scan_args(**shape, seed=7, packed=packed)
+    kw = dict(block_v=16, block_n=16, fire_offsets=offsets)
+    plain = promote_scan_fwd(M0, *pairs, **kw)
+    ahead = promote_scan_fwd(M0, *pairs, prefetch=True, **kw)
+    assert torch.equal(plain, ahead)
+    for a, b in zip(promote_scan_bwd(plain, *pairs, dstates, **kw),
+                    promote_scan_bwd(plain, *pairs, dstates, prefetch=True, **kw)):
+        assert torch.equal(a, b)
+
+
+# The forward's walk loads the block two steps ahead; the reverse scan's state one firing too far
+# back (the firing before the one it is for).
+AHEAD_TWO_STEPS = Plant(promote_scan_module, "promote_scan_fwd_prefetch_kernel", "t = m * NB + i_n + 1",
+                        "t = m * NB + i_n + 2")
+STATE_TWO_BACK = Plant(promote_scan_module, "promote_scan_bwd_prefetch_kernel", "((m - 1) * H + i_h) * K * V",
+                       "((m - 2) * H + i_h) * K * V")
+
+
+@pytest.mark.mutation
+def test_prefetching_scans_catch_a_step_too_far():
+    fwd = functools.partial(promote_scan_fwd, block_v=16, block_n=16, prefetch=True)
+    bwd = functools.partial(promote_scan_bwd, block_v=16, block_n=16, prefetch=True)
+    with planted(AHEAD_TWO_STEPS):
+        assert "states" in failures(checks.scan_vs_reference(COVERING_DRAW, scan_fwd=fwd, scan_bwd=bwd, log=False))
+    with planted(STATE_TWO_BACK):
+        bad = failures(checks.scan_vs_reference(COVERING_DRAW, scan_fwd=fwd, scan_bwd=bwd, log=False))
+    assert {"dkappa", "dbeta", "dgamma"} <= set(bad), bad

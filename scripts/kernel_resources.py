@@ -36,7 +36,8 @@ from triton.compiler import ASTSource  # noqa: E402
 
 def _kernels():
     from optimized.nested.probe_gates import probe_gates_bwd_kernel, probe_gates_fwd_kernel
-    from optimized.promote_scan import num_warps, promote_scan_bwd_kernel, promote_scan_fwd_kernel
+    from optimized.promote_scan import (num_warps, promote_scan_bwd_kernel, promote_scan_bwd_prefetch_kernel,
+                                        promote_scan_fwd_kernel, promote_scan_fwd_prefetch_kernel)
     from optimized.promote_scan_two_phase import promote_scan_bwd_carry_kernel, promote_scan_bwd_pairs_kernel
 
     f32 = "*fp32"
@@ -63,6 +64,20 @@ def _kernels():
              "dbeta_part", "domega", "dgamma_part"), f32) | offsets
             | dict.fromkeys(("F", "B", "N", "stride_sb", "stride_db"), "i32"),
             c | dict(DOT_PRECISION=prec), warps))
+    # the scans loading their operands a step ahead (prefetch=True) beside the plain kernels, at the
+    # forward's launches (IEEE at V blocks of 32 and 16, TF32 at one of 128) and the reverse scan's
+    fwd_args = dict.fromkeys(("m0", "kappa", "nu", "beta", "omega", "gamma", "states"), f32) | {
+        "fire_offsets": "*i32", "F": "i32", "N": "i32", "stride_sb": "i32"}
+    for BV, prec in ((32, "ieee"), (16, "ieee"), (128, "tf32")):
+        c = dict(scan_sizes, BN=16, BV=BV, IS_VARLEN=False, HAS_M0=True, DOT_PRECISION=prec)
+        for name, kernel in (("", promote_scan_fwd_kernel), (" prefetch", promote_scan_fwd_prefetch_kernel)):
+            rows.append((f"promote_scan_fwd{name} {prec} bv{BV}", kernel, fwd_args, c, num_warps(128, BV)))
+    bwd_args = dict.fromkeys(("states", "kappa", "nu", "beta", "omega", "gamma", "dstates", "dm0", "dkappa_part",
+                              "dnu", "dbeta_part", "domega", "dgamma_part"), f32) | {"fire_offsets": "*i32"} | \
+        dict.fromkeys(("F", "B", "N", "stride_sb", "stride_db"), "i32")
+    c = dict(scan_sizes, BN=16, BV=64, IS_VARLEN=False, DOT_PRECISION="tf32")
+    for name, kernel in (("", promote_scan_bwd_kernel), (" prefetch", promote_scan_bwd_prefetch_kernel)):
+        rows.append((f"promote_scan_bwd{name} tf32 bv64", kernel, bwd_args, c, num_warps(128, 64)))
     rows += _reads_and_state_grad_kernels()
     rows += _fenwick_states_kernels()
     # the two-phase reverse scan at its old default V block (32) and at the fused scan's (64:

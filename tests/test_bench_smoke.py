@@ -870,3 +870,24 @@ def test_ladder_target_on_host_paced_rows_shows_the_graphs_ratio():
     targets, _ = target_rows([row("ladder", 11.0, 9.0), row("uniform16", 10.0, 10.0)])
     (what, where, measured, status), = [t for t in targets if t[0] == TARGETS[3]]
     assert measured.startswith("1.100x (host-paced:") and "captured graphs: 0.900x" in measured
+
+
+def test_reads_ab_prefetching_scans_give_the_op_bit_for_bit():
+    """Variants ``scan-pf``, ``scan-fwd-pf``, ``scan-bwd-pf``: the op with its promote scans loading
+    operands a step ahead, the same arithmetic: output and every input's gradient equal the
+    default op's exactly."""
+    from bench import reads_ab
+
+    names = ("triton", "scan-pf", "scan-fwd-pf", "scan-bwd-pf")
+    ops = reads_ab._ops(1, 128, 1, 32, 32, 3, torch.float32, 0, names=names, device="cpu")
+    results = {}
+    for name in names:
+        inputs, fwd, do = ops[name]
+        for t in inputs:
+            t.grad = None
+        out = fwd()
+        out.backward(do)
+        results[name] = [out.detach()] + [t.grad for t in inputs if t.requires_grad]
+        assert len(results[name]) > 4 and all(g is not None for g in results[name])
+    for name in names[1:]:
+        assert all(torch.equal(a, b) for a, b in zip(results["triton"], results[name])), name
