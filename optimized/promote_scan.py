@@ -275,8 +275,10 @@ def promote_scan_bwd_prefetch_kernel(
 ):
     """``promote_scan_bwd_kernel``'s reverse scan, the same operations in the same order, with the
     operands that do not depend on ``dM`` loaded ahead: the next firing's stored state and decay,
-    and each pair block, one step before they are used; this firing's ``dstates[m]`` at its start,
-    added at its end. The steps walk firings from the last, the blocks of a firing from the first."""
+    and each pair block, one step before they are used. The steps walk firings from the last, the
+    blocks of a firing from the first. ``dstates[m]`` is still loaded where it is added: held from
+    the firing's start as well, its ``[BK, BV]`` tile made the kernel spill 248 B a thread at
+    K = 128, BV = 64 (sm_90; 24 B this way, the plain kernel 160 B: scripts/kernel_resources.py)."""
     i_v, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     o_k, m_k, o_v, m_v, o_kv, m_kv = state_block(i_v, K, V, BK, BV)
@@ -302,7 +304,6 @@ def promote_scan_bwd_prefetch_kernel(
     for i in range(0, n_fire):
         m = n_fire - 1 - i
         i_f = (f0 + m) * H + i_h
-        b_ds = tl.load(p_dstates + (m * H + i_h) * K * V + o_kv, mask=m_kv, other=0.0)
         b_decay = tl.exp(b_gamma)
         b_md = b_m * b_decay[:, None]                                   # M'
         b_gamma = tl.load(gamma + ((f0 + m - 1) * H + i_h) * K + o_k, mask=m_k & (m > 0), other=0.0)
@@ -334,7 +335,7 @@ def promote_scan_bwd_prefetch_kernel(
         tl.store(dgamma_part + (part + i_f) * K + o_k, tl.sum(b_dmd * b_md, axis=1), mask=m_k)
 
         b_dm = b_dmd * b_decay[:, None]
-        b_dm += b_ds
+        b_dm += tl.load(p_dstates + (m * H + i_h) * K * V + o_kv, mask=m_kv, other=0.0)
     tl.store(dm0 + i_bh.to(tl.int64) * K * V + o_kv, b_dm, mask=m_kv)
 
 
@@ -419,6 +420,12 @@ def _state_rows(B: int, F: int, fire_offsets) -> tuple:
 PRECISIONS = ("ieee", "tf32")
 
 
+def _check_prefetch(prefetch: bool) -> bool:
+    if not isinstance(prefetch, bool):
+        raise TypeError(f"prefetch must be a bool, got {type(prefetch).__name__}")
+    return prefetch
+
+
 def _check_precision(precision: str) -> str:
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
@@ -444,7 +451,7 @@ def promote_scan_fwd(M0, kappa, nu, beta, omega, gamma, block_v: int | None = No
     step ahead).
     """
     B, F, H, n, K, V = _check(M0, kappa, nu, beta, omega, gamma, fire_offsets)
-    kernel = promote_scan_fwd_prefetch_kernel if prefetch else promote_scan_fwd_kernel
+    kernel = promote_scan_fwd_prefetch_kernel if _check_prefetch(prefetch) else promote_scan_fwd_kernel
     _check_precision(precision)
     BK, BN, BV = block_sizes(K, V, n, block_v, block_n, precision=precision)
     shape = (*_state_rows(B, F, fire_offsets), H, K, V)
@@ -598,7 +605,7 @@ def promote_scan_bwd(states, kappa, nu, beta, omega, gamma, dstates, block_v: in
     ``[1, F + n, H, K, V]``, ``dM0 [n, H, K, V]``). ``num_warps``, ``num_stages``: as in
     ``promote_scan_fwd``; ``prefetch``: ``promote_scan_bwd_prefetch_kernel``.
     """
-    kernel = promote_scan_bwd_prefetch_kernel if prefetch else promote_scan_bwd_kernel
+    kernel = promote_scan_bwd_prefetch_kernel if _check_prefetch(prefetch) else promote_scan_bwd_kernel
     B, F, H, n, K, V = check_bwd(states, kappa, nu, beta, omega, gamma, dstates, precision, fire_offsets)
     states, dstates = (x if _batch_strided(x) else x.contiguous() for x in (states, dstates))
     kappa, nu, beta, omega, gamma = (x.contiguous() for x in (kappa, nu, beta, omega, gamma))

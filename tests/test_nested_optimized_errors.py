@@ -205,6 +205,15 @@ def test_state_grad_rejects_bad_slots():
                        slots=torch.zeros(2, dtype=torch.int32, device=DEV))
 
 
+def test_scans_reject_a_prefetch_that_is_not_a_bool():
+    args = scan_args()
+    with pytest.raises(TypeError, match="prefetch must be a bool, got str"):
+        promote_scan_fwd(*args, prefetch="yes")
+    states = promote_scan_fwd(*args)
+    with pytest.raises(TypeError, match="prefetch must be a bool, got int"):
+        promote_scan_bwd(states, *args[1:], torch.zeros_like(states), prefetch=1)
+
+
 def test_scan_rejects_bad_fire_offsets():
     """Packed sequences' firing offsets: int32 ``[n + 1]`` on the pairs' device, pairs in one row."""
     args = scan_args()
