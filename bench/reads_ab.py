@@ -24,7 +24,8 @@ heads. Variants (``--variants``, default all):
 - ``scan-pf``, ``scan-fwd-pf``, ``scan-bwd-pf``: the default op with both promote scans, the forward
   or the reverse one loading their operands a step ahead (``promote_scan_fwd(prefetch=True)``, the
   same arithmetic: pair blocks, decays and the reverse scan's stored states no longer wait in the
-  chain of firings);
+  chain of firings); ``scan-pf-bv16``: ``scan-pf`` with its IEEE forward scans at V blocks of 16
+  (as ``scan-fwd-ieee-bv16``);
 - ``scan-bv16``: the default op with V blocks of 16 in the scans only (``Pieces.scan_block_v``; the
   reads keep 32): twice the programs for the scans' sequential chains;
 - ``scan-bv32``: the default op with V blocks of 32 in both scans (the reverse scan's default is 64
@@ -194,7 +195,7 @@ def _floor_ms(name, B, T, H, K, L, dtype, rates) -> tuple[float, float]:
 
 VARIANTS = ("torch", "generic", "fused-ieee", "scan-tf32", "triton", "triton+check", "bv16", "bv64", "keep-z",
             "scan-2phase", "scan-fwd-ieee", "scan-fwd-tf32", "scan-fwd-ieee-bv16",
-            "scan-pf", "scan-fwd-pf", "scan-bwd-pf",
+            "scan-pf", "scan-fwd-pf", "scan-bwd-pf", "scan-pf-bv16",
             "reads-fwd-bv32", "reads-fwd-bv64",
             "scan-bv16", "scan-bv32", "bn32", "bn64", "gates-nu", "gates-triton", "gates-torch",
             "rstates-bv32", "rstates-bv64",
@@ -446,6 +447,9 @@ def _ops(B, T, H, K, V, L, dtype, seed, names=VARIANTS, device="cuda"):
                           scan_bwd=partial(promote_scan_bwd, prefetch=True)),
         "scan-fwd-pf": Pieces(scan_fwd=partial(promote_scan_fwd, prefetch=True)),
         "scan-bwd-pf": Pieces(scan_bwd=partial(promote_scan_bwd, prefetch=True)),
+        # ... both, the IEEE forward at V blocks of 16 (the batch point's launch, as scan-fwd-ieee-bv16)
+        "scan-pf-bv16": Pieces(scan_fwd=partial(_scan_fwd_ieee_bv16, prefetch=True),
+                               scan_bwd=partial(promote_scan_bwd, prefetch=True)),
         "bv16": Pieces(block_v=16),     # the default op with V blocks of 16 in the scans and reads
         "bv64": Pieces(block_v=64),     # ... of 64 (default: 32 at K ≤ 128)
         "keep-z": Pieces(probe_keeps_preactivations=True),

@@ -875,10 +875,11 @@ def test_ladder_target_on_host_paced_rows_shows_the_graphs_ratio():
 def test_reads_ab_prefetching_scans_give_the_op_bit_for_bit():
     """Variants ``scan-pf``, ``scan-fwd-pf``, ``scan-bwd-pf``: the op with its promote scans loading
     operands a step ahead, the same arithmetic: output and every input's gradient equal the
-    default op's exactly."""
+    default op's exactly (``scan-pf-bv16`` too: its narrower V blocks split columns, which the
+    update never mixes)."""
     from bench import reads_ab
 
-    names = ("triton", "scan-pf", "scan-fwd-pf", "scan-bwd-pf")
+    names = ("triton", "scan-pf", "scan-fwd-pf", "scan-bwd-pf", "scan-pf-bv16")
     ops = reads_ab._ops(1, 128, 1, 32, 32, 3, torch.float32, 0, names=names, device="cpu")
     results = {}
     for name in names:
