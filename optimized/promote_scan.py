@@ -51,16 +51,47 @@ def state_block(i_v, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.
 
 
 @triton.jit
+def pair_offsets(i_n, N, o_k, m_k, o_v, m_v, K: tl.constexpr, V: tl.constexpr, BN: tl.constexpr):
+    """Offsets and masks of pair block ``i_n`` within a firing's ``[N, K]`` and ``[N, V]`` rows
+    (rows ≥ N masked): ``(o_nk, m_nk, o_nv, m_nv)``."""
+    o_n = i_n * BN + tl.arange(0, BN)
+    m_n = o_n < N
+    return (o_n[:, None] * K + o_k[None, :], m_n[:, None] & m_k[None, :],
+            o_n[:, None] * V + o_v[None, :], m_n[:, None] & m_v[None, :])
+
+
+@triton.jit
+def program_firings(fire_offsets, i_b, F, IS_VARLEN: tl.constexpr):
+    """The program's firings on the firing axis: ``(f0, n_fire)``, batch row ``i_b``'s ``F``, or
+    with ``IS_VARLEN`` sequence ``i_b``'s ``fire_offsets[i_b] .. fire_offsets[i_b + 1] - 1``."""
+    if IS_VARLEN:
+        f0 = tl.load(fire_offsets + i_b).to(tl.int64)
+        n_fire = tl.load(fire_offsets + i_b + 1).to(tl.int64) - f0
+    else:
+        f0 = i_b.to(tl.int64) * F
+        n_fire = F
+    return f0, n_fire
+
+
+@triton.jit
+def program_states(states, stride_sb, f0, i_b, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                   IS_VARLEN: tl.constexpr):
+    """The program's first stored-state row: batch row ``i_b`` (``stride_sb`` apart), or with
+    ``IS_VARLEN`` row ``f0 + i_b`` of the one packed row (a sequence has one state more than
+    firings)."""
+    if IS_VARLEN:
+        p = states + (f0 + i_b) * H * K * V
+    else:
+        p = states + i_b.to(tl.int64) * stride_sb
+    return p
+
+
+@triton.jit
 def pair_block(kappa, nu, beta, omega, i_f, i_n, N, o_k, m_k, o_v, m_v,
                K: tl.constexpr, V: tl.constexpr, BN: tl.constexpr):
     """Pair block ``i_n`` of firing ``i_f`` (rows ≥ N masked to 0): ``(κ, β [BN, BK], ν, ω
     [BN, BV], o_nk, m_nk, o_nv, m_nv)``, the offsets to store gradients of the same shapes."""
-    o_n = i_n * BN + tl.arange(0, BN)
-    m_n = o_n < N
-    o_nk = o_n[:, None] * K + o_k[None, :]
-    m_nk = m_n[:, None] & m_k[None, :]
-    o_nv = o_n[:, None] * V + o_v[None, :]
-    m_nv = m_n[:, None] & m_v[None, :]
+    o_nk, m_nk, o_nv, m_nv = pair_offsets(i_n, N, o_k, m_k, o_v, m_v, K, V, BN)
     b_kappa = tl.load(kappa + i_f * N * K + o_nk, mask=m_nk, other=0.0)
     b_beta = tl.load(beta + i_f * N * K + o_nk, mask=m_nk, other=0.0)
     b_nu = tl.load(nu + i_f * N * V + o_nv, mask=m_nv, other=0.0)
@@ -100,14 +131,8 @@ def promote_scan_fwd_kernel(
     i_v, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     o_k, m_k, o_v, m_v, o_kv, m_kv = state_block(i_v, K, V, BK, BV)
-    if IS_VARLEN:
-        f0 = tl.load(fire_offsets + i_b).to(tl.int64)        # the sequence's first firing
-        n_fire = tl.load(fire_offsets + i_b + 1).to(tl.int64) - f0
-        p_states = states + (f0 + i_b) * H * K * V           # and its first state row
-    else:
-        f0 = i_b.to(tl.int64) * F
-        n_fire = F
-        p_states = states + i_b.to(tl.int64) * stride_sb
+    f0, n_fire = program_firings(fire_offsets, i_b, F, IS_VARLEN)
+    p_states = program_states(states, stride_sb, f0, i_b, H, K, V, IS_VARLEN)
 
     b_m = tl.zeros([BK, BV], dtype=tl.float32)
     if HAS_M0:
@@ -135,12 +160,9 @@ def pair_block_ahead(kappa, nu, beta, omega, i_f, i_n, valid, N, o_k, m_k, o_v, 
     ``i_f``, all masked to 0 unless ``valid``: the prefetching scans load a step ahead, past
     their last step too. Loaded a step early, a block's memory latency overlaps the step before
     it instead of waiting in the chain."""
-    o_n = i_n * BN + tl.arange(0, BN)
-    m_n = (o_n < N) & valid
-    m_nk = m_n[:, None] & m_k[None, :]
-    m_nv = m_n[:, None] & m_v[None, :]
-    o_nk = i_f * N * K + o_n[:, None] * K + o_k[None, :]
-    o_nv = i_f * N * V + o_n[:, None] * V + o_v[None, :]
+    o_nk, m_nk, o_nv, m_nv = pair_offsets(i_n, N, o_k, m_k, o_v, m_v, K, V, BN)
+    m_nk, m_nv = m_nk & valid, m_nv & valid
+    o_nk, o_nv = i_f * N * K + o_nk, i_f * N * V + o_nv
     return (tl.load(kappa + o_nk, mask=m_nk, other=0.0), tl.load(beta + o_nk, mask=m_nk, other=0.0),
             tl.load(nu + o_nv, mask=m_nv, other=0.0), tl.load(omega + o_nv, mask=m_nv, other=0.0))
 
@@ -160,14 +182,8 @@ def promote_scan_fwd_prefetch_kernel(
     i_v, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     o_k, m_k, o_v, m_v, o_kv, m_kv = state_block(i_v, K, V, BK, BV)
-    if IS_VARLEN:
-        f0 = tl.load(fire_offsets + i_b).to(tl.int64)
-        n_fire = tl.load(fire_offsets + i_b + 1).to(tl.int64) - f0
-        p_states = states + (f0 + i_b) * H * K * V
-    else:
-        f0 = i_b.to(tl.int64) * F
-        n_fire = F
-        p_states = states + i_b.to(tl.int64) * stride_sb
+    f0, n_fire = program_firings(fire_offsets, i_b, F, IS_VARLEN)
+    p_states = program_states(states, stride_sb, f0, i_b, H, K, V, IS_VARLEN)
     NB = tl.cdiv(N, BN)
 
     b_m = tl.zeros([BK, BV], dtype=tl.float32)
@@ -192,6 +208,26 @@ def promote_scan_fwd_prefetch_kernel(
             b_m += tl.dot(tl.trans(b_kappa), b_d, input_precision=DOT_PRECISION)
             b_kappa, b_beta, b_nu, b_omega = n_kappa, n_beta, n_nu, n_omega
         tl.store(p_states + ((m + 1) * H + i_h) * K * V + o_kv, b_m, mask=m_kv)
+
+
+@triton.jit
+def reverse_pair_block(b_kappa, b_beta, b_nu, b_omega, b_md, b_dm, b_dmd, i_f, part, N, o_nk, m_nk, o_nv, m_nv,
+                       dnu, domega, dkappa_part, dbeta_part, K: tl.constexpr, V: tl.constexpr,
+                       DOT_PRECISION: tl.constexpr):
+    """One pair block of a reverse-scan firing (``promote_scan_bwd_kernel``'s lines from ``P`` to
+    ``dM'``): stores the block's ``dν, dω`` and its ``dκ, dβ`` partials, returns ``dM'`` less the
+    block's ``Pᵀ dD``."""
+    b_p = b_beta * b_kappa                                      # P
+    b_d = b_omega * b_nu - tl.dot(b_p, b_md, input_precision=DOT_PRECISION)             # D
+
+    b_dd = tl.dot(b_kappa, b_dm, input_precision=DOT_PRECISION)                         # dD
+    tl.store(dnu + i_f * N * V + o_nv, b_dd * b_omega, mask=m_nv)
+    tl.store(domega + i_f * N * V + o_nv, b_dd * b_nu, mask=m_nv)
+    b_dp = -tl.dot(b_dd, tl.trans(b_md), input_precision=DOT_PRECISION)                 # dP
+    b_dkappa = tl.dot(b_d, tl.trans(b_dm), input_precision=DOT_PRECISION) + b_dp * b_beta
+    tl.store(dkappa_part + (part + i_f) * N * K + o_nk, b_dkappa, mask=m_nk)
+    tl.store(dbeta_part + (part + i_f) * N * K + o_nk, b_dp * b_kappa, mask=m_nk)
+    return b_dmd - tl.dot(tl.trans(b_p), b_dd, input_precision=DOT_PRECISION)
 
 
 @triton.jit(do_not_specialize=["F", "B", "N"])
@@ -224,16 +260,9 @@ def promote_scan_bwd_kernel(
     i_b, i_h = i_bh // H, i_bh % H
     o_k, m_k, o_v, m_v, o_kv, m_kv = state_block(i_v, K, V, BK, BV)
     part = i_v.to(tl.int64) * B * F * H        # this V block's partial buffer, counted in firings
-    if IS_VARLEN:
-        f0 = tl.load(fire_offsets + i_b).to(tl.int64)
-        n_fire = tl.load(fire_offsets + i_b + 1).to(tl.int64) - f0
-        p_states = states + (f0 + i_b) * H * K * V
-        p_dstates = dstates + (f0 + i_b) * H * K * V
-    else:
-        f0 = i_b.to(tl.int64) * F
-        n_fire = F
-        p_states = states + i_b.to(tl.int64) * stride_sb
-        p_dstates = dstates + i_b.to(tl.int64) * stride_db
+    f0, n_fire = program_firings(fire_offsets, i_b, F, IS_VARLEN)
+    p_states = program_states(states, stride_sb, f0, i_b, H, K, V, IS_VARLEN)
+    p_dstates = program_states(dstates, stride_db, f0, i_b, H, K, V, IS_VARLEN)
 
     b_dm = tl.load(p_dstates + (n_fire * H + i_h) * K * V + o_kv, mask=m_kv, other=0.0)
     for i in range(0, n_fire):
@@ -246,17 +275,9 @@ def promote_scan_bwd_kernel(
         for i_n in range(0, tl.cdiv(N, BN)):
             b_kappa, b_beta, b_nu, b_omega, o_nk, m_nk, o_nv, m_nv = pair_block(
                 kappa, nu, beta, omega, i_f, i_n, N, o_k, m_k, o_v, m_v, K, V, BN)
-            b_p = b_beta * b_kappa                                      # P
-            b_d = b_omega * b_nu - tl.dot(b_p, b_md, input_precision=DOT_PRECISION)             # D
-
-            b_dd = tl.dot(b_kappa, b_dm, input_precision=DOT_PRECISION)                         # dD
-            tl.store(dnu + i_f * N * V + o_nv, b_dd * b_omega, mask=m_nv)
-            tl.store(domega + i_f * N * V + o_nv, b_dd * b_nu, mask=m_nv)
-            b_dp = -tl.dot(b_dd, tl.trans(b_md), input_precision=DOT_PRECISION)                 # dP
-            b_dkappa = tl.dot(b_d, tl.trans(b_dm), input_precision=DOT_PRECISION) + b_dp * b_beta
-            tl.store(dkappa_part + (part + i_f) * N * K + o_nk, b_dkappa, mask=m_nk)
-            tl.store(dbeta_part + (part + i_f) * N * K + o_nk, b_dp * b_kappa, mask=m_nk)
-            b_dmd -= tl.dot(tl.trans(b_p), b_dd, input_precision=DOT_PRECISION)
+            b_dmd = reverse_pair_block(b_kappa, b_beta, b_nu, b_omega, b_md, b_dm, b_dmd, i_f, part, N,
+                                       o_nk, m_nk, o_nv, m_nv, dnu, domega, dkappa_part, dbeta_part,
+                                       K, V, DOT_PRECISION)
         tl.store(dgamma_part + (part + i_f) * K + o_k, tl.sum(b_dmd * b_md, axis=1), mask=m_k)
 
         b_dm = b_dmd * b_decay[:, None]
@@ -283,16 +304,9 @@ def promote_scan_bwd_prefetch_kernel(
     i_b, i_h = i_bh // H, i_bh % H
     o_k, m_k, o_v, m_v, o_kv, m_kv = state_block(i_v, K, V, BK, BV)
     part = i_v.to(tl.int64) * B * F * H        # this V block's partial buffer, counted in firings
-    if IS_VARLEN:
-        f0 = tl.load(fire_offsets + i_b).to(tl.int64)
-        n_fire = tl.load(fire_offsets + i_b + 1).to(tl.int64) - f0
-        p_states = states + (f0 + i_b) * H * K * V
-        p_dstates = dstates + (f0 + i_b) * H * K * V
-    else:
-        f0 = i_b.to(tl.int64) * F
-        n_fire = F
-        p_states = states + i_b.to(tl.int64) * stride_sb
-        p_dstates = dstates + i_b.to(tl.int64) * stride_db
+    f0, n_fire = program_firings(fire_offsets, i_b, F, IS_VARLEN)
+    p_states = program_states(states, stride_sb, f0, i_b, H, K, V, IS_VARLEN)
+    p_dstates = program_states(dstates, stride_db, f0, i_b, H, K, V, IS_VARLEN)
     NB = tl.cdiv(N, BN)
 
     b_dm = tl.load(p_dstates + (n_fire * H + i_h) * K * V + o_kv, mask=m_kv, other=0.0)
@@ -314,23 +328,10 @@ def promote_scan_bwd_prefetch_kernel(
             n_kappa, n_beta, n_nu, n_omega = pair_block_ahead(
                 kappa, nu, beta, omega, (f0 + n_fire - 1 - t // NB) * H + i_h, t % NB, t < n_fire * NB, N,
                 o_k, m_k, o_v, m_v, K, V, BN)
-            o_n = i_n * BN + tl.arange(0, BN)
-            m_n = o_n < N
-            o_nk = o_n[:, None] * K + o_k[None, :]
-            m_nk = m_n[:, None] & m_k[None, :]
-            o_nv = o_n[:, None] * V + o_v[None, :]
-            m_nv = m_n[:, None] & m_v[None, :]
-            b_p = b_beta * b_kappa                                      # P
-            b_d = b_omega * b_nu - tl.dot(b_p, b_md, input_precision=DOT_PRECISION)             # D
-
-            b_dd = tl.dot(b_kappa, b_dm, input_precision=DOT_PRECISION)                         # dD
-            tl.store(dnu + i_f * N * V + o_nv, b_dd * b_omega, mask=m_nv)
-            tl.store(domega + i_f * N * V + o_nv, b_dd * b_nu, mask=m_nv)
-            b_dp = -tl.dot(b_dd, tl.trans(b_md), input_precision=DOT_PRECISION)                 # dP
-            b_dkappa = tl.dot(b_d, tl.trans(b_dm), input_precision=DOT_PRECISION) + b_dp * b_beta
-            tl.store(dkappa_part + (part + i_f) * N * K + o_nk, b_dkappa, mask=m_nk)
-            tl.store(dbeta_part + (part + i_f) * N * K + o_nk, b_dp * b_kappa, mask=m_nk)
-            b_dmd -= tl.dot(tl.trans(b_p), b_dd, input_precision=DOT_PRECISION)
+            o_nk, m_nk, o_nv, m_nv = pair_offsets(i_n, N, o_k, m_k, o_v, m_v, K, V, BN)
+            b_dmd = reverse_pair_block(b_kappa, b_beta, b_nu, b_omega, b_md, b_dm, b_dmd, i_f, part, N,
+                                       o_nk, m_nk, o_nv, m_nv, dnu, domega, dkappa_part, dbeta_part,
+                                       K, V, DOT_PRECISION)
             b_kappa, b_beta, b_nu, b_omega = n_kappa, n_beta, n_nu, n_omega
         tl.store(dgamma_part + (part + i_f) * K + o_k, tl.sum(b_dmd * b_md, axis=1), mask=m_k)
 
