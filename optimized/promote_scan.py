@@ -17,6 +17,11 @@ gradients of ``κ``, ``β``, ``γ``) are written per V block into partial buffer
 summed afterwards (no atomics: bitwise reproducible). It accepts a gradient on
 every stored state (reads, the final state, the probes of the level above).
 
+Each scan has a second kernel (``prefetch=True``) with the same arithmetic in the same order
+whose operands that do not depend on the carried state are loaded a step before they are used,
+so that their memory latency is not a link of the chain of firings; the nested op runs the
+plain kernels (bench/NOTES.md compares the two).
+
 Layouts (fla style, firing axis where fla has the chunk axis):
 ``M0 [B, H, K, V]``; ``κ, β [B, F, H, n, K]``; ``ν, ω [B, F, H, n, V]``;
 ``γ [B, F, H, K]``; ``states [B, F+1, H, K, V]``. Everything float32 (inputs, states,
