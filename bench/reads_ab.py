@@ -81,7 +81,8 @@ heads. Variants (``--variants``, default all):
   torch over the permuted view instead of ``optimized.key_block_partials``' kernel;
 - ``uniform16``: the default op on levels of 16 queries each instead of the query ladder
   (``n_ℓ = min(K, 16·2^(ℓ-1))``; the same parameters' seed): ``ngdn bench``'s ladder row, side by
-  side with the ladder (``triton``) and with stage tables.
+  side with the ladder (``triton``) and with stage tables; ``uniform16-scan-pf``: ``scan-pf`` on
+  those levels (the ladder's measure for ``scan-pf``).
 
 For each depth: forward and forward+backward times (``triton.testing.do_bench`` medians,
 autotuners tuned: one warm step first), the nested/flat ratios, peak memory of one step,
@@ -187,7 +188,7 @@ def _floor_ms(name, B, T, H, K, L, dtype, rates) -> tuple[float, float]:
     if name == "flat":
         cost = floors.flat_cost(B, T, L * H, K, K, itemsize)
     else:
-        counts = uniform_query_counts(L) if name == "uniform16" else default_query_counts(L, K)
+        counts = uniform_query_counts(L) if name.startswith("uniform16") else default_query_counts(L, K)
         cost = floors.nested_cost(B, T, H, K, K, counts, [2 ** i for i in range(L - 1)], itemsize, 4)
     fl = floors.floors(cost, rates["matmul_flops"], rates["copy_bytes"])
     return fl.fwd_ms, fl.fwdbwd_ms
@@ -202,7 +203,8 @@ VARIANTS = ("torch", "generic", "fused-ieee", "scan-tf32", "triton", "triton+che
             "states-one-buffer", "snapshot-copies", "dz-new-buffer", "l0-keep", "l0-recompute-wy", "ranges-always",
             "gates-nu-128", "l0-overlap", "l0-overlap-fwd", "l0-output-fla", "snap-grads-materialised",
             "snap-add-kernel", "partials-sum", "partials-add", "rtok-k32-v32", "rtok-k64-v64", "rtok-k128-v32", "rtok-k32-v64", "l0-grads-f32",
-            "l0-db-add-torch", "uniform16", "scan-2phase-bv64", "scan-2phase-n32", "gates-one-launch",
+            "l0-db-add-torch", "uniform16", "uniform16-scan-pf", "scan-2phase-bv64", "scan-2phase-n32",
+            "gates-one-launch",
             "params-run-dtype", "params-cast-each", "gates-per-block")
 
 
@@ -423,7 +425,7 @@ def _ops(B, T, H, K, V, L, dtype, seed, names=VARIANTS, device="cuda"):
                 lv.params[n] = lv.params[n].to(device, param_dtype).requires_grad_(True)
         return levels, [p for lv in levels for p in lv.params.values()]
     levels, params = device_levels()
-    uniform = device_levels(uniform_query_counts(L)) if "uniform16" in names else None
+    uniform = device_levels(uniform_query_counts(L)) if any(n.startswith("uniform16") for n in names) else None
     # the scheme parameters in the run's dtype, as ``ngdn bench --param-dtype auto`` gives them
     run_dtype_params = device_levels(param_dtype=dtype) if {"params-run-dtype", "params-cast-each"} & set(names) \
         else None
@@ -502,6 +504,8 @@ def _ops(B, T, H, K, V, L, dtype, seed, names=VARIANTS, device="cuda"):
         "rtok-k128-v32": Pieces(reads_bwd=partial(reads_router_bwd, tokens_blocks=(128, 32, 8))),
         "rtok-k32-v64": Pieces(reads_bwd=partial(reads_router_bwd, tokens_blocks=(32, 64, 8))),
         "uniform16": Pieces(),          # the default op; on levels of 16 queries each (below)
+        "uniform16-scan-pf": Pieces(scan_fwd=partial(promote_scan_fwd, prefetch=True),
+                                    scan_bwd=partial(promote_scan_bwd, prefetch=True)),   # scan-pf, the same
         "params-run-dtype": Pieces(),   # the default op; its scheme parameters in the run's dtype (below)
         "params-cast-each": Pieces(),   # the same; main() has the op cast them one at a time
     }
@@ -509,7 +513,7 @@ def _ops(B, T, H, K, V, L, dtype, seed, names=VARIANTS, device="cuda"):
         if name == "flat":
             continue
         pieces = variants[name.removesuffix("+check")]
-        lv, ps = {"uniform16": uniform, "params-run-dtype": run_dtype_params,
+        lv, ps = {"uniform16": uniform, "uniform16-scan-pf": uniform, "params-run-dtype": run_dtype_params,
                   "params-cast-each": run_dtype_params}.get(name, (levels, params))
         ops[name] = (list(xn.values()) + ps,
                      lambda pieces=pieces, lv=lv: _nested(levels=lv, pieces=pieces, **xn)[0], don)

@@ -876,10 +876,10 @@ def test_reads_ab_prefetching_scans_give_the_op_bit_for_bit():
     """Variants ``scan-pf``, ``scan-fwd-pf``, ``scan-bwd-pf``: the op with its promote scans loading
     operands a step ahead, the same arithmetic: output and every input's gradient equal the
     default op's exactly (``scan-pf-bv16`` too: its narrower V blocks split columns, which the
-    update never mixes)."""
+    update never mixes), and ``uniform16-scan-pf`` ``uniform16``'s."""
     from bench import reads_ab
 
-    names = ("triton", "scan-pf", "scan-fwd-pf", "scan-bwd-pf", "scan-pf-bv16")
+    names = ("triton", "scan-pf", "scan-fwd-pf", "scan-bwd-pf", "scan-pf-bv16", "uniform16", "uniform16-scan-pf")
     ops = reads_ab._ops(1, 128, 1, 32, 32, 3, torch.float32, 0, names=names, device="cpu")
     results = {}
     for name in names:
@@ -890,5 +890,6 @@ def test_reads_ab_prefetching_scans_give_the_op_bit_for_bit():
         out.backward(do)
         results[name] = [out.detach()] + [t.grad for t in inputs if t.requires_grad]
         assert len(results[name]) > 4 and all(g is not None for g in results[name])
-    for name in names[1:]:
+    for name in names[1:5]:
         assert all(torch.equal(a, b) for a, b in zip(results["triton"], results[name])), name
+    assert all(torch.equal(a, b) for a, b in zip(results["uniform16"], results["uniform16-scan-pf"]))
