@@ -119,15 +119,18 @@ def _gates_from_nu_kernels():
             g = dict(G=G, NP=n, BV=128, BC=128, SEG=seg, TILES=TILES, PREC="tf32")
             rows.append((f"probe_gates_nu_fwd (n = {n}, {gate})", probe_gates_nu_fwd_kernel,
                          dict.fromkeys(("nu", "w", "out"), f32) | ints, g, 8))
+            # the reverse scans' dκ, dβ, dγ as two V blocks' partials (NPART, the op's at V = 128)
             rows.append((f"probe_gates_nu_bwd (n = {n}, {gate})", probe_gates_nu_bwd_kernel,
-                         dict.fromkeys(("nu", "w", "dy", "dz"), f32) | ints, g | dict(HAS_D=True), 8))
+                         dict.fromkeys(("nu", "w", "dy", "dz"), f32) | ints | {"PART_STRIDE": "i32"},
+                         g | dict(HAS_D=True, NPART=1 if seg == 2 else 2), 8))
     for n, G in ((16, 4), (64, 1)):         # every block in one launch (probe_gates_nu.ONE_LAUNCH)
         g = dict(G=G, NP=n, BV=128, BC=128, FIRST=0, TILES=TILES, PREC="tf32")
         rows.append((f"probe_gates_nu_fwd_one (n = {n})", probe_gates_nu_fwd_one_kernel,
                      dict.fromkeys(("nu", "w", "kappa", "beta", "omega", "gamma"), f32) | ints, g, 8))
         rows.append((f"probe_gates_nu_bwd_one (n = {n})", probe_gates_nu_bwd_one_kernel,
-                     dict.fromkeys(("nu", "w", "dkappa", "dbeta", "domega", "dgamma", "dz"), f32) | ints,
-                     g | dict.fromkeys(("HAS_D0", "HAS_D1", "HAS_D2", "HAS_D3"), True), 8))
+                     dict.fromkeys(("nu", "w", "dkappa", "dbeta", "domega", "dgamma", "dz"), f32) | ints
+                     | dict.fromkeys(("STRIDE_NK", "STRIDE_K"), "i32"),
+                     g | dict.fromkeys(("HAS_D0", "HAS_D1", "HAS_D2", "HAS_D3"), True) | dict(NPART=2), 8))
     return rows
 
 
