@@ -628,7 +628,8 @@ def test_reads_ab_ieee_forward_scan_at_v_blocks_of_16(monkeypatch):
         return scan(*a, block_v=block_v, precision=precision, **kw)
 
     monkeypatch.setattr(promote_scan, "promote_scan_fwd", spy)
-    ops = reads_ab._ops(1, 128, 1, 32, 32, 3, torch.float32, 0, names=("triton", "scan-fwd-ieee-bv16"), device="cpu")
+    ops = reads_ab._ops(1, 128, 1, 32, 32, 3, torch.float32, 0, names=("triton", "scan-fwd-ieee-bv16"),
+                        device=triton_mode.device())
     with torch.no_grad():
         want = ops["triton"][1]()
         assert seen == []       # the default op calls its own import, not the spy
@@ -880,7 +881,7 @@ def test_reads_ab_prefetching_scans_give_the_op_bit_for_bit():
     from bench import reads_ab
 
     names = ("triton", "scan-pf", "scan-fwd-pf", "scan-bwd-pf", "scan-pf-bv16", "uniform16", "uniform16-scan-pf")
-    ops = reads_ab._ops(1, 128, 1, 32, 32, 3, torch.float32, 0, names=names, device="cpu")
+    ops = reads_ab._ops(1, 128, 1, 32, 32, 3, torch.float32, 0, names=names, device=triton_mode.device())
     results = {}
     for name in names:
         inputs, fwd, do = ops[name]
