@@ -321,25 +321,45 @@ def test_gates_from_nu_at_the_ops_blocks():
     with one tile a program, three programs."""
     d = ProbeDraw("learned", "mean", B=2, F=5, H=2, K=128, V=128, n=16, seed=12, gate_scale=30.0)
     assert probe_gates_nu_module.blocks(16, 128, 128) == (4, 16, 128, 128)
-    assert_passes(fused_vs_generic(d, torch.float32, gates="triton-nu"))
-    with mock.patch.object(probe_gates_nu_module, "TILES", 1):
+    # the op runs these tiles with TF32 dots (bf16 runs); float32 runs keep 128-wide blocks on the bmm
+    # (IEEE_MAX_BLOCK): let the IEEE kernels run them here, the same code with exact dots
+    calls = []
+    launch = probe_fused_module.probe_gates_nu_fwd
+
+    def spy(*args, **kwargs):
+        calls.append(kwargs["precision"])
+        return launch(*args, **kwargs)
+
+    with mock.patch.object(probe_gates_nu_module, "IEEE_MAX_BLOCK", 128), \
+            mock.patch.object(probe_fused_module, "probe_gates_nu_fwd", spy):
         assert_passes(fused_vs_generic(d, torch.float32, gates="triton-nu"))
+        with mock.patch.object(probe_gates_nu_module, "TILES", 1):
+            assert_passes(fused_vs_generic(d, torch.float32, gates="triton-nu"))
+    assert calls == ["ieee", "ieee"]
 
 
 def test_gates_from_nu_fall_back_where_their_blocks_do_not_fit():
     """Above 128 rows a firing or K, V above 128 the gates take the bmm's ``z``
     (``probe_gates``): ``blocks`` says None and the kernels' launchers refuse. The op's rule also
-    keeps firings above ``NU_GATES_MAX_PAIRS`` pairs (64) on the bmm, where the blocks fit."""
+    keeps firings above ``NU_GATES_MAX_PAIRS`` pairs (64) on the bmm, where the blocks fit, and
+    with IEEE float32 dots K, V above ``IEEE_MAX_BLOCK`` (64)."""
     from optimized.nested.probe_fused import _gates_from_nu
 
     assert probe_gates_nu_module.blocks(200, 64, 64) is None and probe_gates_nu_module.blocks(16, 256, 64) is None
-    assert _gates_from_nu("triton-nu", "learned", 16, 128, 128)
-    assert _gates_from_nu("triton-nu", "learned", 64, 128, 128)
-    assert not _gates_from_nu("triton-nu", "learned", 128, 128, 128)      # blocks fit; measured slower
-    assert not _gates_from_nu("triton-nu", "merge", 128, 128, 128)
-    assert not _gates_from_nu("triton-nu", "learned", 16, 256, 128)
-    assert not _gates_from_nu("triton-nu", "bounded_erase", 16, 128, 128)
-    assert not _gates_from_nu("triton", "learned", 16, 128, 128)
+    assert _gates_from_nu("triton-nu", "learned", 16, 128, 128, "tf32")
+    assert _gates_from_nu("triton-nu", "learned", 64, 128, 128, "tf32")
+    assert not _gates_from_nu("triton-nu", "learned", 128, 128, 128, "tf32")      # blocks fit; measured slower
+    assert not _gates_from_nu("triton-nu", "merge", 128, 128, 128, "tf32")
+    assert not _gates_from_nu("triton-nu", "learned", 16, 256, 128, "tf32")
+    assert not _gates_from_nu("triton-nu", "bounded_erase", 16, 128, 128, "tf32")
+    assert not _gates_from_nu("triton", "learned", 16, 128, 128, "tf32")
+    # IEEE float32 dots: blocks up to IEEE_MAX_BLOCK (64); TF32 up to MAX_BLOCK
+    assert _gates_from_nu("triton-nu", "learned", 16, 64, 64, "ieee")
+    assert not _gates_from_nu("triton-nu", "learned", 16, 64, 80, "ieee")
+    assert not _gates_from_nu("triton-nu", "learned", 16, 128, 128, "ieee")
+    assert _gates_from_nu("triton-nu", "learned", 16, 128, 128, "tf32")
+    with pytest.raises(ValueError, match="precision must be one of"):
+        _gates_from_nu("triton-nu", "learned", 16, 64, 64, "fp32")
     nu, W = torch.zeros(1, 1, 2, 300), torch.zeros(1, 300, 3 * 4 + 300)
     with pytest.raises(ValueError, match="use the bmm and probe_gates"):
         probe_gates_nu_module.probe_gates_nu_bwd("learned", nu, W, 1, 1, 2, 4, 300, "mean")

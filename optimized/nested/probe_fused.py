@@ -64,7 +64,7 @@ import torch.nn.functional as F
 
 from optimized.nested.probe_gates import GATE_SCHEMES, probe_gates_bwd, probe_gates_fwd
 from optimized.nested.probe_gates_nu import blocks as nu_gate_blocks
-from optimized.nested.probe_gates_nu import probe_gates_nu_bwd, probe_gates_nu_fwd
+from optimized.nested.probe_gates_nu import ieee_blocks_fit, probe_gates_nu_bwd, probe_gates_nu_fwd
 from optimized.nested.snapshot_reads import SnapshotRows, snapshot_read, snapshot_read_dq
 from optimized.promote_scan import summed
 from optimized.state_grad import FactoredSnapGrads
@@ -151,12 +151,13 @@ GATES = ("torch", "triton", "triton-nu")
 NU_GATES_MAX_PAIRS = 64
 
 
-def _gates_from_nu(gates, scheme, n, K, V) -> bool:
+def _gates_from_nu(gates, scheme, n, K, V, precision="ieee") -> bool:
     """Whether the gates make ``z`` themselves from ``ν`` and ``W`` (``gates="triton-nu"``,
     ``optimized.nested.probe_gates_nu``): for learned and merge with at most ``NU_GATES_MAX_PAIRS``
-    pairs a firing where its blocks fit; else the bmm and ``probe_gates``."""
+    pairs a firing where its blocks fit, at IEEE ``precision`` blocks of at most ``IEEE_MAX_BLOCK``;
+    else the bmm and ``probe_gates``."""
     return (gates == "triton-nu" and scheme in GATE_SCHEMES and n <= NU_GATES_MAX_PAIRS
-            and nu_gate_blocks(n, K, V) is not None)
+            and nu_gate_blocks(n, K, V) is not None and ieee_blocks_fit(K, V, precision))
 
 
 def _check_gates(gates):
@@ -208,7 +209,7 @@ def _probe_fwd(scheme, snaps, params, reduction, keep_preactivations, gates="tor
         κ.copy_(torch.eye(K, dtype=ν4.dtype, device=ν4.device))
     outs = (κ.view(*lead, H, n, K), ν4.view(*lead, H, n, V), β.view(*lead, H, n, K),
             ω.view(*lead, H, n, V), γ.view(*lead, H, K))
-    if not keep_preactivations and _gates_from_nu(gates, scheme, n, K, V):
+    if not keep_preactivations and _gates_from_nu(gates, scheme, n, K, V, precision):
         # z made block by block inside the gates' kernel: no head-major copy of ν, no bmm, no z
         probe_gates_nu_fwd(scheme, ν4.contiguous(), W.contiguous(), Bt, H, n, K, V, reduction,
                            None if scheme == "merge" else κ, β, ω, γ, precision=precision)
@@ -280,7 +281,7 @@ def _probe_bwd(scheme, saved, snaps, params, reduction, dκ, dν, dβ, dω, dγ,
     names, W = _weights(scheme, params, saved)          # the forward's W where it still holds
     C = W.shape[-1]
     nu_h = saved.nu.reshape(Bt, H, n, V).transpose(0, 1).reshape(H, Bt * n, V)   # head-major copy
-    if saved.z is None and _gates_from_nu(gates, scheme, n, K, V):
+    if saved.z is None and _gates_from_nu(gates, scheme, n, K, V, precision):
         # z made again inside the gates' kernel from ν and W, never stored; dz in a new buffer (the
         # reverse scan's partials of dκ, dβ, dγ summed as the kernel loads them)
         dz = probe_gates_nu_bwd(scheme, saved.nu.reshape(Bt, H, n, V).contiguous(), W.contiguous(), Bt, H, n,

@@ -51,6 +51,12 @@ from optimized.promote_scan import Partials, summed
 ROWS = 64           # a tile's rows (G firings of NP rows) by default
 TILES = 8           # tiles a program runs with its block of W (512 rows by default)
 MAX_BLOCK = 128     # the largest NP, BK, BV: [rows, BK] float32 tiles and a [BV, 128] block of W in registers
+# The largest BK, BV with IEEE float32 dots (float32 runs), whose products Triton compiles to unrolled
+# FMA code: at 128 the kernels spill ≈ 16 KiB a thread and take ≈ 18 s each to compile (sm_90,
+# Triton 3.6; 300–470 B and 6–8 s at 64, none and 2 s at 32: scripts/kernel_resources.py), so the
+# op's float32 runs take the bmm's z and probe_gates there (``ieee_blocks_fit``; TF32 fits to
+# MAX_BLOCK).
+IEEE_MAX_BLOCK = 64
 PRECISIONS = ("ieee", "tf32")
 # Every block's gate in one launch instead of one launch per block (4 a pass): the gates' launches
 # are 24 of the 54 Triton launches of an L = 4 step. Unpipelined (``_launch``). ``None`` (the
@@ -243,6 +249,14 @@ def probe_gates_nu_bwd_one_kernel(
     else:
         _bwd_tiles(nu, w, dgamma, dz, Bt, n, c_reduce, H, K, V, C, OFF_B, i_h, i_p, 3, HAS_D3, G, NP, TILES,
                    BV, BC, PREC, NPART, STRIDE_K)
+
+
+def ieee_blocks_fit(K: int, V: int, precision: str) -> bool:
+    """Whether a launch at ``precision`` keeps its ``BK``, ``BV`` within ``IEEE_MAX_BLOCK`` where
+    its dots are IEEE float32 (always with TF32)."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    return precision != "ieee" or max(next_power_of_2(K), next_power_of_2(V)) <= IEEE_MAX_BLOCK
 
 
 def blocks(n: int, K: int, V: int, rows: int | None = None) -> tuple | None:
