@@ -302,9 +302,9 @@ def promote_scan_bwd_prefetch_kernel(
     """``promote_scan_bwd_kernel``'s reverse scan, the same operations in the same order, with the
     operands that do not depend on ``dM`` loaded ahead: the next firing's stored state and decay,
     and each pair block, one step before they are used. The steps walk firings from the last, the
-    blocks of a firing from the first. ``dstates[m]`` is still loaded where it is added: held from
-    the firing's start as well, its ``[BK, BV]`` tile made the kernel spill 248 B a thread at
-    K = 128, BV = 64 (sm_90; 24 B this way, the plain kernel 160 B: scripts/kernel_resources.py)."""
+    blocks of a firing from the first. ``dstates[m]`` is loaded where it is added, as in the plain
+    kernel: held from the firing's start as well, its ``[BK, BV]`` tile made the kernel spill at
+    K = 128, BV = 64 (bench/NOTES.md)."""
     i_v, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     o_k, m_k, o_v, m_v, o_kv, m_kv = state_block(i_v, K, V, BK, BV)
@@ -343,7 +343,6 @@ def promote_scan_bwd_prefetch_kernel(
         b_dm = b_dmd * b_decay[:, None]
         b_dm += tl.load(p_dstates + (m * H + i_h) * K * V + o_kv, mask=m_kv, other=0.0)
     tl.store(dm0 + i_bh.to(tl.int64) * K * V + o_kv, b_dm, mask=m_kv)
-
 
 
 def block_sizes(K: int, V: int, n: int, block_v: int | None = None,
