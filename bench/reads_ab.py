@@ -430,6 +430,8 @@ def _ops(B, T, H, K, V, L, dtype, seed, names=VARIANTS, device="cuda"):
     run_dtype_params = device_levels(param_dtype=dtype) if {"params-run-dtype", "params-cast-each"} & set(names) \
         else None
     ieee = lambda dtype, direction: "ieee"  # noqa: E731
+    prefetched = Pieces(scan_fwd=partial(promote_scan_fwd, prefetch=True),
+                        scan_bwd=partial(promote_scan_bwd, prefetch=True))
     variants = {
         "torch": Pieces(reads_fwd=reads_router_fwd_torch, reads_bwd=reads_router_bwd_torch_levels, fused_probe=False,
                         scan_precision=ieee),
@@ -445,8 +447,7 @@ def _ops(B, T, H, K, V, L, dtype, seed, names=VARIANTS, device="cuda"):
         # IEEE forward scans at V blocks of 16 (the batch point's: 256 programs instead of 128)
         "scan-fwd-ieee-bv16": Pieces(scan_fwd=_scan_fwd_ieee_bv16),
         # the scans whose operands are loaded a step ahead (promote_scan's prefetch kernels)
-        "scan-pf": Pieces(scan_fwd=partial(promote_scan_fwd, prefetch=True),
-                          scan_bwd=partial(promote_scan_bwd, prefetch=True)),
+        "scan-pf": prefetched,
         "scan-fwd-pf": Pieces(scan_fwd=partial(promote_scan_fwd, prefetch=True)),
         "scan-bwd-pf": Pieces(scan_bwd=partial(promote_scan_bwd, prefetch=True)),
         # ... both, the IEEE forward at V blocks of 16 (the batch point's launch, as scan-fwd-ieee-bv16)
@@ -504,8 +505,7 @@ def _ops(B, T, H, K, V, L, dtype, seed, names=VARIANTS, device="cuda"):
         "rtok-k128-v32": Pieces(reads_bwd=partial(reads_router_bwd, tokens_blocks=(128, 32, 8))),
         "rtok-k32-v64": Pieces(reads_bwd=partial(reads_router_bwd, tokens_blocks=(32, 64, 8))),
         "uniform16": Pieces(),          # the default op; on levels of 16 queries each (below)
-        "uniform16-scan-pf": Pieces(scan_fwd=partial(promote_scan_fwd, prefetch=True),
-                                    scan_bwd=partial(promote_scan_bwd, prefetch=True)),   # scan-pf, the same
+        "uniform16-scan-pf": prefetched,   # scan-pf, on the levels of uniform16 (below)
         "params-run-dtype": Pieces(),   # the default op; its scheme parameters in the run's dtype (below)
         "params-cast-each": Pieces(),   # the same; main() has the op cast them one at a time
     }

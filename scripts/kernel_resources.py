@@ -42,6 +42,11 @@ def _kernels():
 
     f32 = "*fp32"
     scan_sizes = dict(H=16, K=128, V=128, BK=128)
+    fwd_args = dict.fromkeys(("m0", "kappa", "nu", "beta", "omega", "gamma", "states"), f32) | {
+        "fire_offsets": "*i32", "F": "i32", "N": "i32", "stride_sb": "i32"}
+    bwd_args = dict.fromkeys(("states", "kappa", "nu", "beta", "omega", "gamma", "dstates", "dm0", "dkappa_part",
+                              "dnu", "dbeta_part", "domega", "dgamma_part"), f32) | {"fire_offsets": "*i32"} | \
+        dict.fromkeys(("F", "B", "N", "stride_sb", "stride_db"), "i32")
     rows = []
     # the default blocks (BN = 16; 32 until 2026-12-02, reads_ab's bn32; BV = 32, the reverse scan's
     # default is the " bv64" row's since 2026-12-02), and reads_ab's variants
@@ -54,30 +59,20 @@ def _kernels():
                                           (" bv16 w4", 16, 16, "tf32", False, 4)):
         warps = num_warps(128, BV) if w is None else w      # as the scans' launchers pick them
         c = dict(scan_sizes, BN=BN, BV=BV, IS_VARLEN=varlen)
-        offsets = {"fire_offsets": "*i32"}
-        rows.append((f"promote_scan_fwd{name}", promote_scan_fwd_kernel, dict.fromkeys(
-            ("m0", "kappa", "nu", "beta", "omega", "gamma", "states"), f32) | offsets
-            | {"F": "i32", "N": "i32", "stride_sb": "i32"},
-            c | dict(HAS_M0=True, DOT_PRECISION="ieee"), warps))
-        rows.append((f"promote_scan_bwd{name}", promote_scan_bwd_kernel, dict.fromkeys(
-            ("states", "kappa", "nu", "beta", "omega", "gamma", "dstates", "dm0", "dkappa_part", "dnu",
-             "dbeta_part", "domega", "dgamma_part"), f32) | offsets
-            | dict.fromkeys(("F", "B", "N", "stride_sb", "stride_db"), "i32"),
-            c | dict(DOT_PRECISION=prec), warps))
-    # the scans loading their operands a step ahead (prefetch=True) beside the plain kernels, at the
-    # forward's launches (IEEE at V blocks of 32 and 16, TF32 at one of 128) and the reverse scan's
-    fwd_args = dict.fromkeys(("m0", "kappa", "nu", "beta", "omega", "gamma", "states"), f32) | {
-        "fire_offsets": "*i32", "F": "i32", "N": "i32", "stride_sb": "i32"}
-    for BV, prec in ((32, "ieee"), (16, "ieee"), (128, "tf32")):
+        rows.append((f"promote_scan_fwd{name}", promote_scan_fwd_kernel, fwd_args,
+                     c | dict(HAS_M0=True, DOT_PRECISION="ieee"), warps))
+        rows.append((f"promote_scan_bwd{name}", promote_scan_bwd_kernel, bwd_args, c | dict(DOT_PRECISION=prec), warps))
+    # the scans loading their operands a step ahead (prefetch=True), beside the rows above: the forward
+    # at the IEEE launches (V blocks of 32, 16) and at the bf16 op's TF32 one (one V block of 128, plain
+    # too), the reverse scan at its default V block (64)
+    for name, kernel, BV, prec in ((" prefetch", promote_scan_fwd_prefetch_kernel, 32, "ieee"),
+                                   (" prefetch bv16", promote_scan_fwd_prefetch_kernel, 16, "ieee"),
+                                   (" tf32 bv128", promote_scan_fwd_kernel, 128, "tf32"),
+                                   (" prefetch tf32 bv128", promote_scan_fwd_prefetch_kernel, 128, "tf32")):
         c = dict(scan_sizes, BN=16, BV=BV, IS_VARLEN=False, HAS_M0=True, DOT_PRECISION=prec)
-        for name, kernel in (("", promote_scan_fwd_kernel), (" prefetch", promote_scan_fwd_prefetch_kernel)):
-            rows.append((f"promote_scan_fwd{name} {prec} bv{BV}", kernel, fwd_args, c, num_warps(128, BV)))
-    bwd_args = dict.fromkeys(("states", "kappa", "nu", "beta", "omega", "gamma", "dstates", "dm0", "dkappa_part",
-                              "dnu", "dbeta_part", "domega", "dgamma_part"), f32) | {"fire_offsets": "*i32"} | \
-        dict.fromkeys(("F", "B", "N", "stride_sb", "stride_db"), "i32")
-    c = dict(scan_sizes, BN=16, BV=64, IS_VARLEN=False, DOT_PRECISION="tf32")
-    for name, kernel in (("", promote_scan_bwd_kernel), (" prefetch", promote_scan_bwd_prefetch_kernel)):
-        rows.append((f"promote_scan_bwd{name} tf32 bv64", kernel, bwd_args, c, num_warps(128, 64)))
+        rows.append((f"promote_scan_fwd{name}", kernel, fwd_args, c, num_warps(128, BV)))
+    rows.append(("promote_scan_bwd prefetch bv64", promote_scan_bwd_prefetch_kernel, bwd_args,
+                 dict(scan_sizes, BN=16, BV=64, IS_VARLEN=False, DOT_PRECISION="tf32"), num_warps(128, 64)))
     rows += _reads_and_state_grad_kernels()
     rows += _fenwick_states_kernels()
     # the two-phase reverse scan at its old default V block (32) and at the fused scan's (64:
