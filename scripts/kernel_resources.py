@@ -10,12 +10,17 @@ kernels' blocks were chosen the same way earlier: ``optimized/warps.py``, ``read
 
     python scripts/kernel_resources.py            # every kernel below, one Markdown table
     python scripts/kernel_resources.py scan       # those whose name contains "scan"
+    python scripts/kernel_resources.py --sass "promote_scan_fwd prefetch"   # the row of that exact name:
+        # its machine code's global loads and stores, waits, dots, exponentials, spills and loops in
+        # program order (runs of one kind as one line), to see where a loop's loads are issued
+        # relative to the arithmetic that needs them
 
 The compiler is this machine's Triton (the H200 image runs 3.6; register allocation can differ
 between versions by a few registers, spills seldom appear or vanish between them)."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -260,25 +265,72 @@ def _signature(kernel, pointers_and_ints: dict, constexprs: dict):
     return ASTSource(fn=kernel, signature=sig, constexprs=consts, attrs=attrs)
 
 
-def resources(kernel, pointers_and_ints, constexprs, warps) -> dict:
-    """``{"REG": ..., "STACK": ..., "SHARED": ..., "LOCAL": ...}`` of ``kernel`` compiled for sm_90
-    (``warps``: ``num_warps``, or the launch's options, ``num_stages`` too)."""
+def _compile(kernel, pointers_and_ints, constexprs, warps):
     src = _signature(kernel, pointers_and_ints, constexprs)
     options = dict(warps) if isinstance(warps, dict) else {"num_warps": warps}
-    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+
+
+def _cuobjdump(compiled, flag: str) -> str:
     cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(compiled.asm["cubin"])
         f.flush()
-        out = subprocess.run([cuobjdump, "--dump-resource-usage", f.name], capture_output=True, text=True,
-                             check=True).stdout
+        return subprocess.run([cuobjdump, flag, f.name], capture_output=True, text=True, check=True).stdout
+
+
+def resources(kernel, pointers_and_ints, constexprs, warps) -> dict:
+    """``{"REG": ..., "STACK": ..., "SHARED": ..., "LOCAL": ...}`` of ``kernel`` compiled for sm_90
+    (``warps``: ``num_warps``, or the launch's options, ``num_stages`` too)."""
+    compiled = _compile(kernel, pointers_and_ints, constexprs, warps)
+    out = _cuobjdump(compiled, "--dump-resource-usage")
     line = next(s for s in out.splitlines() if "REG:" in s)
     counts = dict(part.split(":") for part in line.split() if ":" in part)
     return {k: int(counts[k]) for k in ("REG", "STACK", "SHARED", "LOCAL")} | {"shared_dynamic": compiled.metadata.shared}
 
 
+# the machine instructions sass_order keeps, by opcode (the part before the first dot)
+_SASS_KINDS = {"LDG": "global load", "LDGSTS": "global load to shared", "STG": "global store",
+               "DEPBAR": "wait for async loads", "HMMA": "dot (tensor cores)", "HGMMA": "dot (tensor cores)",
+               "FFMA": "FMA", "MUFU": "exp / rcp", "LDL": "spill load", "STL": "spill store", "BAR": "barrier",
+               "EXIT": "exit", "BRA": "branch"}
+
+
+def sass_order(sass: str) -> list[str]:
+    """The kinds of ``_SASS_KINDS`` in program order, a run of one kind as one line (``0x17a0 global
+    load ×6``); a branch to a lower address is a loop's back edge (``loop back to 0x1300``)."""
+    lines, run = [], None
+    for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+(@!?U?P\w+\s+)?([A-Z0-9]+)[^;]*;", sass):
+        addr, op = int(m.group(1), 16), m.group(3)
+        if op not in _SASS_KINDS:
+            continue
+        if op == "BRA":
+            target = re.search(r"BRA\s+(?:`\(\.L_x_\d+\)|0x([0-9a-f]+))", m.group(0))
+            if target and target.group(1) and int(target.group(1), 16) < addr:
+                lines.append(f"0x{addr:04x} loop back to 0x{int(target.group(1), 16):04x}")
+                run = None
+            continue
+        if run and run[1] == op:
+            run[2] += 1
+            lines[-1] = f"0x{run[0]:04x} {_SASS_KINDS[op]} ×{run[2]}"
+        else:
+            run = [addr, op, 1]
+            lines.append(f"0x{addr:04x} {_SASS_KINDS[op]}")
+    return lines
+
+
 def main(argv=None) -> int:
-    pattern = (argv if argv is not None else sys.argv[1:]) or [""]
+    argv = list(argv if argv is not None else sys.argv[1:])
+    if argv[:1] == ["--sass"]:
+        names = argv[1:]
+        rows = [r for r in _kernels() if r[0] in names]
+        if not rows:
+            raise SystemExit(f"no row named {names}; the rows: {[r[0] for r in _kernels()]}")
+        for name, kernel, types, consts, warps in rows:
+            print(f"## {name}\n")
+            print("\n".join(sass_order(_cuobjdump(_compile(kernel, types, consts, warps), "-sass"))), "\n")
+        return 0
+    pattern = argv or [""]
     print("| kernel | warps | registers / thread | spill stack bytes / thread | shared memory bytes |")
     print("|---|---|---|---|---|")
     for name, kernel, types, consts, warps in _kernels():

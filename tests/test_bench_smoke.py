@@ -542,6 +542,35 @@ def test_kernel_resources_compiles_for_sm90_without_a_gpu():
     assert cells[1] == "4" and 0 < int(cells[2]) <= 255 and int(cells[3]) >= 0 and int(cells[4]) > 0
 
 
+def test_kernel_resources_lists_a_kernels_loads_and_loops_in_program_order():
+    """``kernel_resources.py --sass ROW``: the compiled kernel's global loads, stores, exponentials and
+    loop back edges in program order (the gates kernel loops over its tiles: a back edge to a lower
+    address, a load inside it, the sigmoid's exponentials); an unknown row is refused by name."""
+    import re
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    run = lambda *rows: subprocess.run([sys.executable, str(root / "scripts" / "kernel_resources.py"), "--sass", *rows],
+                                       capture_output=True, text=True, cwd=root, timeout=600,
+                                       env={**os.environ, "TRITON_DEFAULT_FP_FUSION": "1"})
+    out = run("probe_gates_fwd (n = 16)")
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = out.stdout.splitlines()
+    assert lines[0] == "## probe_gates_fwd (n = 16)"
+    events = [line for line in lines[1:] if line.startswith("0x")]
+    address = lambda line: int(line.split()[0], 16)
+    assert [address(e) for e in events] == sorted(address(e) for e in events)
+    loops = [(address(e), int(e.split()[-1], 16)) for e in events if "loop back to" in e]
+    assert loops and all(target < at for at, target in loops)
+    at, target = loops[0]
+    inside = [e for e in events if target <= address(e) < at]
+    assert any(re.search(r"global load", e) for e in inside) and any("exp" in e for e in inside)
+    assert any("global store" in e for e in events)
+    refused = run("no such row")
+    assert refused.returncode != 0 and "no row named" in refused.stderr
+
+
 def test_scan_ab_times_variants_off_the_gpu(tmp_path):
     """``bench.scan_ab --quick`` on the CPU: the three levels of the L = 4 ladder at a tiny shape, a
     forward, a fused and a two-phase reverse variant with launch options, written as CSV and
