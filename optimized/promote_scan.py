@@ -356,7 +356,7 @@ def block_sizes(K: int, V: int, n: int, block_v: int | None = None,
     V ≤ 128: its ``(β ⊙ κ) M'`` product is a tensor-core product as wide as the state) and 32 in
     an IEEE one (its dots are FMA loops: wider blocks were slower). Measured: bench/NOTES.md. The
     wide defaults need more shared memory than some GPUs give a block: both scans fall back to
-    32 on ``OutOfResources``."""
+    32 on ``OutOfResources``, then to one pipeline stage (``_fallbacks``)."""
     BK = max(16, next_power_of_2(K))
     if block_n is None:
         block_n = 16
@@ -465,20 +465,31 @@ def promote_scan_fwd(M0, kappa, nu, beta, omega, gamma, block_v: int | None = No
     args = (M0.contiguous() if M0 is not None else None, kappa.contiguous(), nu.contiguous(), beta.contiguous(),
             omega.contiguous(), gamma.contiguous(), states, fire_offsets, F, n, states.stride(0))
 
-    def run(BV):
+    def run(BV, stages=num_stages):
         kernel[(cdiv(V, BV), programs * H)](
             *args, H=H, K=K, V=V, BK=BK, BN=BN, BV=BV, HAS_M0=M0 is not None, DOT_PRECISION=precision,
-            IS_VARLEN=fire_offsets is not None, **launch_options(BK, BV, num_warps, num_stages))
+            IS_VARLEN=fire_offsets is not None, **launch_options(BK, BV, num_warps, stages))
 
-    if block_v is not None or BV <= 32:
-        run(BV)
-    else:
-        # the TF32 default of one V block of 128 needs more shared memory per program than some
-        # GPUs give a block: V blocks of 32 there (the IEEE default)
-        first_that_fits((kernel, H, K, V, BK, BN, BV, precision, M0 is not None,
-                         fire_offsets is not None, num_warps, num_stages, kappa.device),
-                        (lambda: run(BV), lambda: run(32)))
+    # the TF32 default of one V block of 128 needs more shared memory per program than some GPUs
+    # give a block: V blocks of 32 there (the IEEE default); then one pipeline stage
+    first_that_fits((kernel, H, K, V, BK, BN, BV, block_v is None, precision, M0 is not None,
+                     fire_offsets is not None, num_warps, num_stages, kappa.device),
+                    _fallbacks(run, BV, block_v, num_stages))
     return states
+
+
+def _fallbacks(run, BV: int, block_v: int | None, num_stages: int | None) -> list:
+    """A scan's launch forms for ``first_that_fits``, preferred first: ``run(BV)``; V blocks of 32
+    where ``BV`` is a wider default (not a caller's ``block_v``); then, unless the caller set
+    ``num_stages``, the narrowest of those at one pipeline stage. Why: a GPU with 99 KiB of shared
+    memory a block (sm_86, sm_89) refuses the scans at K = 256 at any V block with Triton's stages
+    (100–102 KiB at V blocks of 16), not at one (48 / 96 KiB forward / reverse; sm_80 and sm_86,
+    scripts/kernel_resources.py). The forms compute the same values."""
+    widths = [BV] if block_v is not None or BV <= 32 else [BV, 32]
+    forms = [lambda w=w: run(w) for w in widths]
+    if num_stages is None:
+        forms.append(lambda: run(widths[-1], 1))
+    return forms
 
 
 def forward_precision(precision: str, programs: int, device) -> str:
@@ -617,7 +628,7 @@ def promote_scan_bwd(states, kappa, nu, beta, omega, gamma, dstates, block_v: in
     BK, BN, BV = block_sizes(K, V, n, block_v, block_n, reverse=True)
     programs = B if fire_offsets is None else fire_offsets.numel() - 1
 
-    def run(BV):
+    def run(BV, stages=num_stages):
         NV = cdiv(V, BV)
         dm0 = states.new_empty(programs, H, K, V)
         dkappa_part, dnu, dbeta_part, domega, dgamma_part = pair_grad_buffers(kappa, nu, NV)
@@ -625,14 +636,12 @@ def promote_scan_bwd(states, kappa, nu, beta, omega, gamma, dstates, block_v: in
             states, kappa, nu, beta, omega, gamma, dstates, fire_offsets,
             dm0, dkappa_part, dnu, dbeta_part, domega, dgamma_part, F, B, n, states.stride(0), dstates.stride(0),
             H=H, K=K, V=V, BK=BK, BN=BN, BV=BV, DOT_PRECISION=precision, IS_VARLEN=fire_offsets is not None,
-            **launch_options(BK, BV, num_warps, num_stages))
+            **launch_options(BK, BV, num_warps, stages))
         return (dm0, reduce_partials(dkappa_part), dnu, reduce_partials(dbeta_part), domega,
                 reduce_partials(dgamma_part))
 
-    if block_v is not None or BV <= 32:
-        return run(BV)
     # the default V block of 64 needs ≈ 160 KiB of shared memory per program at K = 128 (sm_90):
-    # a GPU with less per block runs V blocks of 32 (88 KiB), the forward's default
-    return first_that_fits((kernel, H, K, V, BK, BN, BV, precision, fire_offsets is not None,
+    # a GPU with less per block runs V blocks of 32 (88 KiB), the forward's default; then one stage
+    return first_that_fits((kernel, H, K, V, BK, BN, BV, block_v is None, precision, fire_offsets is not None,
                             num_warps, num_stages, kappa.device),
-                           (lambda: run(BV), lambda: run(32)))
+                           _fallbacks(run, BV, block_v, num_stages))

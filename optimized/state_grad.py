@@ -41,6 +41,7 @@ from typing import NamedTuple
 import torch
 import triton
 import triton.language as tl
+from optimized.fits import first_that_fits
 from optimized.host_math import cdiv, next_power_of_2
 
 CHUNK = 64
@@ -305,12 +306,19 @@ def state_grad_bwd(qg, kg, w, gk, do, dv, scale, dht=None, ds=None, slots=None, 
         S = 0
     BN = factored_blocks(n, factored_block_n)
     grid = (cdiv(V, BV), programs * H)
-    state_grad_bwd_kernel[grid](
-        qg, kg, w, gk, do, dv, dht, ds, ds_q, slots, dh, dh0, dv2, cu_seqlens, chunk_offsets,
-        scale, T, S, n,
-        H=H, K=K, V=V, BT=CHUNK, BS=BS, BK=BK, BV=BV, BN=BN,
-        HAS_DHT=dht is not None, HAS_INJECT=has_inject, FACTORED=factored, STORE_DH0=want_dh0, IS_VARLEN=packed,
-        ONE_PAIR_BLOCK=BN >= n,
-        num_warps=4 if BK <= 64 else 8,
-    )
+    flags = dict(HAS_DHT=dht is not None, HAS_INJECT=has_inject, FACTORED=factored, STORE_DH0=want_dh0,
+                 IS_VARLEN=packed, ONE_PAIR_BLOCK=BN >= n)
+    warps = 4 if BK <= 64 else 8
+
+    def run(**stages):
+        state_grad_bwd_kernel[grid](
+            qg, kg, w, gk, do, dv, dht, ds, ds_q, slots, dh, dh0, dv2, cu_seqlens, chunk_offsets,
+            scale, T, S, n, H=H, K=K, V=V, BT=CHUNK, BS=BS, BK=BK, BV=BV, BN=BN, **flags,
+            num_warps=warps, **stages)
+
+    # Triton's pipelining stages the dots' operands in shared memory: at K = 256 more than a GPU
+    # with 99 KiB a block has (108 / 124 KiB plain / factored, sm_80 and sm_86; 42 / 58 KiB at one
+    # stage; scripts/kernel_resources.py): one stage there, the same values
+    first_that_fits((state_grad_bwd_kernel, H, K, V, BK, BV, BS, BN, tuple(flags.values()), qg.dtype, qg.device),
+                    (run, lambda: run(num_stages=1)))
     return dh, dh0, dv2

@@ -4,12 +4,14 @@
 registers per thread spills to a local stack (``STACK`` bytes per thread): the usual reason a
 latency-bound kernel runs far slower than its traffic (bench/NOTES.md, the two-phase scan).
 
-Shapes are the benchmark's (K = V = 128, H = 16; the scans' and gates' operands are float32);
+Shapes are the benchmark's (K = V = 128 unless ``--kv``, H = 16; the scans' and gates' operands are float32);
 block sizes and warps as the launchers pick them, plus the variants ``reads_ab`` times. (The reads
 kernels' blocks were chosen the same way earlier: ``optimized/warps.py``, ``reads_bwd``.)
 
     python scripts/kernel_resources.py            # every kernel below, one Markdown table
     python scripts/kernel_resources.py scan       # those whose name contains "scan"
+    python scripts/kernel_resources.py --arch 80 scan    # compiled for an A100 (sm_80) instead
+    python scripts/kernel_resources.py --kv 256 state_grad   # the scans, reads, state gradient at K = V = 256
     python scripts/kernel_resources.py --sass "promote_scan_fwd prefetch"   # the row of that exact name:
         # its machine code's global loads and stores, waits, dots, exponentials, spills and loops in
         # program order (runs of one kind as one line), to see where a loop's loads are issued
@@ -46,7 +48,7 @@ def _kernels():
     from optimized.promote_scan_two_phase import promote_scan_bwd_carry_kernel, promote_scan_bwd_pairs_kernel
 
     f32 = "*fp32"
-    scan_sizes = dict(H=16, K=128, V=128, BK=128)
+    scan_sizes = dict(H=16, K=KV, V=KV, BK=max(16, 1 << (KV - 1).bit_length()))
     fwd_args = dict.fromkeys(("m0", "kappa", "nu", "beta", "omega", "gamma", "states"), f32) | {
         "fire_offsets": "*i32", "F": "i32", "N": "i32", "stride_sb": "i32"}
     bwd_args = dict.fromkeys(("states", "kappa", "nu", "beta", "omega", "gamma", "dstates", "dm0", "dkappa_part",
@@ -123,14 +125,15 @@ def _gates_from_nu_kernels():
             rows.append((f"probe_gates_nu_bwd (n = {n}, {gate})", probe_gates_nu_bwd_kernel,
                          dict.fromkeys(("nu", "w", "dy", "dz"), f32) | ints | {"PART_STRIDE": "i32"},
                          g | dict(HAS_D=True, NPART=1 if seg == 2 else 2), 8))
+    one_stage = {"num_warps": 8, "num_stages": 1}      # as the launcher runs them (unpipelined)
     for n, G in ((16, 4), (64, 1)):         # every block in one launch (probe_gates_nu.ONE_LAUNCH)
         g = dict(G=G, NP=n, BV=128, BC=128, FIRST=0, TILES=TILES, PREC="tf32")
         rows.append((f"probe_gates_nu_fwd_one (n = {n})", probe_gates_nu_fwd_one_kernel,
-                     dict.fromkeys(("nu", "w", "kappa", "beta", "omega", "gamma"), f32) | ints, g, 8))
+                     dict.fromkeys(("nu", "w", "kappa", "beta", "omega", "gamma"), f32) | ints, g, one_stage))
         rows.append((f"probe_gates_nu_bwd_one (n = {n})", probe_gates_nu_bwd_one_kernel,
                      dict.fromkeys(("nu", "w", "dkappa", "dbeta", "domega", "dgamma", "dz"), f32) | ints
                      | dict.fromkeys(("STRIDE_NK", "STRIDE_K"), "i32"),
-                     g | dict.fromkeys(("HAS_D0", "HAS_D1", "HAS_D2", "HAS_D3"), True) | dict(NPART=2), 8))
+                     g | dict.fromkeys(("HAS_D0", "HAS_D1", "HAS_D2", "HAS_D3"), True) | dict(NPART=2), one_stage))
     return rows
 
 
@@ -184,11 +187,11 @@ def _reads_and_state_grad_kernels():
     from optimized.warps import num_warps as reads_warps
 
     bf16, f32, i32 = "*bf16", "*fp32", "i32"
-    BT, BK, BV, BL = reads_blocks(128, 128, 4)
-    BKA, BVA, warps_a = token_blocks(128, 128)
-    SBV = reads_blocks(128, 128, 4, states_block_v(128))[2]          # the state-gradient kernel's own V block
-    sizes = dict(H=16, K=128, V=128, BT=BT, BL=BL, SPLIT=True)
-    SK, SV, SS = state_grad_blocks(128, 128)
+    BT, BK, BV, BL = reads_blocks(KV, KV, 4)
+    BKA, BVA, warps_a = token_blocks(KV, KV)
+    SBV = reads_blocks(KV, KV, 4, states_block_v(KV))[2]          # the state-gradient kernel's own V block
+    sizes = dict(H=16, K=KV, V=KV, BT=BT, BL=BL, SPLIT=True)
+    SK, SV, SS = state_grad_blocks(KV, KV)
     rows = []
     for name, varlen in (("", False), (" packed", True)):
         ints = dict.fromkeys(("T", "N", "S", "S_LO", "L"), i32) | {"scale": "fp32"}
@@ -221,7 +224,7 @@ def _reads_and_state_grad_kernels():
                          dict.fromkeys(("qg", "kg", "w", "gk", "do", "dv", "dh", "dv2"), bf16)
                          | dict.fromkeys(("dht", "ds", "ds_q", "dh0"), f32) | {"slots": "*i32", "cu_seqlens": "*i64",
                          "chunk_offsets": "*i32", "scale": "fp32", "T": i32, "S": i32, "N_PAIRS": i32},
-                         dict(H=16, K=128, V=128, BT=64, BS=SS, BK=SK, BV=SV, BN=16, HAS_DHT=True, HAS_INJECT=True,
+                         dict(H=16, K=KV, V=KV, BT=64, BS=SS, BK=SK, BV=SV, BN=16, HAS_DHT=True, HAS_INJECT=True,
                               FACTORED=factored, STORE_DH0=True, IS_VARLEN=varlen, ONE_PAIR_BLOCK=True), 8))
     # the factored injection with more pairs than its block (level 1 with n > FACTORED_BLOCK_N), at
     # K = V = 128 and 256 (the launcher's blocks for each)
@@ -241,12 +244,12 @@ def _reads_and_state_grad_kernels():
                      sizes | dict(BKA=bka, BV=bva, IS_VARLEN=False), warps))
     from optimized.nested.snapshot_grads import add_snapshot_grads_kernel
     from optimized.nested.snapshot_grads import block_sizes as snapshot_grads_blocks
-    BN, BKS, BVS = snapshot_grads_blocks(16, 128, 128)
+    BN, BKS, BVS = snapshot_grads_blocks(16, KV, KV)
     for precision in ("ieee", "tf32"):
         rows.append((f"add_snapshot_grads {precision}", add_snapshot_grads_kernel,
                      dict.fromkeys(("dst", "q", "dnu"), f32) | dict.fromkeys(("firings", "targets"), "*i32")
                      | dict.fromkeys(("stride_db", "F", "R", "N_PAIRS"), i32),
-                     dict(H=16, K=128, V=128, BN=BN, BK=BKS, BV=BVS, PRECISION=precision), 8))
+                     dict(H=16, K=KV, V=KV, BN=BN, BK=BKS, BV=BVS, PRECISION=precision), 8))
     return rows
 
 
@@ -265,10 +268,15 @@ def _signature(kernel, pointers_and_ints: dict, constexprs: dict):
     return ASTSource(fn=kernel, signature=sig, constexprs=consts, attrs=attrs)
 
 
+ARCH = 90      # the compute capability compiled for (``--arch``: 80 for an A100)
+# K = V of the scans', reads' and state-gradient rows (``--kv``; the gates' and Fenwick GDN-2's rows stay at 128)
+KV = 128
+
+
 def _compile(kernel, pointers_and_ints, constexprs, warps):
     src = _signature(kernel, pointers_and_ints, constexprs)
     options = dict(warps) if isinstance(warps, dict) else {"num_warps": warps}
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+    return triton.compile(src, target=GPUTarget("cuda", ARCH, 32), options=options)
 
 
 def _cuobjdump(compiled, flag: str) -> str:
@@ -320,7 +328,14 @@ def sass_order(sass: str) -> list[str]:
 
 
 def main(argv=None) -> int:
+    global ARCH, KV
     argv = list(argv if argv is not None else sys.argv[1:])
+    while argv[:1] in (["--arch"], ["--kv"]):
+        if argv[0] == "--arch":
+            ARCH = int(argv[1])
+        else:
+            KV = int(argv[1])
+        argv = argv[2:]
     if argv[:1] == ["--sass"]:
         names = argv[1:]
         rows = [r for r in _kernels() if r[0] in names]

@@ -162,41 +162,6 @@ def test_scan_rejects_bad_launch_options(scan):
     call(num_warps=4, num_stages=1)
 
 
-def test_reverse_scan_falls_back_to_v_blocks_of_32_without_the_shared_memory(monkeypatch):
-    """The reverse scan's default V block (64) needs more shared memory per program than some GPUs
-    have: the launch's ``OutOfResources`` makes it run V blocks of 32 (the same gradients); an
-    explicit ``block_v`` is not changed behind the caller's back."""
-    import optimized.promote_scan as scan
-    from triton.runtime.errors import OutOfResources
-
-    gen = torch.Generator().manual_seed(0)
-    M0, *pairs = (torch.rand(t.shape, generator=gen).to(DEV) for t in scan_args(F=3, n=4, K=16, V=80))
-    states = promote_scan_fwd(M0, *pairs)
-    dstates = torch.rand(states.shape, generator=gen).to(DEV)
-    want = promote_scan_bwd(states, *pairs, dstates, block_v=32)
-    kernel, tried = scan.promote_scan_bwd_kernel, []
-
-    class SmallGPU:
-        def __getitem__(self, grid):
-            def launch(*args, BV, **kwargs):
-                tried.append(BV)
-                if BV > 32:
-                    raise OutOfResources(163840, 101376, "shared memory")
-                return kernel[grid](*args, BV=BV, **kwargs)
-            return launch
-
-    monkeypatch.setattr(scan, "promote_scan_bwd_kernel", SmallGPU())
-    got = promote_scan_bwd(states, *pairs, dstates)
-    assert tried == [64, 32]
-    for a, b in zip(got, want):
-        assert torch.equal(a, b)
-    tried.clear()                                   # the refusal is remembered: no second one
-    promote_scan_bwd(states, *pairs, dstates)
-    assert tried == [32]
-    with pytest.raises(OutOfResources):
-        promote_scan_bwd(states, *pairs, dstates, block_v=64)
-
-
 def test_state_grad_rejects_bad_slots():
     z = lambda *s: torch.zeros(*s, device=DEV)  # noqa: E731
     qkwg = [z(1, 130, 1, 16) for _ in range(4)]
