@@ -104,6 +104,7 @@ def _kernels():
                      | dict.fromkeys(("Bt", "n", "H", "K", "V", "C", "OFF_B"), "i32"),
                      g | dict(HAS_KAPPA=True, HAS_DK=True, HAS_DB=True, HAS_DW=True, HAS_DG=True), 4))
     rows += _gates_from_nu_kernels()
+    rows += _snapshot_and_fenwick_chunk_kernels()
     return rows
 
 
@@ -134,6 +135,45 @@ def _gates_from_nu_kernels():
                      dict.fromkeys(("nu", "w", "dkappa", "dbeta", "domega", "dgamma", "dz"), f32) | ints
                      | dict.fromkeys(("STRIDE_NK", "STRIDE_K"), "i32"),
                      g | dict.fromkeys(("HAS_D0", "HAS_D1", "HAS_D2", "HAS_D3"), True) | dict(NPART=2), one_stage))
+    return rows
+
+
+def _snapshot_and_fenwick_chunk_kernels():
+    """The probe's snapshot reads (``ν = Q S`` and ``dQ``, TF32 as in bf16 runs, n = 16 and 64 pairs),
+    the key-block partial sum, and Fenwick GDN-2's chunk-local kernels (its WY products and intra-chunk
+    output, forward and backward; bf16 activations, K = V = 128), at their launchers' blocks and warps."""
+    from optimized.fenwick_gdn2.intra import INTRA_LEVELS, _block_v, fenwick_intra_bwd_kernel, fenwick_intra_fwd_kernel
+    from optimized.fenwick_gdn2.wy import fenwick_wy_intra_kernel
+    from optimized.key_block_partials import ROWS, add_key_block_partials_kernel
+    from optimized.nested.snapshot_reads import block_sizes as snapshot_blocks
+    from optimized.nested.snapshot_reads import snapshot_read_dq_kernel, snapshot_read_fwd_kernel
+    from optimized.warps import num_warps
+
+    bf16, f32, i32 = "*bf16", "*fp32", "i32"
+    rows = []
+    for n in (16, 64):
+        BN, BK, BV = snapshot_blocks(n, KV, KV)
+        c = dict(H=16, K=KV, V=KV, BN=BN, BK=BK, BV=BV, PREC="tf32")
+        rows.append((f"snapshot_read_fwd (n = {n})", snapshot_read_fwd_kernel,
+                     dict.fromkeys(("q", "src", "final", "nu"), f32) | {"rows": "*i32"}
+                     | dict.fromkeys(("F", "N", "stride_sb"), i32), c, 4))
+        rows.append((f"snapshot_read_dq (n = {n})", snapshot_read_dq_kernel,
+                     dict.fromkeys(("dnu", "src", "final", "dq_part"), f32) | {"rows": "*i32"}
+                     | dict.fromkeys(("F", "N", "BF", "ITEMS", "stride_sb"), i32), c, 4))
+    rows.append(("add_key_block_partials", add_key_block_partials_kernel,
+                 {"db": bf16, "parts": f32, "out": bf16, "R": i32, "K": i32}, dict(BK=64, BR=ROWS), 4))
+    chunk = {"cu_seqlens": "*i64", "chunk_indices": "*i32", "T": i32}
+    rows.append(("fenwick_wy_intra", fenwick_wy_intra_kernel,
+                 dict.fromkeys(("q", "k", "b", "Aqk", "Akk"), bf16) | {"gk": f32, "scale": "fp32"} | chunk,
+                 dict(H=8, K=128, BT=64, BK=16, IS_VARLEN=False), 4))
+    intra = dict(H=8, V=128, BT=64, BV=_block_v(128), NL=INTRA_LEVELS, DOT="tf32", IS_VARLEN=False)
+    rows.append(("fenwick_intra_fwd", fenwick_intra_fwd_kernel,
+                 dict.fromkeys(("v", "w", "Aqk", "Akk"), bf16) | {"lam": f32, "o": f32, "L": i32} | chunk,
+                 intra, num_warps(64, 64)))
+    rows.append(("fenwick_intra_bwd", fenwick_intra_bwd_kernel,
+                 dict.fromkeys(("v", "w", "Aqk", "Akk"), bf16) | dict.fromkeys(("lam", "do", "dwv", "dlam", "dAqk",
+                                                                                 "dL"), f32) | {"L": i32} | chunk,
+                 intra, num_warps(64, 64)))
     return rows
 
 

@@ -101,36 +101,69 @@ def test_scans_run_one_pipeline_stage_where_every_v_block_is_refused_at_triton_s
         promote_scan_bwd(states, *pairs, dstates, num_stages=3, prefetch=prefetch)
 
 
-def state_grad_inputs(B=2, T=130, H=2, K=16, V=24, seed=0):
-    gen = torch.Generator().manual_seed(seed)
-    rand = lambda *s: torch.rand(s, generator=gen).to(DEV)      # noqa: E731
-    qg, kg, w = (rand(B, T, H, K) for _ in range(3))
-    gk = -rand(B, T, H, K)
-    do, dv = rand(B, T, H, V), rand(B, T, H, V)
-    slots = torch.tensor([0, -1, 1], dtype=torch.int32, device=DEV)
-    return (qg, kg, w, gk, do, dv, 0.25), dict(dht=rand(B, H, K, V), ds=rand(B, 2, H, K, V), slots=slots,
-                                               want_dh0=True)
+def _rand(*shape, gen):
+    return torch.rand(shape, generator=gen).to(DEV)
 
 
-def test_state_gradient_kernel_runs_one_pipeline_stage_where_it_is_refused_at_triton_s(monkeypatch):
-    """Level 0's state-gradient kernel at K = 256 asks 108–124 KiB with Triton's stages (sm_80 and
-    sm_86), more than a 99 KiB GPU gives: refused, it runs at one stage (42–58 KiB) and gives what a
-    launch at one stage gives; the refusal is remembered."""
-    args, kwargs = state_grad_inputs()
-    kernel = state_grad.state_grad_bwd_kernel
+def _state_grad(gen):
+    """Level 0's state gradient (K = 256: 108–124 KiB with Triton's stages, sm_80 and sm_86)."""
+    B, T, H, K, V = 2, 130, 2, 16, 24
+    qg, kg, w = (_rand(B, T, H, K, gen=gen) for _ in range(3))
+    args = (qg, kg, w, -_rand(B, T, H, K, gen=gen), _rand(B, T, H, V, gen=gen), _rand(B, T, H, V, gen=gen), 0.25)
+    kwargs = dict(dht=_rand(B, H, K, V, gen=gen), ds=_rand(B, 2, H, K, V, gen=gen), want_dh0=True,
+                  slots=torch.tensor([0, -1, 1], dtype=torch.int32, device=DEV))
+    return state_grad, "state_grad_bwd_kernel", lambda: state_grad.state_grad_bwd(*args, **kwargs)
+
+
+def _snapshot_reads(which):
+    """The probe's snapshot reads ``ν = Q S`` and their ``dQ`` (64 pairs: 128 KiB with Triton's stages)."""
+    def case(gen):
+        from optimized.nested import snapshot_reads as module
+        B, R, F, H, n, K, V = 2, 3, 4, 2, 20, 24, 40
+        snaps = module.SnapshotRows(_rand(B, R, H, K, V, gen=gen), torch.tensor([0, 2, 1, 2], dtype=torch.int32,
+                                                                               device=DEV))
+        if which == "fwd":
+            Q = _rand(H, n, K, gen=gen)
+            return module, "snapshot_read_fwd_kernel", lambda: (module.snapshot_read(Q, snaps),)
+        dnu = _rand(B, F, H, n, V, gen=gen)
+        return module, "snapshot_read_dq_kernel", lambda: (module.snapshot_read_dq(dnu, snaps),)
+    return case
+
+
+def _fenwick_intra_bwd(gen):
+    """Fenwick GDN-2's intra-chunk backward (V = 128: 128 KiB with Triton's stages, sm_80 and sm_86)."""
+    from optimized.fenwick_gdn2 import intra as module
+    B, T, H, V, L = 1, 100, 2, 24, 8
+    args = (_rand(B, T, H, V, gen=gen), _rand(B, T, H, V, gen=gen), _rand(B, T, H, L, gen=gen),
+            _rand(B, T, H, 64, gen=gen), _rand(B, T, H, 64, gen=gen), _rand(B, T, H, V, gen=gen))
+    return module, "fenwick_intra_bwd_kernel", lambda: module.intra_bwd(*args)
+
+
+ONE_STAGE_CASES = {"state_grad": _state_grad, "snapshot_read": _snapshot_reads("fwd"),
+                   "snapshot_read_dq": _snapshot_reads("dq"), "fenwick_intra_bwd": _fenwick_intra_bwd}
+
+
+@pytest.mark.parametrize("case", list(ONE_STAGE_CASES))
+def test_launches_run_one_pipeline_stage_where_they_are_refused_at_triton_s(monkeypatch, case):
+    """Launches whose pipeline stages ask more shared memory than a 99 KiB GPU gives (level 0's state
+    gradient at K = 256, the snapshot reads at 64 pairs, Fenwick GDN-2's intra-chunk backward; figures
+    in each launcher): refused, they run at one stage and give what a launch at one stage gives; the
+    refusal is remembered."""
+    module, name, call = ONE_STAGE_CASES[case](torch.Generator().manual_seed(0))
+    kernel = getattr(module, name)
 
     class OneStage:
         def __getitem__(self, grid):
             return lambda *a, **kw: kernel[grid](*a, **{**kw, "num_stages": 1})
 
-    monkeypatch.setattr(state_grad, "state_grad_bwd_kernel", OneStage())
-    want = state_grad.state_grad_bwd(*args, **kwargs)
+    monkeypatch.setattr(module, name, OneStage())
+    want = call()
     gpu = SmallGPU(kernel, lambda BV, stages: stages != 1)
-    monkeypatch.setattr(state_grad, "state_grad_bwd_kernel", gpu)
-    got = state_grad.state_grad_bwd(*args, **kwargs)
+    monkeypatch.setattr(module, name, gpu)
+    got = call()
     assert [stages for _, stages in gpu.tried] == [None, 1]
-    for a, b in zip(got, want):
+    for a, b in zip(got, want, strict=True):
         assert torch.equal(a, b)
     gpu.tried.clear()
-    state_grad.state_grad_bwd(*args, **kwargs)
+    call()
     assert [stages for _, stages in gpu.tried] == [1]

@@ -30,6 +30,7 @@ import triton
 import triton.language as tl
 
 from optimized.fenwick_gdn2.wy import chunk_of_program
+from optimized.fits import first_that_fits
 from optimized.warps import num_warps
 from optimized.host_math import cdiv, next_power_of_2
 
@@ -176,7 +177,15 @@ def intra_bwd(v, w, level_scales, Aqk, Akk, do, precision: str = "ieee", p=None)
     dAqk = torch.empty(B, T, H, CHUNK, device=v.device, dtype=torch.float32)
     dL = torch.empty(B, T, H, CHUNK, device=v.device, dtype=torch.float32)
     grid, cu_seqlens, chunk_indices = _grid(v, p)
-    fenwick_intra_bwd_kernel[grid](v, w, level_scales, Aqk, Akk, do, dwv, dlam, dAqk, dL, cu_seqlens, chunk_indices,
-                                   T, L, H=H, V=V, BT=CHUNK, BV=_block_v(V), NL=INTRA_LEVELS, DOT=precision,
-                                   IS_VARLEN=p is not None, num_warps=num_warps(CHUNK, CHUNK))
+
+    def run(**stages):
+        fenwick_intra_bwd_kernel[grid](v, w, level_scales, Aqk, Akk, do, dwv, dlam, dAqk, dL, cu_seqlens, chunk_indices,
+                                       T, L, H=H, V=V, BT=CHUNK, BV=_block_v(V), NL=INTRA_LEVELS, DOT=precision,
+                                       IS_VARLEN=p is not None, num_warps=num_warps(CHUNK, CHUNK), **stages)
+
+    # Triton's stages ask 128 KiB of shared memory at V = 128 (sm_80, sm_86; 112 KiB sm_90), more than a
+    # GPU with 99 KiB a block gives; 64 KiB at one stage (scripts/kernel_resources.py). Same values.
+    first_that_fits((fenwick_intra_bwd_kernel, H, V, precision, p is not None,
+                     v.dtype, w.dtype, level_scales.dtype, Aqk.dtype, Akk.dtype, do.dtype, v.device),
+                    (run, lambda: run(num_stages=1)))
     return dwv, dlam, dAqk, dL

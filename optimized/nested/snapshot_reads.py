@@ -33,6 +33,7 @@ from typing import NamedTuple
 import torch
 import triton
 import triton.language as tl
+from optimized.fits import first_that_fits
 from optimized.host_math import cdiv, next_power_of_2
 
 PRECISIONS = ("ieee", "tf32")
@@ -193,8 +194,12 @@ def snapshot_read(Q: torch.Tensor, snaps: SnapshotRows, precision: str = "ieee")
         return nu
     BN, BK, BV = block_sizes(n, K, V)
     grid = (B * F * H, cdiv(n, BN), cdiv(V, BV))
-    snapshot_read_fwd_kernel[grid](Q, snaps.src, final, snaps.rows, nu, F, n, snaps.src.stride(0),
-                                   H=H, K=K, V=V, BN=BN, BK=BK, BV=BV, PREC=precision, num_warps=4)
+
+    def run(**stages):
+        snapshot_read_fwd_kernel[grid](Q, snaps.src, final, snaps.rows, nu, F, n, snaps.src.stride(0),
+                                       H=H, K=K, V=V, BN=BN, BK=BK, BV=BV, PREC=precision, num_warps=4, **stages)
+
+    _one_stage_where_refused(snapshot_read_fwd_kernel, run, (H, K, V, BN, BK, BV, precision, snaps.src.dtype, Q.device))
     return nu
 
 
@@ -218,7 +223,18 @@ def snapshot_read_dq(dnu: torch.Tensor, snaps: SnapshotRows, precision: str = "i
     tiles = cdiv(n, BN) * cdiv(K, BK)
     groups, per = dq_groups(B * F, tiles * H)
     part = torch.empty(groups, H, n, K, dtype=torch.float32, device=dnu.device)
-    snapshot_read_dq_kernel[(groups, tiles, H)](
-        dnu, snaps.src, final, snaps.rows, part, F, n, B * F, per, snaps.src.stride(0),
-        H=H, K=K, V=V, BN=BN, BK=BK, BV=BV, PREC=precision, num_warps=4)
+
+    def run(**stages):
+        snapshot_read_dq_kernel[(groups, tiles, H)](
+            dnu, snaps.src, final, snaps.rows, part, F, n, B * F, per, snaps.src.stride(0),
+            H=H, K=K, V=V, BN=BN, BK=BK, BV=BV, PREC=precision, num_warps=4, **stages)
+
+    _one_stage_where_refused(snapshot_read_dq_kernel, run, (H, K, V, BN, BK, BV, precision, snaps.src.dtype, dnu.device))
     return part.sum(0)
+
+
+def _one_stage_where_refused(kernel, run, key: tuple) -> None:
+    """``run()`` at Triton's pipeline stages, or at one where the GPU refuses their shared memory:
+    at 64 pairs and K, V ≥ 64 the kernels stage 128 KiB (sm_80, sm_86; 192 KiB sm_90), more than a GPU
+    with 99 KiB a block gives, 20–32 KiB at one stage (scripts/kernel_resources.py). Same values."""
+    first_that_fits((kernel, *key), (run, lambda: run(num_stages=1)))
