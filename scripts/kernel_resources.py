@@ -140,10 +140,10 @@ def _gates_from_nu_kernels():
 
 def _snapshot_and_fenwick_chunk_kernels():
     """The probe's snapshot reads (``ν = Q S`` and ``dQ``, TF32 as in bf16 runs, n = 16 and 64 pairs),
-    the key-block partial sum, and Fenwick GDN-2's chunk-local kernels (its WY products and intra-chunk
-    output, forward and backward; bf16 activations, K = V = 128), at their launchers' blocks and warps."""
+    the key-block partial sum, and Fenwick GDN-2's intra-chunk output, forward and backward (bf16
+    activations, V = 128; its WY kernel runs under the interpreter only), at their launchers' blocks
+    and warps."""
     from optimized.fenwick_gdn2.intra import INTRA_LEVELS, _block_v, fenwick_intra_bwd_kernel, fenwick_intra_fwd_kernel
-    from optimized.fenwick_gdn2.wy import fenwick_wy_intra_kernel
     from optimized.key_block_partials import ROWS, add_key_block_partials_kernel
     from optimized.nested.snapshot_reads import block_sizes as snapshot_blocks
     from optimized.nested.snapshot_reads import snapshot_read_dq_kernel, snapshot_read_fwd_kernel
@@ -163,9 +163,6 @@ def _snapshot_and_fenwick_chunk_kernels():
     rows.append(("add_key_block_partials", add_key_block_partials_kernel,
                  {"db": bf16, "parts": f32, "out": bf16, "R": i32, "K": i32}, dict(BK=64, BR=ROWS), 4))
     chunk = {"cu_seqlens": "*i64", "chunk_indices": "*i32", "T": i32}
-    rows.append(("fenwick_wy_intra", fenwick_wy_intra_kernel,
-                 dict.fromkeys(("q", "k", "b", "Aqk", "Akk"), bf16) | {"gk": f32, "scale": "fp32"} | chunk,
-                 dict(H=8, K=128, BT=64, BK=16, IS_VARLEN=False), 4))
     intra = dict(H=8, V=128, BT=64, BV=_block_v(128), NL=INTRA_LEVELS, DOT="tf32", IS_VARLEN=False)
     rows.append(("fenwick_intra_fwd", fenwick_intra_fwd_kernel,
                  dict.fromkeys(("v", "w", "Aqk", "Akk"), bf16) | {"lam": f32, "o": f32, "L": i32} | chunk,
