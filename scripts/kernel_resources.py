@@ -1,8 +1,10 @@
-"""Registers, spill stack and shared memory of the nested op's Triton kernels on an H100/H200
-(sm_90), compiled here without a GPU: Triton generates the cubin with its bundled ptxas and
-``cuobjdump --dump-resource-usage`` reads the counts back. A kernel that needs more than 255
-registers per thread spills to a local stack (``STACK`` bytes per thread): the usual reason a
-latency-bound kernel runs far slower than its traffic (bench/NOTES.md, the two-phase scan).
+"""Registers, spill stack and shared memory of our Triton kernels on an H100/H200 (sm_90, or the
+compute capability ``--arch`` names), compiled here without a GPU: Triton generates the cubin with
+its bundled ptxas and ``cuobjdump --dump-resource-usage`` reads the counts back. A kernel that
+needs more than 255 registers per thread spills to a local stack (``STACK`` bytes per thread): the
+usual reason a latency-bound kernel runs far slower than its traffic (bench/NOTES.md, the two-phase
+scan). The shared memory is the figure Triton holds against the GPU's limit a block at launch
+(``OutOfResources`` above it: the launchers' fallbacks in ``optimized/fits.py``).
 
 Shapes are the benchmark's (K = V = 128 unless ``--kv``, H = 16; the scans' and gates' operands are float32);
 block sizes and warps as the launchers pick them, plus the variants ``reads_ab`` times. (The reads
