@@ -35,3 +35,10 @@ def first_that_fits(key: Hashable, forms: Sequence[Callable]):
             _FIRST_THAT_FITS[key] = i
         return out
     raise ValueError(f"no launch forms for {key!r}")
+
+
+def one_stage_where_refused(key: Hashable, run: Callable):
+    """``run()`` at Triton's pipeline stages, or ``run(num_stages=1)`` where the GPU refuses the
+    shared memory they stage (``first_that_fits`` with those two forms; the same values either way).
+    ``run`` takes the launch's extra keyword arguments."""
+    return first_that_fits(key, (run, lambda: run(num_stages=1)))

@@ -41,7 +41,7 @@ from typing import NamedTuple
 import torch
 import triton
 import triton.language as tl
-from optimized.fits import first_that_fits
+from optimized.fits import one_stage_where_refused
 from optimized.host_math import cdiv, next_power_of_2
 
 CHUNK = 64
@@ -319,6 +319,6 @@ def state_grad_bwd(qg, kg, w, gk, do, dv, scale, dht=None, ds=None, slots=None, 
     # Triton's pipelining stages the dots' operands in shared memory: at K = 256 more than a GPU
     # with 99 KiB a block has (108 / 124 KiB plain / factored, sm_80 and sm_86; 42 / 58 KiB at one
     # stage; scripts/kernel_resources.py): one stage there, the same values
-    first_that_fits((state_grad_bwd_kernel, H, K, V, BK, BV, BS, BN, tuple(flags.values()), qg.dtype, qg.device),
-                    (run, lambda: run(num_stages=1)))
+    one_stage_where_refused((state_grad_bwd_kernel, H, K, V, BK, BV, BS, BN, tuple(flags.values()), qg.dtype,
+                             qg.device), run)
     return dh, dh0, dv2

@@ -55,3 +55,19 @@ def test_remembering_catches_a_fallback_that_retries_every_call():
         return forms[-1]()
 
     assert _three_calls(retry_every_call) == [0, 1, 2, 0, 1, 2, 0]
+
+
+def test_one_stage_where_refused_runs_one_stage_after_a_refusal_and_remembers_it():
+    calls = []
+
+    def run(**stages):
+        calls.append(stages.get("num_stages"))
+        if "num_stages" not in stages:
+            raise OutOfResources(131072, 101376, "shared memory")
+        return "ran"
+
+    with mock.patch.object(fits, "_FIRST_THAT_FITS", {}):
+        assert fits.one_stage_where_refused("e", run) == "ran"
+        assert fits.one_stage_where_refused("e", run) == "ran"
+        assert fits.one_stage_where_refused("f", lambda **stages: stages) == {}
+    assert calls == [None, 1, 1]

@@ -30,7 +30,7 @@ import triton
 import triton.language as tl
 
 from optimized.fenwick_gdn2.wy import chunk_of_program
-from optimized.fits import first_that_fits
+from optimized.fits import one_stage_where_refused
 from optimized.warps import num_warps
 from optimized.host_math import cdiv, next_power_of_2
 
@@ -185,7 +185,6 @@ def intra_bwd(v, w, level_scales, Aqk, Akk, do, precision: str = "ieee", p=None)
 
     # Triton's stages ask 128 KiB of shared memory at V = 128 (sm_80, sm_86; 112 KiB sm_90), more than a
     # GPU with 99 KiB a block gives; 64 KiB at one stage (scripts/kernel_resources.py). Same values.
-    first_that_fits((fenwick_intra_bwd_kernel, H, V, precision, p is not None,
-                     v.dtype, w.dtype, level_scales.dtype, Aqk.dtype, Akk.dtype, do.dtype, v.device),
-                    (run, lambda: run(num_stages=1)))
+    one_stage_where_refused((fenwick_intra_bwd_kernel, H, V, precision, p is not None, v.dtype, w.dtype,
+                             level_scales.dtype, Aqk.dtype, Akk.dtype, do.dtype, v.device), run)
     return dwv, dlam, dAqk, dL

@@ -42,7 +42,7 @@ import torch
 import triton
 import triton.language as tl
 
-from optimized.fits import first_that_fits
+from optimized.fits import one_stage_where_refused
 from optimized.nested.probe_gates import (_expect, _reduce_factor, _softplus, check_outputs, checked_grads,
                                           gate_columns)
 from optimized.host_math import cdiv, next_power_of_2
@@ -392,8 +392,8 @@ def _launch(kernel, grid, *args, pipelined: bool = True, **kwargs):
     if not pipelined:
         kernel[grid](*args, num_stages=1, **kwargs)
         return
-    first_that_fits((kernel, tuple(sorted(kwargs.items())), args[0].device),
-                    (lambda: kernel[grid](*args, **kwargs), lambda: kernel[grid](*args, num_stages=1, **kwargs)))
+    one_stage_where_refused((kernel, tuple(sorted(kwargs.items())), args[0].device),
+                            lambda **stages: kernel[grid](*args, **kwargs, **stages))
 
 
 def _warps(R: int, BV: int, BC: int) -> int:

@@ -33,7 +33,7 @@ from typing import NamedTuple
 import torch
 import triton
 import triton.language as tl
-from optimized.fits import first_that_fits
+from optimized.fits import one_stage_where_refused
 from optimized.host_math import cdiv, next_power_of_2
 
 PRECISIONS = ("ieee", "tf32")
@@ -199,7 +199,10 @@ def snapshot_read(Q: torch.Tensor, snaps: SnapshotRows, precision: str = "ieee")
         snapshot_read_fwd_kernel[grid](Q, snaps.src, final, snaps.rows, nu, F, n, snaps.src.stride(0),
                                        H=H, K=K, V=V, BN=BN, BK=BK, BV=BV, PREC=precision, num_warps=4, **stages)
 
-    _one_stage_where_refused(snapshot_read_fwd_kernel, run, (H, K, V, BN, BK, BV, precision, snaps.src.dtype, Q.device))
+    # at 64 pairs and K, V ≥ 64 both snapshot kernels stage 128 KiB of shared memory (sm_80, sm_86;
+    # 192 KiB sm_90), more than a GPU with 99 KiB a block gives; 20–32 KiB at one stage
+    # (scripts/kernel_resources.py)
+    one_stage_where_refused((snapshot_read_fwd_kernel, H, K, V, BN, BK, BV, precision, snaps.src.dtype, Q.device), run)
     return nu
 
 
@@ -229,12 +232,6 @@ def snapshot_read_dq(dnu: torch.Tensor, snaps: SnapshotRows, precision: str = "i
             dnu, snaps.src, final, snaps.rows, part, F, n, B * F, per, snaps.src.stride(0),
             H=H, K=K, V=V, BN=BN, BK=BK, BV=BV, PREC=precision, num_warps=4, **stages)
 
-    _one_stage_where_refused(snapshot_read_dq_kernel, run, (H, K, V, BN, BK, BV, precision, snaps.src.dtype, dnu.device))
+    one_stage_where_refused((snapshot_read_dq_kernel, H, K, V, BN, BK, BV, precision, snaps.src.dtype, dnu.device),
+                            run)           # as in snapshot_read
     return part.sum(0)
-
-
-def _one_stage_where_refused(kernel, run, key: tuple) -> None:
-    """``run()`` at Triton's pipeline stages, or at one where the GPU refuses their shared memory:
-    at 64 pairs and K, V ≥ 64 the kernels stage 128 KiB (sm_80, sm_86; 192 KiB sm_90), more than a GPU
-    with 99 KiB a block gives, 20–32 KiB at one stage (scripts/kernel_resources.py). Same values."""
-    first_that_fits((kernel, *key), (run, lambda: run(num_stages=1)))
