@@ -403,3 +403,13 @@ def bounded_erase(M_below, params, reduction="mean"):
 learned = register_scheme("learned", learned, learned_parameter_shapes)
 merge = register_scheme("merge", merge, merge_parameter_shapes)
 bounded_erase = register_scheme("bounded_erase", bounded_erase, bounded_erase_parameter_shapes)
+
+# The built-ins as registered here: code that has a faster path or a NumPy twin for a built-in
+# (chosen by its name) asks ``is_builtin`` first, so a scheme registered over a built-in's name
+# with ``replace=True`` runs its own probe everywhere.
+BUILTIN_SCHEMES: dict[str, Scheme] = {name: SCHEMES[name] for name in ("learned", "merge", "bounded_erase")}
+
+
+def is_builtin(name) -> bool:
+    """Whether ``name`` is registered as this module's built-in scheme of that name (not replaced)."""
+    return isinstance(name, str) and name in BUILTIN_SCHEMES and SCHEMES.get(name) is BUILTIN_SCHEMES[name]

@@ -121,3 +121,35 @@ def test_tf32_probe_reaches_cublas_and_stays_close():
     errors = [relative_error(a, b) for a, b in zip(tf32, ieee)]
     assert max(errors) > 0, "TF32 and IEEE probes agree bit for bit: the precision is not used"
     assert max(errors) < 1e-2, errors
+
+
+@pytest.fixture
+def registry():
+    """Restore the scheme registry after the test (it registers over a built-in's name)."""
+    from reference.schemes import SCHEMES
+    saved = dict(SCHEMES)
+    yield
+    SCHEMES.clear()
+    SCHEMES.update(saved)
+
+
+@pytest.mark.parametrize("scheme, reduction", [("learned", "mean"), ("merge", "sum"), ("bounded_erase", "sum")])
+@pytest.mark.compiles
+def test_a_scheme_registered_over_a_builtin_runs_its_own_probe(registry, scheme, reduction):
+    """``register_scheme(name, probe, shapes, replace=True)`` over a built-in's name: the op runs the
+    new probe (the generic path), not the built-in's fused probe, which it picks by name. The new
+    probe here is the built-in's with every value doubled."""
+    from reference.schemes import BUILTIN_SCHEMES, is_builtin, register_scheme
+    builtin = BUILTIN_SCHEMES[scheme]
+
+    def doubled_values(M_below, params, reduction="mean"):
+        κ, ν, β, ω, γ = builtin.probe(M_below, params, reduction)
+        return κ, 2.0 * ν, β, ω, γ
+
+    register_scheme(scheme, doubled_values, builtin.parameter_shapes, replace=True)
+    assert not is_builtin(scheme)
+    default, generic = run(scheme, reduction, Pieces()), run(scheme, reduction, Pieces(fused_probe=False))
+    errors = {k: relative_error(default[k], generic[k]) for k in generic}
+    bounds = {k: tolerance("nested_fused_probe", "gradients" if k.startswith("d") else "values", torch.float32)
+              for k in errors}
+    assert all(errors[k] <= bounds[k] for k in errors), {k: e for k, e in errors.items() if e > bounds[k]}

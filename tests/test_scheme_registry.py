@@ -155,3 +155,23 @@ def test_a_probe_without_a_query_axis_returns_at_most_K_pairs(registry):
     params = {k: torch.randn(*s, generator=gen, dtype=torch.float64) for k, s in fixed(H, K, V, 0).items()}
     with pytest.raises(ValueError, match=r"scheme 'ten_pairs': probe returned n = 10 pairs .* but K = 8"):
         get_scheme("ten_pairs").probe(torch.randn(1, H, K, V, dtype=torch.float64), params)
+
+
+def test_the_numpy_twin_refuses_a_scheme_registered_over_a_builtin(registry):
+    """``SCHEMES_NUMPY`` holds the built-ins' twins by name: once a built-in's name is registered
+    again (``replace=True``), the nested NumPy twin has no twin for it and says so, instead of
+    running the built-in's."""
+    import numpy as np
+    from ngdn.nested_inputs import NestedShape, nested_inputs
+    from reference import naive_nested_gdn2_numpy
+    from reference.nested import Level
+    x = nested_inputs(NestedShape(B=1, T=70, H=1, L=2, K=8, V=8), seed=0, scheme="learned")
+    acts = {k: x[k].numpy() for k in ("q", "k", "v", "g", "b", "w", "r")}
+    levels = [Level(lv.scheme, lv.interval, {k: p.numpy() for k, p in lv.params.items()}, lv.reduction)
+              for lv in x["levels"]]
+    naive_nested_gdn2_numpy(**acts, levels=levels)                 # the built-in: computed
+    builtin = SCHEMES["learned"]
+    register_scheme("learned", builtin.probe, builtin.parameter_shapes, replace=True)
+    with pytest.raises(ValueError, match=r"levels\[0\].*'learned' was registered over the built-in.*no"):
+        naive_nested_gdn2_numpy(**acts, levels=levels)
+    assert np.isfinite(acts["q"]).all()

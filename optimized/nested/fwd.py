@@ -12,6 +12,7 @@ from optimized.nested.probe import _probe, _snapshots, snapshot_rows
 from optimized.nested.probe_fused import FUSED_SCHEMES, probe_fwd
 from optimized.nested.stored_states import StoredStates, as_stored
 from optimized.param_casts import float32_params
+from reference.schemes import is_builtin
 from optimized.side_stream import fork, join
 from optimized.stages import stage
 
@@ -114,7 +115,9 @@ def nested_fwd(q, k, v, g, b, w, r, levels, scale, initial_states, pieces: Piece
     probes = [None]
     for ℓ in range(1, L):
         level = levels[ℓ - 1]
-        fused = pieces.fused_probe and level.scheme in FUSED_SCHEMES and plan.firings(ℓ) > 0
+        # the fused probe is the built-in's: a scheme registered over its name runs its own probe
+        fused = (pieces.fused_probe and level.scheme in FUSED_SCHEMES and is_builtin(level.scheme)
+                 and plan.firings(ℓ) > 0)
         with stage("nested.snapshots"):
             p32 = params[ℓ]
             if fused and pieces.reads_rows(level.scheme):       # read in place by the probe: no copy
