@@ -12,8 +12,8 @@ import numpy as np
 
 from reference.gdn2_numpy import gdn2_step_numpy
 from reference.nested import Level, validate_nested_inputs
-from reference.promote_numpy import SCHEMES_NUMPY, promote_numpy
-from reference.schemes import SCHEMES
+from reference.promote_numpy import _SCHEMES, SCHEMES_NUMPY, _promote
+from reference.schemes import SCHEMES, is_builtin
 from reference.validation import as_array, as_checkable, sequences
 
 
@@ -28,6 +28,11 @@ def _checkable_levels(levels):
             if isinstance(level.scheme, str) and level.scheme in SCHEMES and level.scheme not in SCHEMES_NUMPY:
                 raise ValueError(f"levels[{i}] (level ℓ = {i + 1}): scheme {level.scheme!r} has no NumPy twin "
                                  f"in reference.promote_numpy.SCHEMES_NUMPY (have {sorted(SCHEMES_NUMPY)})")
+            if isinstance(level.scheme, str) and level.scheme in SCHEMES_NUMPY and not is_builtin(level.scheme):
+                raise ValueError(f"levels[{i}] (level ℓ = {i + 1}): scheme {level.scheme!r} was registered over "
+                                 f"the built-in of that name (replace=True); its NumPy twin "
+                                 f"(reference.promote_numpy.SCHEMES_NUMPY) is the built-in's, so there is none "
+                                 f"for it")
             params = level.params
             if isinstance(params, dict):
                 params = {name: as_checkable(f"levels[{i}].params[{name!r}]", p) for name, p in params.items()}
@@ -94,6 +99,6 @@ def naive_nested_gdn2_numpy(q, k, v, g, b, w, r, levels, scale=None, initial_sta
                     level = levels[ℓ - 1]
                     if c % level.interval == 0:
                         head_params = {name: p[h] for name, p in params[ℓ - 1].items()}
-                        κ, ν, β, ω, γ = SCHEMES_NUMPY[level.scheme](M[ℓ - 1, i, h], head_params, level.reduction)
-                        M[ℓ, i, h] = promote_numpy(M[ℓ, i, h], κ, ν, β, ω, γ)
+                        κ, ν, β, ω, γ = _SCHEMES[level.scheme](M[ℓ - 1, i, h], head_params, level.reduction)
+                        M[ℓ, i, h] = _promote(M[ℓ, i, h], κ, ν, β, ω, γ)
     return o, [M[ℓ] for ℓ in range(L)]

@@ -4,12 +4,22 @@
 Written independently of the PyTorch reference: one head at a time (``M [K, V]``,
 parameters without the head axis), and the simultaneous update as an explicit sum
 over pairs that all read the same decayed state ``M'``.
+
+The public functions (``SCHEMES_NUMPY``, ``promote_numpy``, ``promote_sequential_numpy``) check
+their inputs, and the schemes their outputs, with the PyTorch reference's checks (SPEC "Errors":
+the NumPy twins share them), on a head axis of one; the nested twin, which checks its inputs once
+for the whole call, runs the unchecked forms (``_SCHEMES``, ``_promote``) in its loops.
 """
 from __future__ import annotations
+
+import functools
 
 import numpy as np
 
 from reference.gdn2_numpy import gdn2_step_numpy
+from reference.promote import check_promote_inputs
+from reference.schemes import check_probe_inputs, check_probe_outputs
+from reference.validation import as_checkable
 
 
 def sigmoid(x):
@@ -60,7 +70,30 @@ def bounded_erase_numpy(M_below, params, reduction="mean"):
     return κ, ν, np.repeat(β_i[:, None], κ.shape[1], axis=1), ω, γ
 
 
-SCHEMES_NUMPY = {"learned": learned_numpy, "merge": merge_numpy, "bounded_erase": bounded_erase_numpy}
+def _heads_of_one(name, x):
+    """A one-head NumPy input as the PyTorch checks see it: a torch view with a head axis of one."""
+    t = as_checkable(name, x)
+    return t if t is None else t.unsqueeze(0)
+
+
+def _checked_scheme(name, probe):
+    """``probe`` (one head) with the PyTorch probe's input and output checks; errors name ``name``."""
+    @functools.wraps(probe)
+    def checked(M_below, params, reduction="mean"):
+        if not isinstance(params, dict):
+            raise TypeError(f"scheme {name!r}: params must be a dict of arrays, got {type(params).__name__}")
+        M_t = _heads_of_one("M_below", M_below)
+        params_t = {key: _heads_of_one(f"params[{key!r}]", p) for key, p in params.items()}
+        check_probe_inputs(name, M_t, params_t, reduction)
+        outputs = probe(M_below, params, reduction)
+        check_probe_outputs(name, M_t, params_t, tuple(_heads_of_one(label, x) for label, x in
+                                                        zip(("κ", "ν", "β", "ω", "γ"), outputs)))
+        return outputs
+    return checked
+
+
+_SCHEMES = {"learned": learned_numpy, "merge": merge_numpy, "bounded_erase": bounded_erase_numpy}
+SCHEMES_NUMPY = {name: _checked_scheme(name, probe) for name, probe in _SCHEMES.items()}
 
 
 def pair_log_decays_numpy(ν, params):
@@ -72,7 +105,15 @@ def promote_numpy(M, κ, ν, β, ω, γ):
     """The simultaneous update on one head: every pair reads the same decayed ``M'``.
 
         M_new = M' + Σ_i κ_i ⊗ (ω_i ⊙ ν_i - (β_i ⊙ κ_i)^T M'),   M' = diag(e^γ) M
-    """
+
+    ``M [K, V]``, ``κ, β [n, K]``, ``ν, ω [n, V]``, ``γ [K]``, ``n ≤ K`` (``promote``'s checks)."""
+    check_promote_inputs(*(as_checkable(name, x) for name, x in
+                           (("M", M), ("κ", κ), ("ν", ν), ("β", β), ("ω", ω), ("γ", γ))))
+    return _promote(M, κ, ν, β, ω, γ)
+
+
+def _promote(M, κ, ν, β, ω, γ):
+    """``promote_numpy`` without its checks (the nested twin's loop; its inputs checked once)."""
     M_decayed = np.exp(γ)[:, None] * np.asarray(M, dtype=np.float64)
     M_new = M_decayed.copy()
     for i in range(κ.shape[0]):
@@ -83,6 +124,9 @@ def promote_numpy(M, κ, ν, β, ω, γ):
 def promote_sequential_numpy(M, κ, ν, β, ω, γ_pairs):
     """REJECTED DESIGN (tests only): the pairs as successive GDN-2 token steps, each with
     its own log-decay ``γ_pairs[i]``; pair i sees the writes of pairs < i."""
+    check_promote_inputs(*(as_checkable(name, x) for name, x in
+                           (("M", M), ("κ", κ), ("ν", ν), ("β", β), ("ω", ω), ("γ_pairs", γ_pairs))),
+                         γ_name="γ_pairs", γ_pairs=True)
     M = np.array(M, dtype=np.float64)
     for i in range(κ.shape[0]):
         M = gdn2_step_numpy(M, κ[i], ν[i], γ_pairs[i], β[i], ω[i])
