@@ -63,6 +63,12 @@ def finite_checks(enabled: bool):
         _finite_checks = before
 
 
+def contiguous_cu_seqlens(cu_seqlens):
+    """A checked ``cu_seqlens`` as the kernels read it: by pointer, so contiguous (a strided view of
+    the same entries, e.g. every other element of a buffer, is copied); None stays None."""
+    return None if cu_seqlens is None else cu_seqlens.contiguous()
+
+
 def check_kernel_device(name: str, x: torch.Tensor):
     """Kernels run on CUDA tensors in cuda mode and on CPU tensors under the interpreter."""
     expected = triton_mode.device()

@@ -30,7 +30,8 @@ import warnings
 import torch.nn.functional as F
 
 from optimized.autograd import empty_result, first_order_only
-from optimized.checks import KERNEL_DTYPES, check_finite_activations, check_kernel_device, check_kernel_dtype
+from optimized.checks import (KERNEL_DTYPES, check_finite_activations, check_kernel_device, check_kernel_dtype,
+                              contiguous_cu_seqlens)
 from reference.fenwick import check_fenwick_inputs, longest_sequence
 
 BLOCK_K = 64           # fla's log-linear chunk kernel works on K in blocks of 64
@@ -55,6 +56,7 @@ def chunk_fenwick(q, k, v, g, level_scales, scale=None, cu_seqlens=None):
     """
     B, T, H, K, V, L = check_fenwick_inputs(q, k, v, g, level_scales, scale, dtypes=KERNEL_DTYPES,
                                             cu_seqlens=cu_seqlens)
+    cu_seqlens = contiguous_cu_seqlens(cu_seqlens)
     longest = T if cu_seqlens is None else longest_sequence(cu_seqlens)
     if longest > MAX_T:
         raise ValueError(f"q: fla's log-linear kernel needs T < 2**17, got T = {longest}"

@@ -9,7 +9,8 @@ import torch
 
 from optimized.autograd import empty_result, first_order_only
 from optimized.padding import pad_dim, padded
-from optimized.checks import KERNEL_DTYPES, check_finite_activations, check_kernel_device, check_kernel_dtype
+from optimized.checks import (KERNEL_DTYPES, check_finite_activations, check_kernel_device, check_kernel_dtype,
+                              contiguous_cu_seqlens)
 from reference.validation import check_gdn2_inputs
 
 MAX_HEAD_DIM = 256  # fla's GDN-2 kernels support K <= 256
@@ -27,6 +28,7 @@ def chunk_gdn2(q, k, v, g, b, w, scale=None, initial_state=None, output_final_st
     """
     B, T, H, K, V = check_gdn2_inputs(q, k, v, g, b, w, scale, initial_state, dtypes=KERNEL_DTYPES,
                                       cu_seqlens=cu_seqlens)
+    cu_seqlens = contiguous_cu_seqlens(cu_seqlens)
     if K > MAX_HEAD_DIM:
         raise ValueError(f"q: key dim K must be <= {MAX_HEAD_DIM} for fla's GDN-2 kernels, got {K}")
     check_kernel_device("q", q)

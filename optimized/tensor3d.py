@@ -41,7 +41,8 @@ import torch
 
 from optimized.autograd import empty_result, first_order_only
 from optimized.padding import pad_dim, padded
-from optimized.checks import KERNEL_DTYPES, check_finite_activations, check_kernel_device, check_kernel_dtype
+from optimized.checks import (KERNEL_DTYPES, check_finite_activations, check_kernel_device, check_kernel_dtype,
+                              contiguous_cu_seqlens)
 from reference.tensor3d import check_tensor3d_inputs
 
 MAX_DELTA_KEY_DIM = 256  # fla's chunk_kda supports key width <= 256
@@ -101,6 +102,7 @@ def chunk_tensor3d(q1, k1, q2, k2, v, g=None, beta=None, mode="gla", scale=None,
     """
     B, T, H, K, E, V, kind = check_tensor3d_inputs(q1, k1, q2, k2, v, g, beta, mode, scale, initial_state,
                                                    dtypes=KERNEL_DTYPES, cu_seqlens=cu_seqlens)
+    cu_seqlens = contiguous_cu_seqlens(cu_seqlens)
     if mode == "delta" and K * E > MAX_DELTA_KEY_DIM:
         raise ValueError(f"q1, q2: the flattened key width K·E must be <= {MAX_DELTA_KEY_DIM} for fla's "
                          f"chunk_kda (mode 'delta'), got K·E = {K}·{E} = {K * E}")

@@ -69,6 +69,16 @@ def strides_ignored(op):
     return twin
 
 
+def cu_seqlens_read_by_pointer(op):
+    """Packed calls: ``cu_seqlens`` read as a kernel reads it by pointer, its stride ignored (a
+    strided view's gaps read as entries)."""
+    def twin(cu_seqlens=None, **kwargs):
+        if cu_seqlens is not None and not cu_seqlens.is_contiguous():
+            cu_seqlens = torch.as_strided(cu_seqlens, cu_seqlens.shape, (1,), cu_seqlens.storage_offset())
+        return op(**kwargs, cu_seqlens=cu_seqlens)
+    return twin
+
+
 def last_token_unwritten(op):
     """Uninitialised memory: the output's last token copied from a buffer nobody wrote."""
     def twin(**kwargs):

@@ -155,6 +155,15 @@ def test_packed_equals_separate_calls(info):
                                                  cu_dtype=ops.packed_cu_dtype(info)))
 
 
+@pytest.mark.parametrize("info", VARLEN)
+@pytest.mark.compiles
+def test_packed_call_reads_a_strided_cu_seqlens_by_its_values(info):
+    """``cu_seqlens`` as a strided view (the same entries, stride 2) gives the contiguous call's
+    output, final states and gradients bit for bit."""
+    assert_passes(generic.packed_strided_cu_seqlens(info, packed_draw(info), PACKED_LENGTHS, torch.float32,
+                                                    cu_dtype=ops.packed_cu_dtype(info)))
+
+
 def test_packed_nested_sequences_fire_at_different_levels():
     info = ops.get("nested")
     d = packed_draw(info, NESTED_LEVELS_LENGTHS, L=3)
@@ -182,6 +191,14 @@ def test_layouts_catch_a_twin_that_ignores_strides(info):
     d = self_consistency_draw(info)
     bad = failures(generic.layouts(info, d, torch.float32, op=op_mutants.strides_ignored(info.op)))
     assert any(k.startswith("non-contiguous") for k in bad) and any(k.startswith("expanded") for k in bad), bad
+
+
+@pytest.mark.mutation
+@pytest.mark.parametrize("info", [p for p in VARLEN if p.values[0].name == "gdn2"])
+def test_strided_cu_seqlens_catches_a_twin_that_reads_it_by_pointer(info):
+    bad = failures(generic.packed_strided_cu_seqlens(info, packed_draw(info), PACKED_LENGTHS, torch.float32,
+                                                     op=op_mutants.cu_seqlens_read_by_pointer(info.op)))
+    assert bad and all(k.startswith("strided cu_seqlens") for k in bad), bad
 
 
 @pytest.mark.mutation

@@ -441,3 +441,27 @@ def packed_equals_separate(info, draw, lengths, dtype, op=None, log=True, cu_dty
             del actual[label]
     out.update(against(info, dtype, actual, expected, log))
     return out
+
+
+def packed_strided_cu_seqlens(info, draw, lengths, dtype, op=None, cu_dtype=torch.int32) -> dict:
+    """One packed call of ``op`` with ``cu_seqlens`` as a strided view (every other element of a
+    buffer, the same ``[0, T_1, …]``) against the same call with a contiguous ``cu_seqlens``: the
+    output, final states and every gradient bit for bit. A kernel indexing ``cu_seqlens`` by
+    pointer reads the view's gaps unless the op makes it contiguous first."""
+    op = info.op if op is None else op
+    sample = packed_sample(info, draw, lengths)
+    cu = cu_seqlens_of(lengths, dtype=cu_dtype)
+    strided = torch.stack([cu, torch.full_like(cu, -7)], dim=1)[:, 0]       # stride 2, gaps of -7
+
+    def call(cu_seqlens):
+        kwargs, leaves = inputs_for(sample, dtype, True)
+        outputs = flat_outputs(op(**kwargs, cu_seqlens=cu_seqlens))
+        loss_of(outputs, draw.seed).backward()
+        return {k: v.detach() for k, v in outputs.items()}, gradients(leaves)
+
+    plain = call(cu)
+    try:
+        got = call(strided)
+    except Exception as e:      # a cu_seqlens the contract accepts must compute
+        return {f"strided cu_seqlens: {type(e).__name__}: {e}"[:200]: (math.inf, 0.0)}
+    return {f"strided cu_seqlens: {k}": e for k, e in same_results(got, plain).items()}

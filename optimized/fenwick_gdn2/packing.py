@@ -18,6 +18,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from optimized.checks import contiguous_cu_seqlens
+
 CHUNK = 64
 
 
@@ -80,7 +82,7 @@ def packing(cu_seqlens: torch.Tensor, bounds: list[int]) -> Packing:
     seq = torch.repeat_interleave(torch.arange(n_seqs, device=device), counts_t, output_size=offsets[-1])
     local = torch.arange(offsets[-1], device=device) - offsets_t[seq]
     chunk_indices = torch.stack([seq, local], dim=1).to(dtype)
-    return Packing(cu_seqlens, tuple(bounds), chunk_indices, offsets_t)
+    return Packing(contiguous_cu_seqlens(cu_seqlens), tuple(bounds), chunk_indices, offsets_t)
 
 
 def last_chunks(p: Packing) -> Packing:
