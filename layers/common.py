@@ -50,9 +50,20 @@ def check_backend(backend) -> str:
 
 
 def check_forward_args(hidden_states, hidden_size: int, attention_mask=None, past_key_values=None,
-                       use_cache: bool = False) -> None:
-    """``hidden_states [B, T, hidden_size]``, floating point, ``T >= 1``; no mask, cache or
-    ``use_cache`` (these layers have a training forward only)."""
+                       use_cache: bool = False, like: torch.Tensor | None = None, extra: dict | None = None) -> None:
+    """``hidden_states [B, T, hidden_size]``, floating point, ``T >= 1``, on the device of ``like``
+    (a parameter of the layer) and, outside autocast, in its dtype; no mask, cache or ``use_cache``
+    (these layers have a training forward only), no packed sequences (``cu_seqlens``) and no other
+    keyword argument with a value (``extra``: what fla's model blocks may pass on)."""
+    if extra:
+        given = sorted(name for name, value in extra.items() if value is not None)
+        if "cu_seqlens" in given:
+            raise ValueError("cu_seqlens is not supported by the layers: they take [B, T, D] batches of "
+                             "separate sequences (the ops take cu_seqlens: optimized.chunk_gdn2, "
+                             "optimized.chunk_nested_gdn2, ...)")
+        if given:
+            raise ValueError(f"unexpected keyword arguments {given}: the layers take hidden_states, "
+                             f"attention_mask=None, past_key_values=None, use_cache=False, output_attentions=False")
     if not isinstance(hidden_states, torch.Tensor):
         raise TypeError(f"hidden_states must be a torch.Tensor, got {type(hidden_states).__name__}")
     if hidden_states.dim() != 3:
@@ -64,6 +75,13 @@ def check_forward_args(hidden_states, hidden_size: int, attention_mask=None, pas
         raise ValueError(f"hidden_states must hold at least one sequence and one token, got {tuple(hidden_states.shape)}")
     if not hidden_states.is_floating_point():
         raise ValueError(f"hidden_states must be floating point, got {hidden_states.dtype}")
+    if like is not None:
+        if hidden_states.device != like.device:
+            raise ValueError(f"hidden_states is on {hidden_states.device} but the layer's parameters are on "
+                             f"{like.device}; move one of them (layer.to(device))")
+        if hidden_states.dtype != like.dtype and not torch.is_autocast_enabled(hidden_states.device.type):
+            raise ValueError(f"hidden_states has dtype {hidden_states.dtype} but the layer's parameters have "
+                             f"{like.dtype}; cast one of them (layer.to(dtype)), or run under torch.autocast")
     if attention_mask is not None:
         raise ValueError("attention_mask is not supported: these layers take unpadded [B, T, D] batches")
     if past_key_values is not None or use_cache:
@@ -224,16 +242,22 @@ class RecurrentLayer(nn.Module):
             raise ValueError(f"hidden_states: the optimized backend runs in float32 or bfloat16, got activations "
                              f"in {x['q'].dtype} (use backend='reference' for float64)")
 
+    def first_parameter(self) -> torch.Tensor:
+        """The first weight ``hidden_states`` meets (the query projection's): the device and, outside
+        autocast, the dtype the input must have."""
+        return self.proj.q_proj.weight
+
     def forward_with_states(self, hidden_states: torch.Tensor):
         """``(output [B, T, D], final state(s))``: the forward plus the recurrence's final state(s)."""
-        check_forward_args(hidden_states, self.hidden_size)
+        check_forward_args(hidden_states, self.hidden_size, like=self.first_parameter())
         o, states = self.mix(self.inputs(hidden_states), output_final_state=True)
         return self.out(o, hidden_states), states
 
     def forward(self, hidden_states: torch.Tensor, attention_mask=None, past_key_values=None, use_cache: bool = False,
                 output_attentions: bool = False, **kwargs):
         """fla's layer signature: returns ``(output [B, T, D], None, None)`` (no attentions, no cache)."""
-        check_forward_args(hidden_states, self.hidden_size, attention_mask, past_key_values, use_cache)
+        check_forward_args(hidden_states, self.hidden_size, attention_mask, past_key_values, use_cache,
+                           like=self.first_parameter(), extra=kwargs)
         if output_attentions:
             raise ValueError("output_attentions is not supported: a linear-attention layer has no attention matrix")
         o, _ = self.mix(self.inputs(hidden_states))

@@ -1,0 +1,75 @@
+"""The layers' input checks (SPEC "Errors"): every refusal is a ``ValueError`` or ``TypeError``
+naming the argument, before any work; nothing the layers cannot honour is accepted silently
+(fla's model blocks pass ``cu_seqlens`` and other keywords on to their layers)."""
+import pytest
+import torch
+
+from layers import GDN2, NestedGDN2
+from layers.common import check_forward_args
+from optimized import triton_mode
+
+DEV = triton_mode.device()
+LAYERS = {"gdn2": lambda: GDN2(16, num_heads=1, head_dim=8),
+          "nested": lambda: NestedGDN2(16, num_heads=1, head_dim=8, num_levels=2)}
+
+
+@pytest.fixture(params=sorted(LAYERS))
+def layer(request):
+    torch.manual_seed(0)
+    return LAYERS[request.param]().to(DEV)
+
+
+def x(B=1, T=10, D=16, dtype=torch.float32, device=DEV):
+    return torch.randn(B, T, D, generator=torch.Generator().manual_seed(1)).to(device, dtype)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"cu_seqlens": torch.tensor([0, 4, 10])}, r"cu_seqlens is not supported by the layers.*the ops take cu_seqlens"),
+    ({"not_an_arg": 1}, r"unexpected keyword arguments \['not_an_arg'\]"),
+    ({"attention_mask": torch.ones(1, 10)}, r"attention_mask is not supported"),
+    ({"past_key_values": object()}, r"past_key_values / use_cache are not supported"),
+    ({"use_cache": True}, r"past_key_values / use_cache are not supported"),
+    ({"output_attentions": True}, r"output_attentions is not supported"),
+])
+def test_what_the_layers_cannot_honour_is_refused(layer, kwargs, message):
+    kwargs = {k: (v.to(DEV) if isinstance(v, torch.Tensor) else v) for k, v in kwargs.items()}
+    with pytest.raises(ValueError, match=message):
+        layer(x(), **kwargs)
+
+
+def test_keywords_passed_as_none_are_accepted(layer):
+    """fla's blocks pass ``cu_seqlens=None`` and the like on: a keyword without a value asks nothing."""
+    o, attentions, cache = layer(x(), cu_seqlens=None, position_ids=None)
+    assert o.shape == (1, 10, 16) and attentions is None and cache is None
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float16])
+def test_an_input_in_another_dtype_than_the_layer_is_refused_naming_both(layer, dtype):
+    with pytest.raises(ValueError, match=f"hidden_states has dtype {dtype} but the layer's parameters have "
+                                         f"torch.float32"):
+        layer(x(dtype=dtype))
+    with pytest.raises(ValueError, match="hidden_states has dtype"):
+        layer.forward_with_states(x(dtype=dtype))
+
+
+def test_an_input_on_another_device_than_the_layer_is_refused_naming_both(layer):
+    with pytest.raises(ValueError, match=f"hidden_states is on meta but the layer's parameters are on {DEV}"):
+        layer(x(device="meta"))
+
+
+def test_autocast_lets_the_input_dtype_differ():
+    """Under autocast the projections cast: a bfloat16 input to a float32 layer is the usual mixed
+    precision run, not an error of the check."""
+    weight = torch.zeros(4, 16)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        check_forward_args(x(dtype=torch.bfloat16, device="cpu"), 16, like=weight)
+    with pytest.raises(ValueError, match="hidden_states has dtype torch.bfloat16"):
+        check_forward_args(x(dtype=torch.bfloat16, device="cpu"), 16, like=weight)
+
+
+@pytest.mark.parametrize("shape, message", [((0, 10, 16), "at least one sequence and one token"),
+                                            ((1, 10, 12), "last dimension hidden_size = 16"),
+                                            ((10, 16), r"shape \[B, T, D\]")])
+def test_wrong_shapes_are_refused_naming_hidden_states(layer, shape, message):
+    with pytest.raises(ValueError, match=f"hidden_states must.*{message}"):
+        layer(torch.zeros(shape, device=DEV))
