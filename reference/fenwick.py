@@ -251,9 +251,13 @@ def masked_fenwick(q, k, v, g, level_scales, scale, levels):
     """The quadratic form for a given ``[T, T]`` level matrix (``-1`` = not attended); unchecked."""
     B, T, H, K = q.shape
     causal = levels >= 0
-    G = torch.cumsum(g, dim=1).transpose(1, 2)                            # [B, H, T]
+    # log_decay[t, s] = Σ_{u=s+1..t} g_u, summed per (t, s) rather than as G_t - G_s of cumulative
+    # sums: after a g = -inf (a full forget) that difference is -inf - (-inf) = NaN.
+    gu = g.transpose(1, 2)[..., :, None].expand(B, H, T, T)               # gu[.., u, s] = g_u
+    after_s = torch.ones(T, T, dtype=torch.bool, device=g.device).tril(-1)   # u > s
+    G_ts = torch.cumsum(torch.where(after_s, gu, torch.zeros((), dtype=g.dtype, device=g.device)), dim=-2)
     # Mask the exponent (not the product) so no exp(+large) appears, in value or in gradient.
-    log_decay = torch.where(causal, G[..., :, None] - G[..., None, :], float("-inf"))
+    log_decay = torch.where(causal, G_ts, float("-inf"))
     decay = torch.exp(log_decay)                                           # exp(G_t - G_s)  [B, H, T, S]
     lam = level_scales.permute(0, 2, 1, 3)                                # [B, H, T, L]
     lam_ts = torch.gather(lam, -1, levels.clamp(min=0).expand(B, H, T, T))  # λ_t[level(t, s)]

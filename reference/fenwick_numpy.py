@@ -125,12 +125,13 @@ def quadratic_fenwick_numpy(q, k, v, g, level_scales, scale=None, cu_seqlens=Non
     B, T, H, K = q.shape
     V = v.shape[-1]
     scale = K ** -0.5 if scale is None else scale
-    G = np.cumsum(g, axis=1)
     o = np.zeros((B, T, H, V))
     for i in range(B):
         for h in range(H):
             for t in range(T):
-                for s in range(t + 1):
-                    weight = lam[i, t, h, fenwick_level_numpy(t, s)] * np.exp(G[i, t, h] - G[i, s, h])
+                log_decay = 0.0                 # Σ_{u=s+1..t} g_u, summed (a difference of cumulative
+                for s in range(t, -1, -1):      # sums is -inf - (-inf) = NaN after a g = -inf)
+                    weight = lam[i, t, h, fenwick_level_numpy(t, s)] * np.exp(log_decay)
                     o[i, t, h] += scale * weight * (q[i, t, h] @ k[i, s, h]) * v[i, s, h]
+                    log_decay = log_decay + g[i, s, h]
     return o

@@ -261,6 +261,18 @@ TWINS = [
 ]
 
 
+@pytest.mark.parametrize("twin, ref, call", TWINS)
+def test_every_reference_and_twin_computes_g_minus_inf(twin, ref, call):
+    """SPEC "Errors": "The references compute it, finite", the quadratic form and the NumPy twins
+    too (a log-decay taken as a difference of cumulative sums is -inf - (-inf) = NaN after it);
+    each twin agrees with its reference there."""
+    args = poisoned(call, "g", float("-inf"), b=slice(None), t=5)
+    o, o_np = ref(**args), twin(**numpy_of(args))
+    o, o_np = (x[0] if isinstance(x, tuple) else x for x in (o, o_np))     # (o, final) or o
+    assert torch.isfinite(o).all() and np.isfinite(o_np).all()
+    assert np.allclose(o_np, o.numpy(), rtol=0, atol=1e-12)
+
+
 def same_error(twin, ref, args, error=ValueError):
     with pytest.raises(error) as from_ref:
         ref(**args)
