@@ -127,7 +127,7 @@ def check_fenwick_inputs(q, k, v, g, level_scales, scale=None, dtypes=FLOAT_DTYP
     check_dtype("q", q, dtypes)
     check_sizes(gdn2_sizes(B, T, H, K, V) + (("level_scales [B, T, H, L]", (B, T, H, L)),))
     check_same_device(named)
-    check_scale(scale)
+    check_scale(scale, q.dtype)
     return B, T, H, K, V, L
 
 

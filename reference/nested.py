@@ -25,6 +25,7 @@ per SPEC; smaller values exist only so tests can fire levels cheaply.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -88,10 +89,24 @@ def make_levels(L, H, K, V, scheme="learned", intervals=None, query_counts=None,
     L ≤ 6, the bounded query counts and both schemes stayed finite, every level state below 3.2 (17)
     in magnitude, and the float64 references agreed to 1e-12.
     """
+    for name, x, least in (("L", L, 1), ("H", H, 0), ("K", K, 1), ("V", V, 1)):
+        if isinstance(x, bool) or not isinstance(x, int):
+            raise TypeError(f"{name} must be an int, got {type(x).__name__}")
+        if x < least:
+            raise ValueError(f"{name} must be ≥ {least}, got {x}")
+    if isinstance(gate_scale, bool) or not isinstance(gate_scale, (int, float)) or not math.isfinite(gate_scale) \
+            or gate_scale < 0:
+        raise ValueError(f"gate_scale must be a finite number ≥ 0, got {gate_scale!r}")
+    for name, x in (("scheme", scheme), ("reduction", reduction)):
+        if not isinstance(x, str) and not (isinstance(x, Sequence) and all(isinstance(e, str) for e in x)):
+            raise TypeError(f"{name} must be a str or one str per level ℓ = 1..L-1, got {x!r}")
     intervals = default_intervals(L) if intervals is None else list(intervals)
     query_counts = default_query_counts(L, K) if query_counts is None else list(query_counts)
     schemes = [scheme] * (L - 1) if isinstance(scheme, str) else list(scheme)
     reductions = [reduction] * (L - 1) if isinstance(reduction, str) else list(reduction)
+    for ℓ, (name, red) in enumerate(zip(schemes, reductions), start=1):
+        get_scheme(name)                                        # an unknown scheme: named, listed
+        check_reduction(red, f"reduction of level ℓ = {ℓ}")
     for name, xs in (("intervals", intervals), ("query_counts", query_counts), ("scheme", schemes),
                      ("reduction", reductions)):
         if len(xs) != L - 1:
@@ -159,7 +174,7 @@ def validate_nested_inputs(q, k, v, g, b, w, r, levels, scale=None, initial_stat
     check_same_dtype(activations)
     check_dtype("q", q, dtypes)
     check_sizes((("q [B, T, H, L, K]", (B, T, H, L, K)),) + gdn2_sizes(B, T, H, K, V))
-    check_scale(scale)
+    check_scale(scale, q.dtype)
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int):
         raise TypeError(f"chunk_size must be an int, got {type(chunk_size).__name__}")
     if chunk_size < 1:

@@ -159,7 +159,7 @@ def check_tensor3d_inputs(q1, k1, q2, k2, v, g=None, beta=None, mode="gla", scal
                  ("the flattened key vec(k1 ⊗ k2) [B, T, H, K·E]", (B, T, H, K * E)),
                  ("the per-chunk states [B, ceil(T/64), H, K·E, V]", (B, N, H, K * E, V))))
     check_same_device(named + (("initial_state", initial_state),))
-    check_scale(scale)
+    check_scale(scale, q1.dtype)
     N = B
     if cu_seqlens is not None:
         check_cu_seqlens(cu_seqlens, B, T, q1.device)

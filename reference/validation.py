@@ -131,13 +131,19 @@ def check_all_finite(named: Iterable[tuple[str, torch.Tensor]]):
         raise ValueError(f"{name} contains non-finite values (nan or inf)")
 
 
-def check_scale(scale):
+def check_scale(scale, dtype=None):
+    """``scale``: None or a finite number; with the activations' ``dtype``, also finite in the dtype
+    the computation runs in (float32 for float32, bfloat16 and float16 inputs: a Python float such as
+    1e39 passes as finite and becomes inf there)."""
     if scale is None:
         return
     if not isinstance(scale, (int, float)) or isinstance(scale, bool):
         raise TypeError(f"scale must be a float or None, got {type(scale).__name__}")
     if not (scale == scale) or scale in (float("inf"), float("-inf")):
         raise ValueError(f"scale must be finite, got {scale}")
+    if dtype is not None and dtype != torch.float64 and abs(scale) > torch.finfo(torch.float32).max:
+        raise ValueError(f"scale = {scale} is not finite in float32, the dtype {dtype} inputs compute in "
+                         f"(|scale| ≤ {torch.finfo(torch.float32).max:.4g})")
 
 
 CHUNK = 64  # the kernels' chunk: they keep one state per chunk (SPEC conventions)
@@ -168,7 +174,7 @@ def check_gdn2_inputs(q, k, v, g, b, w, scale=None, initial_state=None, dtypes=F
     check_sizes(gdn2_sizes(B, T, H, K, V))
     check_same_device((("q", q), ("k", k), ("v", v), ("g", g), ("b", b), ("w", w),
                        ("initial_state", initial_state)))
-    check_scale(scale)
+    check_scale(scale, q.dtype)
     N = B
     if cu_seqlens is not None:
         check_cu_seqlens(cu_seqlens, B, T, q.device)

@@ -111,6 +111,16 @@ def test_a_non_finite_scale_is_refused(opt, ref, call, first, scale):
             op(**args, scale=scale)
 
 
+@pytest.mark.parametrize("opt, ref, call, first", OP_PARAMS)
+def test_a_scale_beyond_float32_is_refused_where_the_inputs_compute_in_float32(opt, ref, call, first):
+    """scale = 1e39 is a finite Python float but inf in float32: the optimized ops returned NaN. Refused
+    for float32 inputs (op and reference alike), computed by the float64 reference."""
+    for op in (opt, ref):
+        with pytest.raises(ValueError, match=r"scale = 1e\+39 is not finite in float32"):
+            op(**call(), scale=1e39)
+    assert torch.isfinite(ref(**call(torch.float64, "cpu"), scale=1e39)[0]).all()
+
+
 # --- dtypes: bfloat16 under the interpreter, float16, mixed --------------------------------------
 
 @pytest.mark.skipif(not CPU, reason="bfloat16 is computed (and tested) in cuda mode")
@@ -439,11 +449,24 @@ def test_numpy_twin_bad_cu_seqlens(twin, ref, call):
     (dict(intervals=[1, 0]), ValueError, r"intervals\[1\] \(level ℓ = 2\) must be a positive number of chunks"),
     (dict(intervals=[-1, 2]), ValueError, r"intervals\[0\] \(level ℓ = 1\) must be a positive number"),
     (dict(intervals=[1, 2.0]), TypeError, r"intervals\[1\] \(level ℓ = 2\) must be an int, got float"),
+    (dict(reduction="bogus"), ValueError, r"reduction of level ℓ = 1 must be one of \['mean', 'sum'\], got 'bogus'"),
+    (dict(reduction=["mean", "max"]), ValueError, r"reduction of level ℓ = 2 must be one of"),
+    (dict(scheme=5), TypeError, r"scheme must be a str or one str per level"),
+    (dict(scheme=["learned", "nope"]), ValueError, r"unknown scheme 'nope'"),
+    (dict(gate_scale=float("nan")), ValueError, r"gate_scale must be a finite number ≥ 0, got nan"),
+    (dict(gate_scale=-1.0), ValueError, r"gate_scale must be a finite number ≥ 0"),
+    (dict(L=2.0), TypeError, r"L must be an int, got float"),
+    (dict(L=0), ValueError, r"L must be ≥ 1, got 0"),
+    (dict(H=-1), ValueError, r"H must be ≥ 0, got -1"),
+    (dict(K=0), ValueError, r"K must be ≥ 1, got 0"),
+    (dict(V=True), TypeError, r"V must be an int, got bool"),
 ])
 def test_make_levels_refuses_bad_arguments_at_once(kwargs, error, message):
-    """These failed only when the levels were used."""
+    """These failed only when the levels were used, or inside torch naming another argument."""
+    sizes = dict(L=3, H=1, K=8, V=8)
+    sizes.update({k: kwargs.pop(k) for k in list(kwargs) if k in sizes})
     with pytest.raises(error, match=message):
-        make_levels(3, 1, 8, 8, **kwargs)
+        make_levels(**sizes, **kwargs)
 
 
 # --- return values -------------------------------------------------------------------------------
