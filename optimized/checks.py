@@ -25,6 +25,15 @@ the checks only the kernels need, run in this order after them:
    compute ``g = -inf`` exactly (``exp(-inf) = 0``): use them, or a finite gate,
    or split the sequence at the forgetting token (a fresh state).
 
+   A finite ``g`` below ``G_FLOOR`` (≈ -745, where ``exp(g)`` is 0 even in float64: a full
+   forget, as ``-inf``) is refused with the same hint, in the same reduction. fla's chunk
+   kernels sum log-decays in float32 within a chunk, so a very negative ``g`` costs the chunk's
+   later tokens accuracy in proportion to ``|g|``: measured (``chunk_gdn2``, float32, T = 130,
+   K = V = 32, one such token) 9e-7 relative error at ``g = -20``, 3.7e-6 at -100, 2.9e-5 at
+   -1000, 3.9e-4 at -1e4 and 5e-2 at -1e30, against 2.3e-7 without it. In float32 every
+   ``g ≤ -104`` is already a full forget (``exp`` underflows), so ``g.clamp(min=-100)`` keeps
+   the meaning and the accuracy; ``-1e30`` as a stand-in for ``-inf`` would not.
+
    The reduction also covers the scheme parameters where the op has them (the
    references' validators check those with a sync of their own; the optimized ops fold
    them into this one). ``NGDN_CHECK_FINITE=0`` in the environment, or
@@ -44,6 +53,14 @@ import torch
 from optimized import triton_mode
 
 KERNEL_DTYPES = (torch.bfloat16, torch.float32)
+
+# The most negative log-decay the ops take: below it exp(g) is 0 even in float64 (a full forget,
+# refused as g = -inf is; see the module docstring).
+G_FLOOR = -745.0
+FORGET_HINT = (" (g = -inf, a full forget, is computed by the references only: fla's chunk kernels turn "
+               "it into NaN, and sum log-decays in float32, where a g far below -100 costs the chunk's "
+               "later tokens accuracy; in float32 any g ≤ -104 already forgets fully: clamp g at -100, "
+               "or start a new sequence there)")
 
 _finite_checks = os.environ.get("NGDN_CHECK_FINITE", "1").strip().lower() not in ("0", "false", "no", "off")
 
@@ -121,17 +138,24 @@ def check_finite_activations(named: Iterable[tuple[str, torch.Tensor | None]],
         return
     # one reduction pass per tensor (min and max propagate NaN and keep ±inf), not isfinite's bool
     # tensor and its all(): half the traffic of a bf16 input, and one kernel instead of two
-    flags = torch.isfinite(torch.stack([_extremes(x) for _, x in named + params])).all(-1)
+    extremes = torch.stack([_extremes(x) for _, x in named + params])
+    flags = torch.isfinite(extremes).all(-1)
+    for i, (n, _) in enumerate(named):
+        if n == "g":                                     # and not below the floor (NaN fails both)
+            flags[i] &= extremes[i, 0] >= G_FLOOR
     if bool(flags.all()):
         return
     bad = [i for i, ok in enumerate(flags.tolist()) if not ok][0]
     if bad >= len(named):
         raise ValueError(f"{params[bad - len(named)][0]} contains non-finite values (nan or inf)")
     name, x = named[bad]
+    if name == "g" and bool(torch.isfinite(x).all()):                     # finite, below the floor
+        b, t, value = _first_bad(torch.where(x < G_FLOOR, torch.inf, x))
+        value = x[b, t].min().item()
+        raise ValueError(f"g holds {value:g} at batch {b}, token {t}, below {G_FLOOR:g}, where exp(g) is 0 "
+                         f"even in float64: the optimized ops refuse it as they refuse g = -inf{FORGET_HINT}")
     b, t, value = _first_bad(x)
-    hint = (" (g = -inf, a full forget, is computed by the references only: fla's chunk kernels turn it "
-            "into NaN; use a finite log-decay or start a new sequence there)" if value == float("-inf")
-            and name == "g" else "")
+    hint = FORGET_HINT if value == float("-inf") and name == "g" else ""
     raise ValueError(
         f"{name} holds a non-finite value ({value}) at batch {b}, token {t}: the optimized ops refuse "
         f"non-finite activations (their chunk kernels would spread it to earlier tokens of its "

@@ -179,8 +179,22 @@ def test_optimized_refuses_non_finite_activations(opt, ref, call, first, name, v
 
 
 def test_optimized_g_minus_inf_error_says_what_to_do():
-    with pytest.raises(ValueError, match=r"g = -inf, a full forget, is computed by the references only"):
+    with pytest.raises(ValueError, match=r"g = -inf, a full forget, is computed by the references only.*"
+                                         r"clamp g at -100"):
         chunk_gdn2(**poisoned(gdn2_call, "g", float("-inf")))
+
+
+@pytest.mark.parametrize("opt, ref, call, first", OP_PARAMS)
+def test_optimized_refuses_a_finite_g_below_the_floor_and_computes_one_above(opt, ref, call, first):
+    """A finite g whose exp is 0 even in float64 (below optimized.checks.G_FLOOR) is a full forget,
+    refused as g = -inf is (as a stand-in for -inf, -1e30 came back with 5e-2 relative error, the
+    chunk kernels' float32 cumulative log-decays swamped); g = -100 (a full forget in float32)
+    is computed."""
+    with pytest.raises(ValueError, match=r"g holds -1e\+30 at batch 1, token 5, below -745.*clamp g at -100"):
+        opt(**poisoned(call, "g", -1e30))
+    with pytest.raises(ValueError, match=r"g holds -746 at batch 1, token 5"):
+        opt(**poisoned(call, "g", -746.0))
+    assert torch.isfinite(opt(**poisoned(call, "g", -100.0))[0]).all()
 
 
 @pytest.mark.parametrize("opt, ref, call, first", OP_PARAMS)
