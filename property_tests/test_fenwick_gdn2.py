@@ -20,7 +20,7 @@ from ngdn import ops
 from ngdn.checks import fenwick_gdn2 as checks
 from ngdn.checks import generic
 import fenwick_gdn2_mutants as mutants
-from kernel_mutation import planted
+from kernel_mutation import Plant, planted
 from ngdn.compile_buckets import bucket_params, on_bucket
 from ngdn.fenwick_inputs import FenwickShape
 from ngdn.strategies import examples, seeds
@@ -80,6 +80,26 @@ def test_optimized_equals_reference_extreme_regime():
     shape = on_bucket(FenwickShape(B=1, T=130, H=2, K=24, V=24, extra_levels=1))   # two heads
     assert_passes(checks.optimized_vs_reference(shape, 4, torch.float32, regime="extreme",
                                                 component="fenwick_gdn2_extreme"))
+
+
+# Two V blocks of the intra-chunk kernels (blocks of at most 64), the last ragged: the CPU menu's V ≤ 24
+# runs one (CUDA's buckets reach it: V = 100). Two chunks, the last ragged; B = 2.
+V_BLOCKS_SHAPE = on_bucket(FenwickShape(B=2, T=70, H=1, K=16, V=80))
+
+
+def test_optimized_equals_reference_two_intra_v_blocks():
+    assert_passes(checks.optimized_vs_reference(V_BLOCKS_SHAPE, 2, torch.float32))
+
+
+@pytest.mark.mutation
+def test_two_intra_v_blocks_catch_a_dp_of_the_last_block_only():
+    """The intra backward's dP = Σ over V blocks of dO (w ⊙ v)ᵀ, kept from the last block only."""
+    from optimized.fenwick_gdn2 import intra
+    last_only = Plant(intra, "fenwick_intra_bwd_kernel", "b_dp += tl.dot(b_do, tl.trans(b_wv), input_precision=DOT)",
+                      "b_dp = tl.dot(b_do, tl.trans(b_wv), input_precision=DOT)")
+    with planted(last_only):
+        bad = failures(checks.optimized_vs_reference(V_BLOCKS_SHAPE, 2, torch.float32, log=False))
+    assert {"dq", "dk", "dlevel_scales"} & set(bad), sorted(bad)
 
 
 # Two chunks (one carry), ragged: chunk_gdn2's forward costs ~0.1 s per token and head on the CPU.

@@ -280,6 +280,31 @@ def test_level0_state_gradient_at_a_128_by_16_tile(dtype):
     assert_passes(checks.level0_states_vs_reference(GDN2Shape(B=2, T=200, H=2, K=128, V=16), 5, dtype))
 
 
+@pytest.mark.compiles
+def test_level0_state_gradient_in_row_sub_blocks():
+    """Level 0's state-gradient kernel at K = 160 (padded 256 > 128): a chunk's rows in two sub-blocks
+    of 32 (``optimized.state_grad.block_sizes``), a path no bucket's K reaches (a sub-block's row
+    offset dropped passed every other test). B = H = 2, a ragged last chunk, injected gradients."""
+    from optimized.state_grad import block_sizes as state_grad_blocks
+
+    assert state_grad_blocks(160, 16)[2] == 32
+    assert_passes(checks.level0_states_vs_reference(SUB_BLOCK_SHAPE, 5, torch.float32))
+
+
+SUB_BLOCK_SHAPE = GDN2Shape(B=2, T=100, H=2, K=160, V=16)
+
+
+@pytest.mark.mutation
+def test_row_sub_blocks_catch_a_dropped_sub_block_offset():
+    from kernel_mutation import Plant, planted
+    from optimized import state_grad
+    dropped = Plant(state_grad, "state_grad_bwd_kernel", "o_t = i_t * BT + i_s * BS + tl.arange(0, BS)",
+                    "o_t = i_t * BT + tl.arange(0, BS)")
+    with planted(dropped):
+        bad = failures(checks.level0_states_vs_reference(SUB_BLOCK_SHAPE, 5, torch.float32, log=False))
+    assert {"dh0", "dk"} & set(bad), sorted(bad)
+
+
 @examples(scale=10)
 @given(T=st.integers(1, 64 * 40), intervals=st.lists(st.integers(1, 6), min_size=0, max_size=5).map(tuple))
 def test_schedule_equals_spec_loop(T, intervals):
