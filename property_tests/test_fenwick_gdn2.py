@@ -83,8 +83,8 @@ def test_optimized_equals_reference_extreme_regime():
 
 
 # Two V blocks of the intra-chunk kernels (blocks of at most 64), the last ragged: the CPU menu's V ≤ 24
-# runs one (CUDA's buckets reach it: V = 100). Two chunks, the last ragged; B = 2.
-V_BLOCKS_SHAPE = on_bucket(FenwickShape(B=2, T=70, H=1, K=16, V=80))
+# runs one (CUDA's buckets reach it: V = 100). Two chunks, the last ragged; B = H = 2.
+V_BLOCKS_SHAPE = on_bucket(FenwickShape(B=2, T=70, H=2, K=16, V=80))
 
 
 def test_optimized_equals_reference_two_intra_v_blocks():
