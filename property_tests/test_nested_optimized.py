@@ -107,10 +107,11 @@ def covering_case(bucket=None):
     by ``tests/test_compile_buckets.py``): level 1 ``learned`` with ``covering_pairs(K)`` pairs (K,
     or K − 4 where K is a multiple of the pair block: keys overlapping across pair blocks, the
     last ragged), level 2 ``merge``, V over three or more blocks with a
-    ragged last one, K not a power of two, 3 chunks (the last ragged), large gates. Under the
-    interpreter the scan's blocks shrink to 16 (``covering_pieces``) to keep the sizes small."""
-    H, K, V = (bucket.H, bucket.K, bucket.V) if bucket is not None else (1, 20, 40)
-    return Case(NestedShape(B=1, T=130, H=H, L=3, K=K, V=V), seed=5, scheme=("learned", "merge"),
+    ragged last one, K not a power of two, 3 chunks (the last ragged), large gates, two batch rows
+    (and on the CPU two heads: batch and head offsets in every kernel). Under the interpreter the
+    scan's blocks shrink to 16 (``covering_pieces``) to keep the sizes small."""
+    H, K, V = (bucket.H, bucket.K, bucket.V) if bucket is not None else (2, 20, 40)
+    return Case(NestedShape(B=2, T=130, H=H, L=3, K=K, V=V), seed=5, scheme=("learned", "merge"),
                 intervals=(1, 1), query_counts=(covering_pairs(K), K), reduction=("sum", "mean"),
                 gate_scale=LARGE_GATES)
 
