@@ -12,8 +12,8 @@ import numpy as np
 
 from reference.gdn2_numpy import gdn2_step_numpy
 from reference.nested import Level, validate_nested_inputs
-from reference.promote_numpy import _SCHEMES, SCHEMES_NUMPY, _promote
-from reference.schemes import SCHEMES, is_builtin
+from reference.promote_numpy import BUILTIN_TWINS, SCHEMES_NUMPY, _promote, unchecked_twin
+from reference.schemes import BUILTIN_SCHEMES, SCHEMES, is_builtin
 from reference.validation import as_array, as_checkable, sequences
 
 
@@ -28,11 +28,12 @@ def _checkable_levels(levels):
             if isinstance(level.scheme, str) and level.scheme in SCHEMES and level.scheme not in SCHEMES_NUMPY:
                 raise ValueError(f"levels[{i}] (level ℓ = {i + 1}): scheme {level.scheme!r} has no NumPy twin "
                                  f"in reference.promote_numpy.SCHEMES_NUMPY (have {sorted(SCHEMES_NUMPY)})")
-            if isinstance(level.scheme, str) and level.scheme in SCHEMES_NUMPY and not is_builtin(level.scheme):
+            if (isinstance(level.scheme, str) and level.scheme in BUILTIN_SCHEMES and not is_builtin(level.scheme)
+                    and SCHEMES_NUMPY.get(level.scheme) is BUILTIN_TWINS.get(level.scheme)):
                 raise ValueError(f"levels[{i}] (level ℓ = {i + 1}): scheme {level.scheme!r} was registered over "
-                                 f"the built-in of that name (replace=True); its NumPy twin "
-                                 f"(reference.promote_numpy.SCHEMES_NUMPY) is the built-in's, so there is none "
-                                 f"for it")
+                                 f"the built-in of that name (replace=True), but its NumPy twin "
+                                 f"(reference.promote_numpy.SCHEMES_NUMPY) is still the built-in's: register "
+                                 f"the new scheme's twin there too")
             params = level.params
             if isinstance(params, dict):
                 params = {name: as_checkable(f"levels[{i}].params[{name!r}]", p) for name, p in params.items()}
@@ -81,6 +82,7 @@ def naive_nested_gdn2_numpy(q, k, v, g, b, w, r, levels, scale=None, initial_sta
         if M0 is not None:
             M[ℓ] = as_array(M0)
     params = [{name: as_array(p) for name, p in level.params.items()} for level in levels]
+    twins = [unchecked_twin(level.scheme) for level in levels]    # inputs checked above, once
     o = np.zeros((B, T, H, V))
     for i in range(B):
         for h in range(H):
@@ -99,6 +101,6 @@ def naive_nested_gdn2_numpy(q, k, v, g, b, w, r, levels, scale=None, initial_sta
                     level = levels[ℓ - 1]
                     if c % level.interval == 0:
                         head_params = {name: p[h] for name, p in params[ℓ - 1].items()}
-                        κ, ν, β, ω, γ = _SCHEMES[level.scheme](M[ℓ - 1, i, h], head_params, level.reduction)
+                        κ, ν, β, ω, γ = twins[ℓ - 1](M[ℓ - 1, i, h], head_params, level.reduction)
                         M[ℓ, i, h] = _promote(M[ℓ, i, h], κ, ν, β, ω, γ)
     return o, [M[ℓ] for ℓ in range(L)]

@@ -8,7 +8,7 @@ over pairs that all read the same decayed state ``M'``.
 The public functions (``SCHEMES_NUMPY``, ``promote_numpy``, ``promote_sequential_numpy``) check
 their inputs, and the schemes their outputs, with the PyTorch reference's checks (SPEC "Errors":
 the NumPy twins share them), on a head axis of one; the nested twin, which checks its inputs once
-for the whole call, runs the unchecked forms (``_SCHEMES``, ``_promote``) in its loops.
+for the whole call, runs the unchecked forms (``unchecked_twin``, ``_promote``) in its loops.
 """
 from __future__ import annotations
 
@@ -89,11 +89,20 @@ def _checked_scheme(name, probe):
         check_probe_outputs(name, M_t, params_t, tuple(_heads_of_one(label, x) for label, x in
                                                         zip(("κ", "ν", "β", "ω", "γ"), outputs)))
         return outputs
+    checked.unchecked = probe
     return checked
 
 
-_SCHEMES = {"learned": learned_numpy, "merge": merge_numpy, "bounded_erase": bounded_erase_numpy}
-SCHEMES_NUMPY = {name: _checked_scheme(name, probe) for name, probe in _SCHEMES.items()}
+def unchecked_twin(name: str):
+    """``SCHEMES_NUMPY[name]`` without the checks this module wraps around the built-ins' twins (a
+    twin registered from a scheme file is returned as registered)."""
+    twin = SCHEMES_NUMPY[name]
+    return getattr(twin, "unchecked", twin)
+
+
+SCHEMES_NUMPY = {name: _checked_scheme(name, probe) for name, probe in
+                 (("learned", learned_numpy), ("merge", merge_numpy), ("bounded_erase", bounded_erase_numpy))}
+BUILTIN_TWINS = dict(SCHEMES_NUMPY)      # as registered here (a scheme file may add or replace entries)
 
 
 def pair_log_decays_numpy(ν, params):

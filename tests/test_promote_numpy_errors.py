@@ -77,3 +77,31 @@ def test_a_scheme_twin_whose_outputs_break_the_shapes_is_named():
                                     + (np.zeros(K + 1),))
     with pytest.raises(ValueError, match=r"scheme 'learned': probe output γ must have shape"):
         broken(RNG.standard_normal((K, V)), learned_params(2))
+
+
+def test_a_twin_registered_from_a_scheme_file_runs_in_the_nested_twin():
+    """README "Adding a promotion scheme": a scheme's NumPy twin is an entry of ``SCHEMES_NUMPY``;
+    the nested twin runs it (as registered) and agrees with the PyTorch reference."""
+    import torch
+    from ngdn.nested_inputs import NestedShape, nested_inputs
+    from reference import naive_nested_gdn2, naive_nested_gdn2_numpy
+    from reference.nested import Level
+    from reference.schemes import SCHEMES, get_scheme, register_scheme
+    module = importlib.import_module("reference.promote_numpy")
+    saved, saved_np = dict(SCHEMES), dict(SCHEMES_NUMPY)
+    try:
+        builtin = get_scheme("learned")
+        register_scheme("learned_copy", builtin.probe, builtin.parameter_shapes)
+        SCHEMES_NUMPY["learned_copy"] = module.learned_numpy              # a plain, unwrapped twin
+        x = nested_inputs(NestedShape(B=1, T=70, H=2, L=2, K=8, V=8), seed=0, scheme="learned")
+        levels = [Level("learned_copy", lv.interval, lv.params, lv.reduction) for lv in x["levels"]]
+        acts = {k: x[k] for k in ("q", "k", "v", "g", "b", "w", "r")}
+        o_ref = naive_nested_gdn2(**acts, levels=levels)[0]
+        o_np = naive_nested_gdn2_numpy(**{k: t.numpy() for k, t in acts.items()}, levels=[
+            Level(lv.scheme, lv.interval, {k: p.numpy() for k, p in lv.params.items()}, lv.reduction)
+            for lv in levels])[0]
+        assert np.allclose(o_np, o_ref.numpy(), rtol=0, atol=1e-12)
+        assert torch.isfinite(o_ref).all()
+    finally:
+        SCHEMES.clear(), SCHEMES.update(saved)
+        SCHEMES_NUMPY.clear(), SCHEMES_NUMPY.update(saved_np)
