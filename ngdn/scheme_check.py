@@ -9,15 +9,19 @@ failing draw is shrunk; the stability search maximises its figure with ``target(
 the rest run fixed cases. Parameters are drawn as ``make_levels`` draws them.
 
 - ``contract`` (SPEC 2, a scheme's contract): on snapshots that are zero, tiny (1e-8), large
-  (1e4), near rank one, orthonormal or random, with ``K ≠ V``: the probe returns SPEC 2 shapes
-  and dtype (the registry checks them), finite outputs, ``γ ≤ 0``, gates ``β, ω`` in
-  ``[0, 1]``; it is pure (a second call gives the same outputs, ``M_below`` is not changed in
-  place); batched snapshots ``[B, F, H, K, V]`` equal the per-firing results; ``n > K`` is a
-  ``ValueError`` (schemes with a query axis); every declared parameter is used (moves some
-  output). Figure: violations.
+  (1e4), huge (1e7), near rank one, orthonormal or random, with ``K ≠ V``: the probe returns SPEC 2
+  shapes and dtype (the registry checks them), finite outputs, ``γ ≤ 0``, gates ``β, ω`` in
+  ``[0, 1]``; it is pure (a second call gives the same outputs, neither ``M_below`` nor a
+  parameter is changed in place); it honours ``reduction`` (with ``n > 1`` pairs and a nonzero
+  ``γ``, ``mean`` and ``sum`` differ); batched snapshots ``[B, F, H, K, V]`` equal the per-firing
+  results; ``n > K`` is a ``ValueError`` (schemes with a query axis); every declared parameter
+  gets a gradient from the outputs (used, and not through a detached or cached copy). Figure:
+  violations.
 - ``independence`` (SPEC "Errors", batch and head independence; ``B = H = 2``): replacing one
-  batch element's (head's) inputs changes no other's outputs, through the probe and through
-  the nested reference (output and final states; bitwise). Figure: violations.
+  batch element's (head's) inputs, at unit scale and 1e7 times larger, changes no other's
+  outputs, through the probe and through the nested reference (output and final states;
+  bitwise); and batch element 0 alone gives what it gives in the batch of two (the batch's size
+  changes nothing; ``promote_identities.batch_slice``). Figure: violations.
 - ``permutation``: permuting a firing's pairs leaves ``M_new`` unchanged (torch and NumPy
   promote, ``ngdn.checks.nested.pair_permutation``) and, with a query axis, so does permuting
   the queries (the scheme treats its queries alike). ``promote_identities.permutation`` bound.
@@ -71,7 +75,8 @@ import torch
 F64 = torch.float64
 DEFAULT_THRESHOLD = 1.001
 DEFAULT_EXAMPLES = 30
-SNAPSHOT_KINDS = ("zero", "tiny", "large", "near_rank_one", "orthonormal", "random")
+SNAPSHOT_KINDS = ("zero", "tiny", "large", "huge", "near_rank_one", "orthonormal", "random")
+HUGE = 1e7      # a "huge" snapshot's entry scale: the state norms ``learned`` reaches in training (README)
 
 
 def _checks():
@@ -213,6 +218,8 @@ def snapshot(kind: str, B: int, H: int, K: int, V: int, gen: torch.Generator) ->
         return 1e-8 * randn(B, H, K, V)
     if kind == "large":
         return 1e4 * randn(B, H, K, V)
+    if kind == "huge":
+        return HUGE * randn(B, H, K, V)
     if kind == "near_rank_one":
         return randn(B, H, K, 1) @ randn(B, H, 1, V) + 1e-3 * randn(B, H, K, V)
     if kind == "orthonormal":          # orthonormal columns (V ≤ K) or rows (V > K)
@@ -296,10 +303,14 @@ def contract(scheme, d: ProbeDraw) -> Measured:
     probe = scheme.probe
     M_below, params = probe_inputs(scheme, d)
     problems = []
-    kept = M_below.clone()
+    kept, kept_params = M_below.clone(), {k: p.clone() for k, p in params.items()}
     outputs = probe(M_below, params, d.reduction)           # shapes, dtype, device: the registry
     if not same(M_below, kept):
         problems.append(f"the probe changed M_below in place; {PURE}")
+    changed_params = [k for k, p in params.items() if not same(p, kept_params[k])]
+    if changed_params:
+        problems.append(f"the probe changed parameter(s) {', '.join(map(repr, changed_params))} in place; {PURE}")
+        params = kept_params
     again = probe(M_below, params, d.reduction)
     changed = [label for label, a, b in zip(PROBE_OUTPUTS, outputs, again) if not same(a, b)]
     if changed:
@@ -308,6 +319,11 @@ def contract(scheme, d: ProbeDraw) -> Measured:
         if not bool(torch.isfinite(x).all()):
             problems.append(f"{label} is not finite on a finite {d.snapshot} snapshot")
     γ = outputs[4]
+    other = "sum" if d.reduction == "mean" else "mean"
+    if outputs[0].shape[-2] > 1 and bool((γ != 0).any()) and same(γ, probe(M_below, params, other)[4]):
+        problems.append(f"γ is the same with reduction={d.reduction!r} and {other!r} at n = {outputs[0].shape[-2]} "
+                        f"pairs: the probe ignores `reduction`, so a Level asking for one gets the other "
+                        f"(SPEC 2: the firing's decay reduces the pairs' log-decays by their mean or sum)")
     if bool((γ > 0).any()):
         problems.append(f"γ > 0 (max {γ.max().item():.3g}): the decay amplifies the state")
     for label, x, role in (("β", outputs[2], "an erase gate above 1 over-erases (merge scales row i by "
@@ -340,7 +356,9 @@ def contract(scheme, d: ProbeDraw) -> Measured:
         grads = torch.autograd.grad(loss, list(leaves.values()), allow_unused=True)
         for k, g in zip(leaves, grads):
             if g is None or not bool(g.abs().sum() > 0):
-                problems.append(f"declared parameter {k!r} is not used by the probe")
+                problems.append(f"declared parameter {k!r} gets no gradient from the probe's outputs: unused, or "
+                                f"read through a detached or cached copy (the optimized op differentiates the "
+                                f"probe; {PURE})")
     return Measured(float(len(problems)), 0.0, tuple(problems))
 
 
@@ -352,6 +370,7 @@ def independence(scheme, d: ProbeDraw) -> Measured:
     scheme's parameters; output and final states). Bitwise: the other elements' arithmetic is
     unchanged."""
     from ngdn.nested_inputs import ACTIVATIONS, NestedShape, bounded_query_counts
+    from ngdn.tolerances import relative_error, tolerance
     from reference.nested import Level
     from reference.schemes import PROBE_OUTPUTS
 
@@ -360,24 +379,35 @@ def independence(scheme, d: ProbeDraw) -> Measured:
     M_below, params = probe_inputs(scheme, d, B=2, H=2)
     other_M, other_params = probe_inputs(scheme, d._replace(seed=d.seed + 7919, snapshot="random"), B=2, H=2)
     base = scheme.probe(M_below, params, d.reduction)
+    # another batch element's (head's) snapshot in its place, at unit scale and at HUGE: a branch on
+    # the whole tensor's magnitude (an "overflow guard") mixes the batch only when one element is large
+    for scale, what in ((1.0, "snapshot"), (HUGE, f"snapshot, {HUGE:.0e} times larger,")):
+        for b in range(2):
+            M = M_below.clone()
+            M[b] = scale * other_M[b]
+            for label, x, y in zip(PROBE_OUTPUTS, scheme.probe(M, params, d.reduction), base):
+                if not same(x[1 - b], y[1 - b]):
+                    problems.append(f"probe: {label} of batch {1 - b} changed when only batch {b}'s {what} did "
+                                    f"(the probe mixes the batch)")
+        for h in range(2):
+            M = M_below.clone()
+            M[:, h] = scale * other_M[:, h]
+            ps = {k: p.clone() for k, p in params.items()}
+            for k in ps:
+                ps[k][h] = other_params[k][h]
+            for label, x, y in zip(PROBE_OUTPUTS, scheme.probe(M, ps, d.reduction), base):
+                axis = x.dim() - (2 if label == "γ" else 3)
+                if not same(x.select(axis, 1 - h), y.select(axis, 1 - h)):
+                    problems.append(f"probe: {label} of head {1 - h} changed when only head {h}'s {what} and "
+                                    f"parameters did (the probe mixes the heads)")
+    # the batch's size: batch b alone gives what it gives in the batch of two
+    bound = tolerance("promote_identities", "batch_slice", F64, mode="any")
     for b in range(2):
-        M = M_below.clone()
-        M[b] = other_M[b]
-        for label, x, y in zip(PROBE_OUTPUTS, scheme.probe(M, params, d.reduction), base):
-            if not same(x[1 - b], y[1 - b]):
-                problems.append(f"probe: {label} of batch {1 - b} changed when only batch {b}'s snapshot did "
-                                f"(the probe mixes the batch)")
-    for h in range(2):
-        M = M_below.clone()
-        M[:, h] = other_M[:, h]
-        ps = {k: p.clone() for k, p in params.items()}
-        for k in ps:
-            ps[k][h] = other_params[k][h]
-        for label, x, y in zip(PROBE_OUTPUTS, scheme.probe(M, ps, d.reduction), base):
-            axis = x.dim() - (2 if label == "γ" else 3)
-            if not same(x.select(axis, 1 - h), y.select(axis, 1 - h)):
-                problems.append(f"probe: {label} of head {1 - h} changed when only head {h}'s snapshot and "
-                                f"parameters did (the probe mixes the heads)")
+        for label, x, y in zip(PROBE_OUTPUTS, scheme.probe(M_below[b:b + 1], params, d.reduction), base):
+            err = relative_error(x, y[b:b + 1]) if x.shape == y[b:b + 1].shape else math.inf
+            if not err <= bound:
+                problems.append(f"probe: {label} of batch {b} called alone differs from the batch of two "
+                                f"({err:.3g} > {bound:.3g}; the probe depends on the batch's size)")
 
     L = 3
     n = [draw_query_count(scheme, d.K, q) for q in bounded_query_counts(L, d.K, d.V)]
@@ -386,18 +416,26 @@ def independence(scheme, d: ProbeDraw) -> Measured:
                              gate_scale=d.gate_scale)
     x, y = checks.case_inputs(case), checks.case_inputs(case._replace(seed=case.seed + 7919))
     o, states = checks.run(checks.naive_nested_gdn2, x, case)
-    for b in range(2):
-        edit = dict(x)
-        for name in ACTIVATIONS:
-            edit[name] = x[name].clone()
-            edit[name][b] = y[name][b]
-        edit["initial_states"] = [s.clone() for s in x["initial_states"]]
-        for s, t in zip(edit["initial_states"], y["initial_states"]):
-            s[b] = t[b]
-        o2, states2 = checks.run(checks.naive_nested_gdn2, edit, case)
-        if not (same(o2[1 - b], o[1 - b]) and all(same(s[1 - b], t[1 - b]) for s, t in zip(states2, states))):
-            problems.append(f"nested reference: batch {1 - b}'s output or final states changed when only batch "
-                            f"{b}'s inputs did (the scheme mixes the batch)")
+    for scale, what in ((1.0, "inputs"), (HUGE, f"inputs, its initial states {HUGE:.0e} times larger,")):
+        for b in range(2):
+            edit = dict(x)
+            for name in ACTIVATIONS:
+                edit[name] = x[name].clone()
+                edit[name][b] = y[name][b]
+            edit["initial_states"] = [s.clone() for s in x["initial_states"]]
+            for s, t in zip(edit["initial_states"], y["initial_states"]):
+                s[b] = scale * t[b]
+            o2, states2 = checks.run(checks.naive_nested_gdn2, edit, case)
+            if not (same(o2[1 - b], o[1 - b]) and all(same(s[1 - b], t[1 - b]) for s, t in zip(states2, states))):
+                problems.append(f"nested reference: batch {1 - b}'s output or final states changed when only "
+                                f"batch {b}'s {what} did (the scheme mixes the batch)")
+    alone = {name: x[name][:1] for name in ACTIVATIONS}
+    alone.update(levels=x["levels"], initial_states=[s[:1] for s in x["initial_states"]])
+    o1, states1 = checks.run(checks.naive_nested_gdn2, alone, case)
+    err = max([relative_error(o1, o[:1])] + [relative_error(s, t[:1]) for s, t in zip(states1, states)])
+    if not err <= bound:
+        problems.append(f"nested reference: batch 0 run alone differs from the batch of two ({err:.3g} > "
+                        f"{bound:.3g}; the scheme depends on the batch's size)")
     for h in range(2):
         edit = dict(x)
         for name in ACTIVATIONS:
@@ -738,7 +776,8 @@ def measure(prop: Property, scheme, draw, threshold: float) -> Measured:
     except Exception as e:  # noqa: BLE001 (a scheme's error is the report's content)
         first = str(e).strip().splitlines()[0] if str(e).strip() else ""
         hint = ""
-        if isinstance(e, RuntimeError) and hasattr(draw, "K") and hasattr(draw, "V"):
+        shapes = re.search(r"size|shape|mat1|mat2|dimension|broadcast", first, flags=re.I)
+        if isinstance(e, RuntimeError) and shapes and hasattr(draw, "K") and hasattr(draw, "V"):
             hint = (f" (at K = {draw.K}, V = {draw.V}: do the declared parameter shapes match how the probe "
                     f"uses the parameters?)")
         return Measured(math.inf, 0.0 if prop.name != "stability" else threshold,

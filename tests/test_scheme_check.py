@@ -71,6 +71,10 @@ def test_learned_is_reported_expansive_with_its_growth_factor(capsys):
     ("over_erase.py", "contract", "β outside [0, 1]"),
     ("batch_mixing.py", "independence", "(the scheme mixes the batch)"),
     ("decay_over_channels.py", "contract", "output γ must have shape [..., H, K]"),
+    ("batch_size.py", "independence", "depends on the batch's size"),
+    ("magnitude_guard.py", "independence", "times larger, did (the scheme mixes the batch)"),
+    ("ignores_reduction.py", "contract", "the probe ignores `reduction`"),
+    ("inplace_params.py", "contract", "the probe changed parameter(s) 'Q' in place"),
 ])
 def test_broken_scheme_fails(capsys, file, caught_by, cause):
     rc, out = check(capsys, BROKEN / file, *FEW, *WITHOUT_OPTIMIZED)
