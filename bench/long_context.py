@@ -94,7 +94,7 @@ def log(message: str) -> None:
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="ngdn bench long-context", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default=None,
-                   help="output folder (default results/<date>-long-context/, '-quick' appended in --quick)")
+                   help="output folder (default results/<date>-long-context/; --quick: results/tmp/long-context-quick/)")
     p.add_argument("--T", type=int, nargs="+", help=f"sequence lengths (default {FULL['T']}, --quick {QUICK['T']})")
     p.add_argument("--schemes", nargs="+",
                    help=f"promotion schemes (default {' '.join(DEFAULT_SCHEMES)}; --quick: learned)")
@@ -108,8 +108,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="float32 dot precision of the kernels on CUDA (default ieee, as the tests)")
     p.add_argument("--no-plot", action="store_true", help="do not write the PNG")
     args = p.parse_args(argv)
-    if args.out is None:
-        args.out = f"results/{_dt.date.today().isoformat()}-long-context{'-quick' if args.quick else ''}"
+    if args.out is None:        # a full run goes to a dated folder (to be committed), a smoke run to the untracked tmp/
+        args.out = ("results/tmp/long-context-quick" if args.quick
+                    else f"results/{_dt.date.today().isoformat()}-long-context")
+    args.T_given = bool(args.T)
     shape = QUICK if args.quick else FULL
     args.H, args.K, args.V = shape["H"], shape["K"], shape["V"]
     args.T = sorted(set(args.T or shape["T"]))
@@ -674,8 +676,10 @@ def main(argv=None) -> int:
         get_scheme(scheme)      # an unknown name fails here, not after the first unit
     log(f"device {cfg['gpu']} (mode {cfg['mode']}), float32 dots {cfg['f32_dots']}, autotune {cfg['autotune']}; "
         f"T {args.T}, schemes {args.schemes}, seeds {args.seeds}, H={args.H}, K=V={args.K}, L={L}")
-    if not cfg["bf16"] and not args.quick:
-        log("WARNING: no CUDA: full sizes under the Triton interpreter take hours; use --quick on a CPU")
+    if not cfg["bf16"] and not args.quick and not args.T_given:
+        print("ngdn bench long-context: no CUDA: the full sizes under the Triton interpreter take hours; "
+              "use --quick on a CPU (or name the lengths with --T)", file=sys.stderr)
+        return 2
     rows, meta["input_s"] = run(args, cfg)
     meta["total_s"] = time.perf_counter() - t0
     out = Path(args.out)

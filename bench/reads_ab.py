@@ -622,7 +622,8 @@ def _write(out: Path, rows: list, B, T, H, K, dtype: str):
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", required=True)
+    parser.add_argument("--out", default="results/tmp/reads_ab",
+                        help="output folder (default results/tmp/reads_ab, not tracked)")
     parser.add_argument("--levels", type=int, nargs="+", default=[4, 6])
     parser.add_argument("-B", type=int, default=8)
     parser.add_argument("-T", type=int, default=4096)

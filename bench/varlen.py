@@ -14,7 +14,7 @@ warm-up call (where Triton and fla autotune), with the ops' finiteness check off
 keeps it). ``--quick``: a CPU smoke size (float32 under the
 Triton interpreter, one wall-clock run per timing, no warm-up, no memory counters).
 
-Outputs (``--out``, default ``results/<date>-varlen``): ``varlen.csv`` and ``varlen.md``, each
+Outputs (``--out``, default ``results/<date>-varlen``; ``--quick``: ``results/tmp/varlen-quick``): ``varlen.csv`` and ``varlen.md``, each
 with the date, the device and the versions.
 
     python -m bench.varlen                      # the default, on one GPU
@@ -83,7 +83,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--rep-ms", type=float, default=100.0, help="do_bench repetitions (default 100)")
     p.add_argument("--quick", action="store_true",
                    help="CPU smoke size: lengths 17,64,40, L = 2, H = 2, K = V = 16, float32, one timed run")
-    p.add_argument("--out", type=Path, default=None, help="output folder (default results/<date>-varlen)")
+    p.add_argument("--out", type=Path, default=None, help="output folder (default results/<date>-varlen; --quick: results/tmp/varlen-quick)")
     return p
 
 
@@ -284,8 +284,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.quick:
         args = quick_defaults(args)
     args.lengths = args.lengths or DEFAULT_LENGTHS
-    if args.out is None:
-        args.out = Path("results") / f"{_dt.date.today().isoformat()}-varlen"
+    if args.out is None:        # a full run goes to a dated folder (to be committed), a smoke run to the untracked tmp/
+        args.out = (Path("results") / "tmp" / "varlen-quick" if args.quick
+                    else Path("results") / f"{_dt.date.today().isoformat()}-varlen")
     prepare_environment()
     rows = run(args, Hooks(log=stderr_log), argv)
     print((args.out / "varlen.md").read_text())

@@ -105,11 +105,22 @@ def test_bench_subcommands_name_themselves_and_default_their_output(capsys, benc
     assert default_out in " ".join(out.split()), out
 
 
-def test_long_context_output_defaults_to_a_dated_results_folder():
+def test_long_context_output_defaults_to_a_dated_results_folder_and_a_smoke_run_to_tmp():
     from bench.long_context import parse_args
 
-    out = parse_args(["--quick"]).out
-    assert re.fullmatch(r"results/\d{4}-\d\d-\d\d-long-context-quick", out), out
+    out = parse_args([]).out
+    assert re.fullmatch(r"results/\d{4}-\d\d-\d\d-long-context", out), out
+    assert parse_args(["--quick"]).out == "results/tmp/long-context-quick"
+
+
+def test_long_context_full_sizes_are_refused_without_cuda(capsys):
+    from bench.long_context import main as long_context_main
+    from optimized import triton_mode
+
+    if triton_mode.device() != "cpu":
+        pytest.skip("the refusal is the CPU's (the interpreter)")
+    assert long_context_main([]) == 2
+    assert "use --quick on a CPU" in capsys.readouterr().err
 
 
 def test_bench_offers_every_registered_scheme(capsys):
