@@ -89,3 +89,7 @@ def test_states_bwd_refuses_a_bad_carry():
     with pytest.raises(ValueError, match="dcarry must be contiguous float32"):
         states_bwd(kg, kg, kg, kg, torch.zeros(1, 64, 1, 32, device=DEV), torch.zeros(1, 64, 1, 32, device=DEV),
                    None, mtab, 1.0, 1, 1, 8, 16, n_own=1, dcarry=torch.zeros(1, 1, 16, 8, device=DEV))
+    kg2 = torch.zeros(2, 64, 1, 16, device=DEV)
+    with pytest.raises(ValueError, match="dcarry .* needs B = 1, got B = 2"):
+        states_bwd(kg2, kg2, kg2, kg2, torch.zeros(2, 64, 1, 32, device=DEV), torch.zeros(2, 64, 1, 32, device=DEV),
+                   None, mtab, 1.0, 1, 1, 8, 16, n_own=1, dcarry=torch.zeros(2, 1, 16, 16, device=DEV))

@@ -300,6 +300,8 @@ def states_bwd(qg, kg, wy, gk, do, dv, dfinal, mtab, scale: float, N: int, J: in
             raise ValueError(f"dcarry must be contiguous float32 {want}, got {tuple(dcarry.shape)} {dcarry.dtype}")
         if p is not None:
             raise ValueError("dcarry (a piece of longer sequences) is not supported in a packed row")
+        if B != 1:      # the op's time pieces split one row (bwd.time_pieces); a batch of pieces is untested
+            raise ValueError(f"dcarry (a piece of a longer sequence) needs B = 1, got B = {B}")
     NB = J + n_own
     BK, NBP, BV = block_sizes(K, V, NB, width, block_k)
     opts = launch_options(BK, NBP, BV, num_stages)
