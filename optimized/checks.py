@@ -30,9 +30,9 @@ the checks only the kernels need, run in this order after them:
    kernels sum log-decays in float32 within a chunk, so a very negative ``g`` costs the chunk's
    later tokens accuracy in proportion to ``|g|``: measured (``chunk_gdn2``, float32, T = 130,
    K = V = 32, one such token) 9e-7 relative error at ``g = -20``, 3.7e-6 at -100, 2.9e-5 at
-   -1000, 3.9e-4 at -1e4 and 5e-2 at -1e30, against 2.3e-7 without it. In float32 every
-   ``g ≤ -104`` is already a full forget (``exp`` underflows), so ``g.clamp(min=-100)`` keeps
-   the meaning and the accuracy; ``-1e30`` as a stand-in for ``-inf`` would not.
+   -1000, 3.9e-4 at -1e4 and 1.0 at -1e30 (the output lost), against 2.3e-7 without it
+   (``results/2026-12-05-very-negative-g-cpu/``). In float32 every ``g ≤ -104`` is already a full
+   forget (``exp`` underflows), so ``g.clamp(min=-100)`` keeps the meaning and the accuracy; ``-1e30`` as a stand-in for ``-inf`` would not.
 
    The reduction also covers the scheme parameters where the op has them (the
    references' validators check those with a sync of their own; the optimized ops fold

@@ -187,9 +187,9 @@ def test_optimized_g_minus_inf_error_says_what_to_do():
 @pytest.mark.parametrize("opt, ref, call, first", OP_PARAMS)
 def test_optimized_refuses_a_finite_g_below_the_floor_and_computes_one_above(opt, ref, call, first):
     """A finite g whose exp is 0 even in float64 (below optimized.checks.G_FLOOR) is a full forget,
-    refused as g = -inf is (as a stand-in for -inf, -1e30 came back with 5e-2 relative error, the
-    chunk kernels' float32 cumulative log-decays swamped); g = -100 (a full forget in float32)
-    is computed."""
+    refused as g = -inf is (as a stand-in for -inf, -1e30 came back with relative error 1.0 at
+    T = 130: the chunk kernels' float32 cumulative log-decays swamped); g = -100 (a full forget in
+    float32) is computed."""
     with pytest.raises(ValueError, match=r"g holds -1e\+30 at batch 1, token 5, below -745.*clamp g at -100"):
         opt(**poisoned(call, "g", -1e30))
     with pytest.raises(ValueError, match=r"g holds -746 at batch 1, token 5"):
