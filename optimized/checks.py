@@ -32,7 +32,8 @@ the checks only the kernels need, run in this order after them:
    K = V = 32, one such token) 9e-7 relative error at ``g = -20``, 3.7e-6 at -100, 2.9e-5 at
    -1000, 3.9e-4 at -1e4 and 1.0 at -1e30 (the output lost), against 2.3e-7 without it
    (``results/2026-12-05-very-negative-g-cpu/``). In float32 every ``g ≤ -104`` is already a full
-   forget (``exp`` underflows), so ``g.clamp(min=-100)`` keeps the meaning and the accuracy; ``-1e30`` as a stand-in for ``-inf`` would not.
+   forget (``exp`` underflows), so ``g.clamp(min=-100)`` keeps the meaning and the accuracy;
+   ``-1e30`` as a stand-in for ``-inf`` would not.
 
    The reduction also covers the scheme parameters where the op has them (the
    references' validators check those with a sync of their own; the optimized ops fold
