@@ -126,11 +126,9 @@ def test_tf32_probe_reaches_cublas_and_stays_close():
 @pytest.fixture
 def registry():
     """Restore the scheme registry after the test (it registers over a built-in's name)."""
-    from reference.schemes import SCHEMES
-    saved = dict(SCHEMES)
-    yield
-    SCHEMES.clear()
-    SCHEMES.update(saved)
+    from ngdn.scheme_check import registry_restored
+    with registry_restored():
+        yield
 
 
 @pytest.mark.parametrize("scheme, reduction", [("learned", "mean"), ("merge", "sum"), ("bounded_erase", "sum")])

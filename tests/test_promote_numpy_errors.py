@@ -86,10 +86,10 @@ def test_a_twin_registered_from_a_scheme_file_runs_in_the_nested_twin():
     from ngdn.nested_inputs import NestedShape, nested_inputs
     from reference import naive_nested_gdn2, naive_nested_gdn2_numpy
     from reference.nested import Level
-    from reference.schemes import SCHEMES, get_scheme, register_scheme
+    from ngdn.scheme_check import registry_restored
+    from reference.schemes import get_scheme, register_scheme
     module = importlib.import_module("reference.promote_numpy")
-    saved, saved_np = dict(SCHEMES), dict(SCHEMES_NUMPY)
-    try:
+    with registry_restored():
         builtin = get_scheme("learned")
         register_scheme("learned_copy", builtin.probe, builtin.parameter_shapes)
         SCHEMES_NUMPY["learned_copy"] = module.learned_numpy              # a plain, unwrapped twin
@@ -102,6 +102,3 @@ def test_a_twin_registered_from_a_scheme_file_runs_in_the_nested_twin():
             for lv in levels])[0]
         assert np.allclose(o_np, o_ref.numpy(), rtol=0, atol=1e-12)
         assert torch.isfinite(o_ref).all()
-    finally:
-        SCHEMES.clear(), SCHEMES.update(saved)
-        SCHEMES_NUMPY.clear(), SCHEMES_NUMPY.update(saved_np)

@@ -5,6 +5,7 @@ names the scheme."""
 import pytest
 import torch
 
+from ngdn.scheme_check import registry_restored
 from reference.schemes import SCHEMES, gates, get_scheme, l2norm, reduce_log_decay, register_scheme
 
 H, K, V, n = 2, 8, 4, 3
@@ -30,10 +31,8 @@ def inputs():
 @pytest.fixture
 def registry():
     """Restore the registry after the test (it registers throwaway schemes)."""
-    saved = dict(SCHEMES)
-    yield
-    SCHEMES.clear()
-    SCHEMES.update(saved)
+    with registry_restored():
+        yield
 
 
 def test_a_taken_name_needs_replace(registry):
