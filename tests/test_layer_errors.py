@@ -37,10 +37,11 @@ def test_what_the_layers_cannot_honour_is_refused(layer, kwargs, message):
         layer(x(), **kwargs)
 
 
-def test_keywords_passed_as_none_are_accepted(layer):
-    """fla's blocks pass ``cu_seqlens=None`` and the like on: a keyword without a value asks nothing."""
-    o, attentions, cache = layer(x(), cu_seqlens=None, position_ids=None)
-    assert o.shape == (1, 10, 16) and attentions is None and cache is None
+def test_keywords_passed_as_none_are_accepted():
+    """fla's blocks pass ``cu_seqlens=None`` and the like on: a keyword without a value asks nothing
+    (the check alone: a layer's forward would compile kernels of sizes no other CUDA test uses)."""
+    weight = torch.zeros(4, 16, device=DEV)
+    check_forward_args(x(), 16, like=weight, extra={"cu_seqlens": None, "position_ids": None})
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float16])
