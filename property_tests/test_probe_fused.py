@@ -65,6 +65,7 @@ SNAP_KINDS = ("normal", "rank_one", "tiny", "mixed")
 # with overlapping keys (rank_one, mixed) always keep dκ; dκ = None is drawn on normal and tiny ones.
 RANK_ONE_NOISE = 0.1
 TINY = 1e-3
+LARGE = 30.0        # snapshot scale of the fixed draws whose decay logits pass softplus's threshold (20)
 OUTPUT_NAMES = ("kappa", "nu", "beta", "omega", "gamma")
 
 
@@ -88,6 +89,10 @@ MUTANTS = {
     "drop_dnu": [Plant(probe_fused_module, "_probe_bwd", "if dν is None:", "if True:")],
     # the reduction's 1/n forgotten in the backward
     "gamma_no_mean": _gates("dγ_i = dγ_i / n", "dγ_i = dγ_i"),
+    # softplus' gradient dropped above its threshold (where softplus(z) = z, the gradient is 1)
+    "softplus_dropped_above_threshold": _gates(
+        "torch.where(g > _SOFTPLUS_THRESHOLD, dγ_i, dγ_i * e / (e + 1), out=dz[..., sG])",
+        "torch.where(g > _SOFTPLUS_THRESHOLD, 0 * dγ_i, dγ_i * e / (e + 1), out=dz[..., sG])"),
 }
 # The Triton gates' backward kernel (``probe_gates_bwd_kernel``), the same two errors.
 GATE_MUTANTS = {
@@ -96,6 +101,10 @@ GATE_MUTANTS = {
     "no_projection": [Plant(probe_gates_module, "probe_gates_bwd_kernel",
                             "d_u = (d_k - kap * tl.sum(kap * d_k, axis=1)[:, None]) * s[:, None]",
                             "d_u = d_k * s[:, None]")],
+    "softplus_dropped_above_threshold": [Plant(
+        probe_gates_module, "probe_gates_bwd_kernel",
+        "d_g = tl.where(g > 20.0, dg_i[None, :], dg_i[None, :] * tl.sigmoid(g))",
+        "d_g = tl.where(g > 20.0, 0.0 * dg_i[None, :], dg_i[None, :] * tl.sigmoid(g))")],
 }
 
 
@@ -127,6 +136,8 @@ def _snapshots(gen, d: ProbeDraw) -> torch.Tensor:
     shape = (d.B, d.F, d.H, d.K, d.V)
     if d.snaps == "zero":
         return torch.zeros(shape, dtype=torch.float64)
+    if d.snaps == "large":             # the gates' pre-activations past softplus's threshold of 20
+        return LARGE * randn(gen, *shape)
     normal = randn(gen, *shape)
     rank_one = (randn(gen, d.B, d.F, d.H, d.K, 1) * randn(gen, d.B, d.F, d.H, 1, d.V)
                 + RANK_ONE_NOISE * randn(gen, *shape))
@@ -243,11 +254,25 @@ def _fixed_draws():
                   base._replace(snaps="normal" if s == "bounded_erase" else "mixed",
                                 none=(True, False, False, False, False), seed=30 + i),
                   base._replace(F=3, B=1, snaps="zero", none=(False, True, False, False, True)),
-                  base._replace(snaps="normal", n=6 if s == "merge" else 1, none=(True, True, False, True, True))]
+                  base._replace(snaps="normal", n=6 if s == "merge" else 1, none=(True, True, False, True, True)),
+                  base._replace(snaps="large", seed=40 + i)]
     return draws
 
 
 FIXED_DRAWS = _fixed_draws()
+
+
+def test_large_fixed_draws_reach_both_sides_of_softplus_threshold():
+    """The fixed draws' decay logits ``z = ν W_γ`` lie above softplus's threshold of 20 (where
+    ``softplus(z) = z`` and its gradient is 1) and below it, for every scheme: the gates' backward
+    takes both branches (a gradient dropped above the threshold passed every other draw)."""
+    for d in FIXED_DRAWS:
+        if d.snaps != "large":
+            continue
+        snaps, params, _ = probe_inputs(d)
+        nu = snaps if d.scheme == "merge" else params["Q"][None, None] @ snaps       # [B, F, H, n, V]
+        z = nu @ params["W_gamma"][None, None]
+        assert (z > 20).any() and (z < 20).any(), (d.scheme, float(z.max()))
 
 
 @pytest.mark.parametrize("d", FIXED_DRAWS, ids=lambda d: f"{d.scheme}-{d.reduction}-F{d.F}-n{d.n}-{d.snaps}")
@@ -462,6 +487,9 @@ NU_GATE_MUTANTS = {
     # dz's rows in the outputs' (bt, h) order instead of the bmm's (h, bt)
     "dz_rows_bt_major": _nu("_bwd_tiles", "p_dz = dz + ((i_h.to(tl.int64) * Bt + bt) * n + i_n)",
                             "p_dz = dz + ((bt.to(tl.int64) * H + i_h) * n + i_n)"),
+    # softplus' gradient dropped above its threshold (drawn at NU_MUTANT_DRAWS' large snapshots)
+    "softplus_dropped_above_threshold": _nu("_bwd_tiles", "d = tl.where(zc > 20.0, dg_i, dg_i * tl.sigmoid(zc))",
+                                            "d = tl.where(zc > 20.0, 0.0 * dg_i, dg_i * tl.sigmoid(zc))"),
     # β made from ω's columns of W (its column offset one block late)
     "beta_from_omega_columns": [Plant(probe_gates_nu_module, "_first_column",
                                       "        col0 = OFF_B\n", "        col0 = OFF_B + K\n",
@@ -473,6 +501,7 @@ NU_GATE_MUTANTS = {
 # B·F = 9 firings, n = 5 of 8 rows: 2 firings a tile at 16 rows (the fifth tile ragged), two tiles a
 # program, three programs per head and block (the third runs one tile)
 NU_MUTANT_DRAW = ProbeDraw("learned", "mean", B=3, F=3, H=2, K=6, V=5, n=5, seed=8, gate_scale=8.0)
+NU_MUTANT_DRAWS = {"softplus_dropped_above_threshold": NU_MUTANT_DRAW._replace(gate_scale=30.0, snaps="large")}
 
 
 @pytest.mark.mutation
@@ -482,7 +511,7 @@ def test_gates_from_nu_mutant_fails(mutant):
     draw of several tiles and programs per head (``NU_MUTANT_DRAW``), which the kernels pass
     unmutated. Every new buffer starts as NaN, so a row the kernels never write fails (on CUDA the
     allocator would hand back the unmutated run's buffer, right values included)."""
-    d = NU_MUTANT_DRAW
+    d = NU_MUTANT_DRAWS.get(mutant, NU_MUTANT_DRAW)
     with gates_rows("triton-nu"), nan_filled_allocations():
         assert not failures(fused_vs_generic(d, torch.float32, gates="triton-nu"))
         with planted(*NU_GATE_MUTANTS[mutant]):
@@ -549,14 +578,16 @@ def test_gates_from_nu_in_one_launch_mutant_fails(mutant):
     assert not all(torch.equal(a, b) for a, b in zip(per_block, one))
 
 
-def _gates_nu_bwd_from_partials(npart: int, one_launch: bool, as_partials: bool):
-    """``probe_gates_nu_bwd``'s ``dz`` (learned, the draw of ``_gates_nu_both_passes``) from ``npart``
+def _gates_nu_bwd_from_partials(npart: int, one_launch: bool, as_partials: bool, scheme: str = "learned"):
+    """``probe_gates_nu_bwd``'s ``dz`` (the draw of ``_gates_nu_both_passes``) from ``npart``
     per-V-block partials of ``dκ``, ``dβ``, ``dγ`` handed over as ``promote_scan.Partials`` (the
-    kernels sum them as they load them) or summed first by ``sum_partials``; ``dω`` whole."""
+    kernels sum them as they load them) or summed first by ``sum_partials``; ``dω`` whole. ``merge``
+    (n = K) without ``dκ``: its partials start at ``dβ``."""
     from optimized.promote_scan import Partials, sum_partials
 
-    Bt, H, n, K, V = 9, 2, 5, 6, 5
-    C = probe_gates_module.gate_columns("learned", K, V)
+    Bt, H, K, V = 9, 2, 6, 5
+    n = K if scheme == "merge" else 5
+    C = probe_gates_module.gate_columns(scheme, K, V)
     dev = triton_mode.device()
     gen = torch.Generator().manual_seed(6)
 
@@ -566,21 +597,37 @@ def _gates_nu_bwd_from_partials(npart: int, one_launch: bool, as_partials: bool)
     nu, W = rnd(Bt, H, n, V), rnd(H, V, C, scale=2.0)
     parts = {"kappa": rnd(npart, Bt, H, n, K), "beta": rnd(npart, Bt, H, n, K), "gamma": rnd(npart, Bt, H, K)}
     grads = {k: Partials(p) if as_partials else sum_partials(p) for k, p in parts.items()}
+    if scheme == "merge":
+        grads["kappa"] = None
     with gates_rows("triton-nu"), nan_filled_allocations():
-        return probe_gates_nu_module.probe_gates_nu_bwd("learned", nu, W, Bt, H, n, K, V, "mean", grads["kappa"],
+        return probe_gates_nu_module.probe_gates_nu_bwd(scheme, nu, W, Bt, H, n, K, V, "mean", grads["kappa"],
                                                         grads["beta"], rnd(Bt, H, n, V), grads["gamma"],
                                                         one_launch=one_launch)
 
 
+@pytest.mark.parametrize("scheme", ["learned", "merge"])
 @pytest.mark.parametrize("one_launch", [False, True], ids=["per_block", "one_launch"])
 @pytest.mark.parametrize("npart", [2, 3])
-def test_gates_from_nu_sum_partials_as_they_load_them(npart, one_launch):
+def test_gates_from_nu_sum_partials_as_they_load_them(npart, one_launch, scheme):
     """The gates' backward given the reverse scan's per-V-block partials (``Partials``) writes the
     ``dz`` it writes from their ``sum_partials``, bit for bit (the same float32 sums, left to
-    right), at two and three partials, in a launch per block and in one launch; every row written."""
-    kept = _gates_nu_bwd_from_partials(npart, one_launch, as_partials=True)
+    right), at two and three partials, in a launch per block and in one launch, for ``learned``
+    and for ``merge`` without ``dκ``; every row written."""
+    kept = _gates_nu_bwd_from_partials(npart, one_launch, as_partials=True, scheme=scheme)
     assert torch.isfinite(kept).all()
-    assert torch.equal(kept, _gates_nu_bwd_from_partials(npart, one_launch, as_partials=False))
+    assert torch.equal(kept, _gates_nu_bwd_from_partials(npart, one_launch, as_partials=False, scheme=scheme))
+
+
+@pytest.mark.mutation
+def test_merge_partials_catch_the_partials_stride_taken_from_the_absent_dkappa():
+    """One launch reads dβ's partials with the stride of the first gradient given; a launcher taking
+    dκ's (0 for ``merge``, which has none) reads dβ's first partial three times."""
+    m = probe_gates_nu_module
+    plant = Plant(m, "probe_gates_nu_bwd", "max(strides[:2]), strides[3]", "strides[0], strides[3]")
+    right = _gates_nu_bwd_from_partials(3, True, as_partials=False, scheme="merge")
+    with planted(plant):
+        broken = _gates_nu_bwd_from_partials(3, True, as_partials=True, scheme="merge")
+    assert not torch.equal(right, broken)
 
 
 @pytest.mark.parametrize("one_launch", [False, True], ids=["per_block", "one_launch"])
@@ -785,6 +832,9 @@ MUTANT_DRAWS = {
     "no_overlap": ProbeDraw("bounded_erase", "sum", B=2, F=2, H=2, K=6, V=5, n=4, seed=4, snaps="rank_one"),
     "drop_dnu": ProbeDraw("learned", "sum", B=1, F=3, H=2, K=4, V=3, n=4, seed=5),
     "gamma_no_mean": ProbeDraw("learned", "mean", B=1, F=2, H=1, K=6, V=5, n=5, seed=6),
+    # large snapshots: decay logits on both sides of softplus's threshold of 20
+    "softplus_dropped_above_threshold": ProbeDraw("learned", "mean", B=2, F=2, H=2, K=6, V=5, n=4, seed=7,
+                                                  gate_scale=30.0, snaps="large"),
 }
 
 

@@ -31,6 +31,9 @@ CASES = {
     "bf16_chunk_states": (2, 5, 2, 16, 32, 16, [1, 2, 3, 4, -1], 2, torch.bfloat16),
     # level ℓ ≥ 2: rows of the stored states, no final state
     "stored_rows": (2, 7, 2, 24, 24, 24, [2, 4, 6], 0, torch.float32),
+    # dQ's tiles: more pair blocks than key blocks (a tile index read as (key, pair) instead of
+    # (pair, key) only reorders the tiles where the counts are equal)
+    "pairs_over_keys": (2, 5, 2, 80, 24, 40, [1, 4, 0, -1], 2, torch.float32),
 }
 if CUDA:    # the benchmark's head size in a bf16 run (TF32 dots), and float32 (IEEE)
     CASES["K128_bf16"] = (2, 5, 2, 16, 128, 128, [1, 2, 3, 4, -1], 2, torch.bfloat16)
@@ -53,6 +56,9 @@ MUTANTS = {
     # dQ over the first V block only
     "dq_first_v_block_only": [Plant(module, "_dnu_state_t", "for v0 in range(0, V, BV):",
                                     "for v0 in range(0, BV, BV):", rebind=((module, "snapshot_read_dq_kernel"),))],
+    # dQ's program index split as (key block, pair block) instead of (pair block, key block)
+    "dq_tiles_transposed": [Plant(module, "snapshot_read_dq_kernel", "i_n, i_k = i_nk // NK, i_nk % NK",
+                                  "i_n, i_k = i_nk % NK, i_nk // NK")],
     # each group of dQ's (b, m) items drops its last item
     "dq_group_short": [Plant(module, "snapshot_read_dq_kernel", "for j in range(0, ITEMS):",
                              "for j in range(0, ITEMS - 1):")],
@@ -133,7 +139,7 @@ def test_cases_reach_the_multi_block_paths(monkeypatch):
 MUTANT_CASES = [("head_zero_query", ["nu"], "two_blocks"), ("dense_batch_stride", ["nu"], "two_blocks"),
                 ("final_one_early", ["nu", "dq"], "packed_finals"), ("final_one_early", ["nu", "dq"], "two_blocks"),
                 ("first_key_block_only", ["nu"], "two_blocks"), ("dq_first_v_block_only", ["dq"], "two_blocks"),
-                ("dq_group_short", ["dq"], "two_blocks")]
+                ("dq_group_short", ["dq"], "two_blocks"), ("dq_tiles_transposed", ["dq"], "pairs_over_keys")]
 
 
 @pytest.mark.mutation
