@@ -22,6 +22,7 @@ import torch.nn.functional as F
 
 from bench.harness import Hooks
 from bench.plan import DTYPES, Workload
+from reference.schemes import get_scheme
 
 GIB = 2 ** 30
 MEASURED = ("param_dtype", "query_counts", "intervals", "param_elements", "warmup_s", "fwd_ms",
@@ -99,7 +100,8 @@ def build_nested(w: Workload, args, hooks: Hooks, param_dtype: torch.dtype) -> B
     def forward():
         return op(x["q"], x["k"], x["v"], x["g"], x["b"], x["w"], x["r"], levels)[0]
 
-    counts = [int(lv.params["Q"].shape[-2]) if "Q" in lv.params else w.K for lv in levels]
+    # n as each scheme declares it (its query axis, or what its probe returns), never a parameter's name
+    counts = [get_scheme(lv.scheme).query_count(lv.params, w.H, w.K, w.V) for lv in levels]
     info = {"param_dtype": str(param_dtype).replace("torch.", ""),
             "query_counts": "-".join(map(str, counts)),
             "intervals": "-".join(str(int(lv.interval)) for lv in levels),

@@ -209,19 +209,6 @@ def get_scheme(name: str) -> Scheme:
     return SCHEMES[name]
 
 
-def query_count(params: Mapping, K: int, scheme: str | None = None) -> int:
-    """``n`` for ``params``: with ``scheme``, the rows of its query axis (``Scheme.bank_size``) or
-    ``K`` for a scheme without one (the built-in ``merge``; ``Scheme.query_count`` runs the probe
-    for any other). Without ``scheme`` (older callers): the rows of ``params["Q"]``, else ``K``."""
-    if scheme is not None:
-        n = get_scheme(scheme).bank_size(params)
-        return K if n is None else n
-    Q = params.get("Q") if isinstance(params, Mapping) else None
-    if isinstance(Q, torch.Tensor) and Q.dim() >= 2:
-        return Q.shape[-2]
-    return K
-
-
 def check_reduction(reduction, name="reduction"):
     if reduction not in REDUCTIONS:
         raise ValueError(f"{name} must be one of {list(REDUCTIONS)}, got {reduction!r}")
