@@ -89,6 +89,11 @@ def check_forward_args(hidden_states, hidden_size: int, attention_mask=None, pas
                          "forward without any cache")
 
 
+def wide(x: torch.Tensor) -> torch.Tensor:
+    """``x`` in float32, or float64 if it is (a float64 layer keeps its precision throughout)."""
+    return x if x.dtype == torch.float64 else x.float()
+
+
 def short_conv(dim: int, conv_size: int, conv_bias: bool) -> nn.Module:
     """fla's depthwise causal convolution with SiLU (its Triton backend; interpreter on CPU)."""
     from fla.modules import ShortConvolution
@@ -97,9 +102,26 @@ def short_conv(dim: int, conv_size: int, conv_bias: bool) -> nn.Module:
                             backend="triton")
 
 
+# The reference backend's forms of fla's convolution and norms, in PyTorch on the same parameters:
+# any dtype (fla's Triton convolution refuses float64) and differentiable twice (fla's modules give
+# second-order gradients silently wrong: measured against finite differences).
+
+def causal_conv_silu(conv: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """``SiLU`` of the depthwise causal convolution of ``x [B, T, D]`` with ``conv``'s ``weight
+    [D, 1, W]`` and ``bias`` (fla's ``ShortConvolution`` without its cache)."""
+    W = conv.weight
+    y = F.conv1d(x.transpose(1, 2), W, conv.bias, padding=W.shape[-1] - 1, groups=W.shape[0])
+    return F.silu(y[..., :x.shape[1]]).transpose(1, 2)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """``x / sqrt(mean(x²) + eps) ⊙ weight`` over the last axis (fla's ``RMSNorm``)."""
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
+
+
 class DecayGate(nn.Module):
     """Per-channel log-decay ``g = -exp(A_log[h]) · softplus(a + dt_bias) ≤ 0`` from the
-    projection ``a [B, T, H, K]``, computed in float32. Initialised as fla's GatedDeltaNet and
+    projection ``a [B, T, H, K]``, computed in float32 (float64 in a float64 layer). Initialised as fla's GatedDeltaNet and
     KDA layers: ``A ~ U(1, 16)``, ``dt ~ logU(1e-3, 1e-1)`` (floor 1e-4) with
     ``dt_bias = softplus⁻¹(dt)``, so ``-g`` starts between about 1e-3 and 1.6 per token."""
 
@@ -115,8 +137,8 @@ class DecayGate(nn.Module):
         self.dt_bias._no_weight_decay = True
 
     def forward(self, a: torch.Tensor) -> torch.Tensor:
-        bias = self.dt_bias.float().view(self.num_heads, self.head_dim)
-        return -self.A_log.float().exp()[:, None] * F.softplus(a.float() + bias)
+        bias = wide(self.dt_bias).view(self.num_heads, self.head_dim)
+        return -wide(self.A_log).exp()[:, None] * F.softplus(wide(a) + bias)
 
 
 class GatedOutput(nn.Module):
@@ -135,13 +157,15 @@ class GatedOutput(nn.Module):
             self.o_norm = RMSNorm(head_v_dim, eps=norm_eps)
         self.o_proj = nn.Linear(value_dim, hidden_size, bias=False)
 
-    def forward(self, o: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
+    def forward(self, o: torch.Tensor, hidden_states: torch.Tensor, plain: bool = False) -> torch.Tensor:
+        """``plain``: the norms in PyTorch (``rms_norm``; the reference backend), else fla's."""
         B, T = o.shape[:2]
         if self.use_gate:
             gate = self.g_proj(hidden_states).view(B, T, self.num_heads, self.head_v_dim)
-            o = self.o_norm(o, gate)
+            o = (rms_norm(o, self.o_norm.weight, self.o_norm.eps) * F.silu(gate) if plain
+                 else self.o_norm(o, gate))
         else:
-            o = self.o_norm(o)
+            o = rms_norm(o, self.o_norm.weight, self.o_norm.eps) if plain else self.o_norm(o)
         return self.o_proj(o.reshape(B, T, self.num_heads * self.head_v_dim))
 
 
@@ -167,12 +191,15 @@ class QKVProjections(nn.Module):
         self.b_proj = nn.Linear(hidden_size, heads * head_dim, bias=False)
         self.w_proj = nn.Linear(hidden_size, heads * head_v_dim, bias=False)
 
-    def forward(self, x: torch.Tensor) -> dict:
+    def forward(self, x: torch.Tensor, plain: bool = False) -> dict:
         """``{"q": [B, T, q_heads, K], "k", "g", "b": [B, T, H, K], "v", "w": [B, T, H, V]}``;
-        ``g`` in float32, the rest in the projections' dtype."""
+        ``g`` in float32, the rest in the projections' dtype. ``plain``: the short convolutions
+        in PyTorch (``causal_conv_silu``; the reference backend), else fla's."""
         B, T = x.shape[:2]
         q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
-        if self.use_short_conv:
+        if self.use_short_conv and plain:
+            q, k, v = (causal_conv_silu(c, y) for c, y in ((self.q_conv1d, q), (self.k_conv1d, k), (self.v_conv1d, v)))
+        elif self.use_short_conv:
             q, _ = self.q_conv1d(q)
             k, _ = self.k_conv1d(k)
             v, _ = self.v_conv1d(v)
@@ -188,8 +215,9 @@ class QKVProjections(nn.Module):
 
 
 def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    """``x / sqrt(Σx² + eps)`` over the last axis, in float32 (the contract's ``l2norm``)."""
-    xf = x.float()
+    """``x / sqrt(Σx² + eps)`` over the last axis, in float32 (float64 in a float64 layer; the
+    contract's ``l2norm``)."""
+    xf = wide(x)
     return (xf * torch.rsqrt(xf.pow(2).sum(-1, keepdim=True) + eps)).to(x.dtype)
 
 
@@ -251,7 +279,7 @@ class RecurrentLayer(nn.Module):
         """``(output [B, T, D], final state(s))``: the forward plus the recurrence's final state(s)."""
         check_forward_args(hidden_states, self.hidden_size, like=self.first_parameter())
         o, states = self.mix(self.inputs(hidden_states), output_final_state=True)
-        return self.out(o, hidden_states), states
+        return self.out(o, hidden_states, plain=self.backend == "reference"), states
 
     def forward(self, hidden_states: torch.Tensor, attention_mask=None, past_key_values=None, use_cache: bool = False,
                 output_attentions: bool = False, **kwargs):
@@ -261,4 +289,4 @@ class RecurrentLayer(nn.Module):
         if output_attentions:
             raise ValueError("output_attentions is not supported: a linear-attention layer has no attention matrix")
         o, _ = self.mix(self.inputs(hidden_states))
-        return self.out(o, hidden_states), None, None
+        return self.out(o, hidden_states, plain=self.backend == "reference"), None, None

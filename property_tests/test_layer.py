@@ -2,8 +2,10 @@
 gradient and every parameter gradient equal those of the same layer on the float64 reference op
 (``backend="reference"``), within ``tolerances.yaml``'s ``nested_layer`` entry. Everything
 around the op (projections, short convolutions, gates, router projection, gated RMSNorm,
-output projection) is shared, so this checks the op inside a layer: the layer's dtype
-handling, its scheme parameters as ``nn.Parameter``s and the gradients back through them.
+output projection) is the same function in float32 (the convolution and the norms are fla's on
+one backend, their PyTorch forms on the other), so this checks the op inside a layer: the
+layer's dtype handling, its scheme parameters as ``nn.Parameter``s and the gradients back
+through them.
 
 Shapes keep two full chunks with every level firing at every chunk (``intervals = [1, 1]``),
 so each level fires twice and the second firing erases and decays a non-zero state (every
