@@ -273,3 +273,21 @@ def test_triton_probe_gates_in_the_op_agree(scheme, monkeypatch):
     for twin in results[1:]:
         for want, got in zip(results[0], twin):
             assert torch.allclose(got, want, rtol=1e-4, atol=1e-6), (got - want).abs().max()
+
+
+@pytest.mark.parametrize("scheme", ["learned", "merge"])
+def test_a_level_that_never_fires_gets_no_parameter_gradient(scheme):
+    """T = 70, intervals (1, 2): level 1 fires once, level 2 never. Its scheme parameters are read
+    by no computation: their ``.grad`` stays None, as the float64 reference's autograd leaves it
+    (zeros would still draw an optimizer's weight decay and moments); level 1's are tensors."""
+    from reference import naive_nested_gdn2
+
+    x = nested_inputs(on_bucket(NestedShape(B=1, T=70, H=1, L=3, K=16, V=16)), seed=0, scheme=scheme,
+                      intervals=[1, 2])
+    for op, dtype, dev in ((chunk_nested_gdn2, torch.float32, DEV), (naive_nested_gdn2, torch.float64, "cpu")):
+        acts = [x[n].to(dev, dtype).requires_grad_() for n in NAMES]
+        levels = [Level(lv.scheme, lv.interval, {n: p.to(dev, dtype).requires_grad_() for n, p in lv.params.items()},
+                        lv.reduction) for lv in x["levels"]]
+        op(*acts, levels)[0].sum().backward()
+        assert all(p.grad is not None for p in levels[0].params.values()), op.__name__
+        assert all(p.grad is None for p in levels[1].params.values()), op.__name__

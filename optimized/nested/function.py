@@ -66,7 +66,10 @@ def _backward(ctx, do, *dfinals):
     ins = meta["inputs"]
     cast = lambda gr, like: None if (gr is None or like is None) else gr.to(like.dtype)  # noqa: E731
     flat = [cast(dinit[ℓ], ins["initial_states"][ℓ]) for ℓ in range(meta["L"])]
-    params = [(dparams[ℓ][n], p) for ℓ, level in enumerate(saved.levels, start=1) for n, p in level.params.items()]
+    # a level that never fires reads none of its scheme parameters: no gradient (None, as autograd
+    # gives the reference; zeros would still draw an optimizer's weight decay and moments)
+    params = [(dparams[ℓ][n] if saved.plan.firings(ℓ) > 0 else None, p)
+              for ℓ, level in enumerate(saved.levels, start=1) for n, p in level.params.items()]
     flat += cast_like([d for d, _ in params], [p for _, p in params])   # one cast for all of them
     if not kept:
         ctx.saved = None   # as autograd frees saved tensors: nothing outlives a plain backward
