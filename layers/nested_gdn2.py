@@ -71,6 +71,23 @@ class NestedGDN2(RecurrentLayer):
         self.out = GatedOutput(hidden_size, H, V, use_gate, norm_eps)
 
 
+    def get_extra_state(self) -> dict:
+        """The levels' settings the parameters do not hold, kept in the ``state_dict``: each level's
+        (scheme, interval, reduction)."""
+        return {"levels": [list(m) for m in self.level_meta]}
+
+    def set_extra_state(self, state) -> None:
+        """A ``state_dict`` loads only into a layer with the same levels' settings: the same
+        parameter shapes under another scheme, interval or reduction would compute another model."""
+        got = [tuple(m) for m in state.get("levels", ())] if isinstance(state, dict) else None
+        if got != [tuple(m) for m in self.level_meta]:
+            raise ValueError(f"state_dict: the levels' (scheme, interval, reduction) are {got}, this layer's "
+                             f"{self.level_meta}; build the layer with the checkpoint's settings")
+
+    def extra_repr(self) -> str:
+        return (f"hidden_size={self.hidden_size}, heads={self.num_heads}, K={self.head_dim}, V={self.head_v_dim}, "
+                f"levels (scheme, interval, reduction)={self.level_meta}, backend={self.backend!r}")
+
     def levels(self, dtype: torch.dtype | None = None) -> list:
         """The ``reference.nested.Level`` list over this layer's parameters (cast to ``dtype``
         if given; gradients flow back through the cast)."""

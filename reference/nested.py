@@ -104,6 +104,10 @@ def make_levels(L, H, K, V, scheme="learned", intervals=None, query_counts=None,
     query_counts = default_query_counts(L, K) if query_counts is None else list(query_counts)
     schemes = [scheme] * (L - 1) if isinstance(scheme, str) else list(scheme)
     reductions = [reduction] * (L - 1) if isinstance(reduction, str) else list(reduction)
+    if isinstance(scheme, str):             # named even where no level uses it (L = 1)
+        get_scheme(scheme)
+    if isinstance(reduction, str):
+        check_reduction(reduction)
     for ℓ, (name, red) in enumerate(zip(schemes, reductions), start=1):
         get_scheme(name)                                        # an unknown scheme: named, listed
         check_reduction(red, f"reduction of level ℓ = {ℓ}")

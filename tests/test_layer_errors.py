@@ -74,3 +74,20 @@ def test_autocast_lets_the_input_dtype_differ():
 def test_wrong_shapes_are_refused_naming_hidden_states(layer, shape, message):
     with pytest.raises(ValueError, match=f"hidden_states must.*{message}"):
         layer(torch.zeros(shape, device=DEV))
+
+
+def test_a_checkpoint_loads_only_into_a_layer_with_its_levels_settings():
+    """The levels' scheme, interval and reduction travel in the ``state_dict`` (their parameters
+    alone have the same shapes under another setting, and loaded there computed another model)."""
+    def nested(**kw):
+        torch.manual_seed(0)
+        return NestedGDN2(16, num_heads=1, head_dim=8, num_levels=3, **kw)
+
+    state = nested().state_dict()
+    nested().load_state_dict(state)
+    for kw, shown in ((dict(scheme="bounded_erase"), "bounded_erase"), (dict(reduction="sum"), "sum"),
+                      (dict(intervals=[2, 4]), "2")):
+        with pytest.raises(ValueError, match=rf"state_dict: the levels' \(scheme, interval, reduction\) are .*"
+                                             rf"this layer's .*{shown}"):
+            nested(**kw).load_state_dict(state)
+    assert "levels (scheme, interval, reduction)=[('learned', 1, 'mean'), ('learned', 2, 'mean')]" in repr(nested())
