@@ -275,9 +275,18 @@ class RecurrentLayer(nn.Module):
         autocast, the dtype the input must have."""
         return self.proj.q_proj.weight
 
+    def check_backend_dtype(self) -> None:
+        """A layer in float64 (or float16) runs on the reference backend only: said before fla's
+        Triton convolution, which refuses it with an interpreter or compiler error."""
+        dtype = self.first_parameter().dtype
+        if self.backend == "optimized" and dtype not in (torch.float32, torch.bfloat16):
+            raise ValueError(f"hidden_states: the optimized backend runs in float32 or bfloat16, the layer's "
+                             f"parameters are {dtype} (use backend='reference' for float64)")
+
     def forward_with_states(self, hidden_states: torch.Tensor):
         """``(output [B, T, D], final state(s))``: the forward plus the recurrence's final state(s)."""
         check_forward_args(hidden_states, self.hidden_size, like=self.first_parameter())
+        self.check_backend_dtype()
         o, states = self.mix(self.inputs(hidden_states), output_final_state=True)
         return self.out(o, hidden_states, plain=self.backend == "reference"), states
 
@@ -286,6 +295,7 @@ class RecurrentLayer(nn.Module):
         """fla's layer signature: returns ``(output [B, T, D], None, None)`` (no attentions, no cache)."""
         check_forward_args(hidden_states, self.hidden_size, attention_mask, past_key_values, use_cache,
                            like=self.first_parameter(), extra=kwargs)
+        self.check_backend_dtype()
         if output_attentions:
             raise ValueError("output_attentions is not supported: a linear-attention layer has no attention matrix")
         o, _ = self.mix(self.inputs(hidden_states))

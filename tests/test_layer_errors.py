@@ -91,3 +91,10 @@ def test_a_checkpoint_loads_only_into_a_layer_with_its_levels_settings():
                                              rf"this layer's .*{shown}"):
             nested(**kw).load_state_dict(state)
     assert "levels (scheme, interval, reduction)=[('learned', 1, 'mean'), ('learned', 2, 'mean')]" in repr(nested())
+
+
+def test_a_float64_layer_on_the_optimized_backend_is_refused_before_any_kernel(layer):
+    layer = layer.double()
+    with pytest.raises(ValueError, match=r"optimized backend runs in float32 or bfloat16, the layer's parameters "
+                                         r"are torch.float64 \(use backend='reference' for float64\)"):
+        layer(x(dtype=torch.float64))
