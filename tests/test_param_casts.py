@@ -67,9 +67,9 @@ def test_a_twin_that_splits_in_the_wrong_order_fails():
 def test_the_op_with_low_precision_parameters_gives_the_float32_parameters_gradients_rounded_once(param_dtype):
     """The op with parameters in bf16 (or fp16) against the same values in float32: the forward
     is the same (the kernels read float32 either way) and each parameter's gradient is the float32
-    run's, cast once to the parameter's dtype. B = 2, H = 2, three levels (two upper levels with
-    their parameters cast together)."""
-    shape = on_bucket(NestedShape(B=2, T=80, H=2, K=16, V=16, L=3), index=1)
+    run's, cast once to the parameter's dtype. B = 2, H = 2, T = 130, three levels (both upper
+    levels fire, their parameters cast together)."""
+    shape = on_bucket(NestedShape(B=2, T=130, H=2, K=16, V=16, L=3), index=1)
     x = nested_inputs(shape, seed=0, scheme="learned")
 
     def run(dtype):
