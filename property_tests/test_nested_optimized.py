@@ -292,7 +292,7 @@ def test_level0_state_gradient_in_row_sub_blocks():
     assert_passes(checks.level0_states_vs_reference(SUB_BLOCK_SHAPE, 5, torch.float32))
 
 
-SUB_BLOCK_SHAPE = GDN2Shape(B=2, T=100, H=2, K=160, V=16)
+SUB_BLOCK_SHAPE = GDN2Shape(B=2, T=70, H=2, K=160, V=16)
 
 
 @pytest.mark.mutation
