@@ -110,12 +110,16 @@ def causal_conv_silu(conv: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """``SiLU`` of the depthwise causal convolution of ``x [B, T, D]`` with ``conv``'s ``weight
     [D, 1, W]`` and ``bias`` (fla's ``ShortConvolution`` without its cache)."""
     W = conv.weight
+    if x.dim() != 3 or x.shape[-1] != W.shape[0]:
+        raise ValueError(f"x must have shape [B, T, {W.shape[0]}] (the convolution's channels), got {tuple(x.shape)}")
     y = F.conv1d(x.transpose(1, 2), W, conv.bias, padding=W.shape[-1] - 1, groups=W.shape[0])
     return F.silu(y[..., :x.shape[1]]).transpose(1, 2)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """``x / sqrt(mean(x²) + eps) ⊙ weight`` over the last axis (fla's ``RMSNorm``)."""
+    if weight.shape != x.shape[-1:]:
+        raise ValueError(f"weight must have shape ({x.shape[-1]},) (x's last axis), got {tuple(weight.shape)}")
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
 
 

@@ -96,6 +96,8 @@ def _checked_scheme(name, probe):
 def unchecked_twin(name: str):
     """``SCHEMES_NUMPY[name]`` without the checks this module wraps around the built-ins' twins (a
     twin registered from a scheme file is returned as registered)."""
+    if name not in SCHEMES_NUMPY:
+        raise ValueError(f"scheme {name!r} has no NumPy twin in SCHEMES_NUMPY (have {sorted(SCHEMES_NUMPY)})")
     twin = SCHEMES_NUMPY[name]
     return getattr(twin, "unchecked", twin)
 

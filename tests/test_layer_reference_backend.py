@@ -93,3 +93,13 @@ def test_pytorch_forms_equal_fla_modules():
         assert relative_error(causal_conv_silu(conv, x), conv(x)[0]) <= bound
         assert relative_error(rms_norm(o, norm.weight, norm.eps), norm(o)) <= bound
         assert relative_error(rms_norm(o, gated.weight, gated.eps) * F.silu(z), gated(o, z)) <= bound
+
+
+def test_the_pytorch_forms_refuse_mismatched_shapes():
+    from fla.modules import ShortConvolution
+
+    conv = ShortConvolution(hidden_size=12, kernel_size=4, activation="silu", backend="triton")
+    with pytest.raises(ValueError, match=r"x must have shape \[B, T, 12\]"):
+        causal_conv_silu(conv, torch.zeros(2, 9, 8))
+    with pytest.raises(ValueError, match=r"weight must have shape \(8,\)"):
+        rms_norm(torch.zeros(2, 8), torch.ones(4), 1e-5)

@@ -102,3 +102,9 @@ def test_a_twin_registered_from_a_scheme_file_runs_in_the_nested_twin():
             for lv in levels])[0]
         assert np.allclose(o_np, o_ref.numpy(), rtol=0, atol=1e-12)
         assert torch.isfinite(o_ref).all()
+
+
+def test_unchecked_twin_names_a_scheme_without_one():
+    module = importlib.import_module("reference.promote_numpy")
+    with pytest.raises(ValueError, match=r"scheme 'nope' has no NumPy twin"):
+        module.unchecked_twin("nope")
