@@ -94,7 +94,8 @@ def log(message: str) -> None:
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="ngdn bench long-context", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default=None,
-                   help="output folder (default results/<date>-long-context/; --quick: results/tmp/long-context-quick/)")
+                   help="output folder (default results/<date>-long-context/; "
+                        "--quick: results/tmp/long-context-quick/)")
     p.add_argument("--T", type=int, nargs="+", help=f"sequence lengths (default {FULL['T']}, --quick {QUICK['T']})")
     p.add_argument("--schemes", nargs="+",
                    help=f"promotion schemes (default {' '.join(DEFAULT_SCHEMES)}; --quick: learned)")

@@ -14,8 +14,8 @@ warm-up call (where Triton and fla autotune), with the ops' finiteness check off
 keeps it). ``--quick``: a CPU smoke size (float32 under the
 Triton interpreter, one wall-clock run per timing, no warm-up, no memory counters).
 
-Outputs (``--out``, default ``results/<date>-varlen``; ``--quick``: ``results/tmp/varlen-quick``): ``varlen.csv`` and ``varlen.md``, each
-with the date, the device and the versions.
+Outputs (``--out``, default ``results/<date>-varlen``; ``--quick``: ``results/tmp/varlen-quick``):
+``varlen.csv`` and ``varlen.md``, each with the date, the device and the versions.
 
     python -m bench.varlen                      # the default, on one GPU
     python -m bench.varlen --lengths 1000,31768 --ops nested
@@ -83,7 +83,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--rep-ms", type=float, default=100.0, help="do_bench repetitions (default 100)")
     p.add_argument("--quick", action="store_true",
                    help="CPU smoke size: lengths 17,64,40, L = 2, H = 2, K = V = 16, float32, one timed run")
-    p.add_argument("--out", type=Path, default=None, help="output folder (default results/<date>-varlen; --quick: results/tmp/varlen-quick)")
+    p.add_argument("--out", type=Path, default=None,
+                   help="output folder (default results/<date>-varlen; --quick: results/tmp/varlen-quick)")
     return p
 
 

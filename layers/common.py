@@ -111,7 +111,8 @@ def causal_conv_silu(conv: nn.Module, x: torch.Tensor) -> torch.Tensor:
     [D, 1, W]`` and ``bias`` (fla's ``ShortConvolution`` without its cache)."""
     W = conv.weight
     if x.dim() != 3 or x.shape[-1] != W.shape[0]:
-        raise ValueError(f"x must have shape [B, T, {W.shape[0]}] (the convolution's channels), got {tuple(x.shape)}")
+        raise ValueError(f"x must have shape [B, T, {W.shape[0]}] (the convolution's channels), "
+                         f"got {tuple(x.shape)}")
     y = F.conv1d(x.transpose(1, 2), W, conv.bias, padding=W.shape[-1] - 1, groups=W.shape[0])
     return F.silu(y[..., :x.shape[1]]).transpose(1, 2)
 
@@ -125,8 +126,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 class DecayGate(nn.Module):
     """Per-channel log-decay ``g = -exp(A_log[h]) · softplus(a + dt_bias) ≤ 0`` from the
-    projection ``a [B, T, H, K]``, computed in float32 (float64 in a float64 layer). Initialised as fla's GatedDeltaNet and
-    KDA layers: ``A ~ U(1, 16)``, ``dt ~ logU(1e-3, 1e-1)`` (floor 1e-4) with
+    projection ``a [B, T, H, K]``, computed in float32 (float64 in a float64 layer). Initialised as
+    fla's GatedDeltaNet and KDA layers: ``A ~ U(1, 16)``, ``dt ~ logU(1e-3, 1e-1)`` (floor 1e-4) with
     ``dt_bias = softplus⁻¹(dt)``, so ``-g`` starts between about 1e-3 and 1.6 per token."""
 
     def __init__(self, num_heads: int, head_dim: int, dt_min=1e-3, dt_max=1e-1, dt_floor=1e-4):
@@ -274,6 +275,11 @@ class RecurrentLayer(nn.Module):
             raise ValueError(f"hidden_states: the optimized backend runs in float32 or bfloat16, got activations "
                              f"in {x['q'].dtype} (use backend='reference' for float64)")
 
+    @property
+    def plain(self) -> bool:
+        """Whether the convolutions and norms run as their PyTorch forms (the reference backend)."""
+        return self.backend == "reference"
+
     def first_parameter(self) -> torch.Tensor:
         """The first weight ``hidden_states`` meets (the query projection's): the device and, outside
         autocast, the dtype the input must have."""
@@ -292,7 +298,7 @@ class RecurrentLayer(nn.Module):
         check_forward_args(hidden_states, self.hidden_size, like=self.first_parameter())
         self.check_backend_dtype()
         o, states = self.mix(self.inputs(hidden_states), output_final_state=True)
-        return self.out(o, hidden_states, plain=self.backend == "reference"), states
+        return self.out(o, hidden_states, plain=self.plain), states
 
     def forward(self, hidden_states: torch.Tensor, attention_mask=None, past_key_values=None, use_cache: bool = False,
                 output_attentions: bool = False, **kwargs):
@@ -303,4 +309,4 @@ class RecurrentLayer(nn.Module):
         if output_attentions:
             raise ValueError("output_attentions is not supported: a linear-attention layer has no attention matrix")
         o, _ = self.mix(self.inputs(hidden_states))
-        return self.out(o, hidden_states, plain=self.backend == "reference"), None, None
+        return self.out(o, hidden_states, plain=self.plain), None, None

@@ -36,7 +36,7 @@ class GDN2(RecurrentLayer):
 
     def inputs(self, hidden_states: torch.Tensor) -> dict:
         """``q, k, g, b [B, T, H, K]``, ``v, w [B, T, H, V]`` in one dtype (the projections')."""
-        x = self.proj(hidden_states, plain=self.backend == "reference")
+        x = self.proj(hidden_states, plain=self.plain)
         dt = x["k"].dtype
         return {n: t.to(dt) for n, t in x.items()}
 

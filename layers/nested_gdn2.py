@@ -102,7 +102,7 @@ class NestedGDN2(RecurrentLayer):
         """The op's activations ``q [B, T, H, L, K]``, ``k, g, b [B, T, H, K]``, ``v, w [B, T, H, V]``,
         ``r [B, T, H, L]``, all in one dtype (the projections')."""
         B, T = hidden_states.shape[:2]
-        x = self.proj(hidden_states, plain=self.backend == "reference")
+        x = self.proj(hidden_states, plain=self.plain)
         x["q"] = x["q"].view(B, T, self.num_heads, self.num_levels, self.head_dim)
         x["r"] = self.r_proj(hidden_states).view(B, T, self.num_heads, self.num_levels)
         dt = x["k"].dtype
