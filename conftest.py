@@ -31,10 +31,48 @@ MODE = triton_mode.configure()
 # them ~60x slower.
 torch.set_num_threads(1)
 
-from ngdn import compile_clock, strategies  # noqa: E402
+from ngdn import compile_clock, gpu_memory, strategies  # noqa: E402
 
 strategies.register_profiles()
 PROFILE = strategies.load_profile(cuda=MODE == triton_mode.CUDA)
+
+# GPU memory (``ngdn.gpu_memory``): the controller measures each visible GPU's budget once and hands
+# it to the workers; each worker holds its allocator to its share of its GPU.
+GPU_PLAN = None
+GPU_TOTAL_GIB = None
+if MODE == triton_mode.CUDA:
+    if not os.environ.get(gpu_workers.WORKER_ID) and gpu_memory.BUDGET_ENV not in os.environ:
+        _budgets = gpu_memory.controller_budgets(gpu_workers.visible_devices(os.environ))
+        if _budgets:
+            gpu_memory.export(_budgets)
+    GPU_PLAN = gpu_memory.worker_plan()
+    GPU_PEAKS = gpu_memory.load_peaks()
+    GPU_POOL = (gpu_memory.Pool(os.environ[gpu_memory.POOL_DIR_ENV], os.environ.get(gpu_workers.CHOSEN, "0"),
+                                GPU_PLAN.pool)
+                if GPU_PLAN is not None and gpu_memory.POOL_DIR_ENV in os.environ else None)
+
+
+def _hold_to_share():
+    """This process's allocator held to its share (a worker, or the one process of a run without
+    ``-n``); creates the CUDA context, so never in an xdist controller."""
+    global GPU_TOTAL_GIB
+    if GPU_PLAN is not None:
+        GPU_TOTAL_GIB = torch.cuda.get_device_properties(0).total_memory / gpu_memory.GIB
+        torch.cuda.set_per_process_memory_fraction(GPU_PLAN.cap_fraction(GPU_TOTAL_GIB))
+
+
+if MODE == triton_mode.CUDA and os.environ.get(gpu_workers.WORKER_ID):
+    _hold_to_share()
+
+
+def pytest_xdist_auto_num_workers(config):
+    """``-n auto`` on CUDA: as many workers as the CPU cores and every GPU's memory allow
+    (``ngdn.gpu_memory.auto_workers``); elsewhere xdist's own choice (the CPU count)."""
+    raw = os.environ.get(gpu_memory.BUDGET_ENV, "")
+    if MODE != triton_mode.CUDA or not raw:
+        return None
+    budgets = [float(b) for b in raw.split(",")]
+    return gpu_memory.auto_workers(budgets, len(os.sched_getaffinity(0)), gpu_memory.load_peaks())
 
 
 def pytest_report_header(config):
@@ -42,10 +80,20 @@ def pytest_report_header(config):
     lines = [f"ngdn: device mode {MODE}, hypothesis profile {PROFILE}, float32 dots: {f32}"]
     workers = len(config.getoption("tx", None) or []) if config.getoption("dist", "no") != "no" else 0
     gpus = gpu_workers.report_line(os.environ, workers) if MODE == triton_mode.CUDA else None
+    if gpus and os.environ.get(gpu_memory.BUDGET_ENV):
+        plan = gpu_memory.plan(float(os.environ[gpu_memory.BUDGET_ENV].split(",")[0]),
+                               gpu_memory.workers_on(0, max(workers, 1), len(gpu_workers.visible_devices(os.environ))))
+        cap = os.environ.get(gpu_memory.CAP_ENV)
+        gpus += (f"; GPU memory: budget {plan.budget:.1f} GiB per GPU (free less {gpu_memory.MARGIN_GIB} GiB"
+                 f"{f', capped at {cap} GiB by ' + gpu_memory.CAP_ENV if cap else ''}), share "
+                 f"{plan.share:.2f} GiB a worker, pool {plan.pool:.1f} GiB for the tests measured above it")
     return lines + [gpus] if gpus else lines
 
 
 _LOG_START = time.monotonic()
+
+
+_MEMORY_SKIPS = []
 
 
 def pytest_runtest_logreport(report):
@@ -53,6 +101,8 @@ def pytest_runtest_logreport(report):
     (JSON lines, written by the controlling process only). Unlike ``--durations`` this
     survives a suite that is cut off by a time limit, so a GPU run always says which tests
     failed and which were slow."""
+    if report.skipped and "GPU memory:" in str(report.longrepr):
+        _MEMORY_SKIPS.append(report.nodeid)
     path = os.environ.get("NGDN_TEST_LOG")
     if not path or os.environ.get("PYTEST_XDIST_WORKER"):
         return
@@ -68,7 +118,8 @@ def pytest_runtest_logreport(report):
     worker = getattr(getattr(getattr(report, "node", None), "gateway", None), "id", None)
     if worker:
         entry["worker"] = worker
-    entry.update((k, v) for k, v in report.user_properties if k in ("compile_s", "kernels_compiled", "compiled"))
+    entry.update((k, v) for k, v in report.user_properties
+                 if k in ("compile_s", "kernels_compiled", "compiled", "peak_gib", "borrowed_gib", "memory", "pid"))
     if report.failed:
         entry["message"] = report.longreprtext[-3000:]
     with open(path, "a") as f:
@@ -76,6 +127,9 @@ def pytest_runtest_logreport(report):
 
 
 def pytest_configure(config):
+    if MODE == triton_mode.CUDA and not os.environ.get(gpu_workers.WORKER_ID) \
+            and not getattr(config.option, "numprocesses", None):
+        _hold_to_share()
     """``-n`` without ``--dist``: schedule by work stealing (pytest-xdist >= 3.2). The compiling
     tests take minutes and the rest seconds; with plain ``load`` one worker can end up holding
     several compiling tests while the others idle."""
@@ -118,7 +172,56 @@ if MODE == triton_mode.CUDA and compile_clock.install():
                                  ("compiled", compile_clock.compiled())]
 
 
+def pytest_terminal_summary(terminalreporter):
+    """The count of tests skipped for GPU memory (``ngdn.gpu_memory``), one line."""
+    if MODE == triton_mode.CUDA and not os.environ.get(gpu_workers.WORKER_ID):
+        cap = os.environ.get(gpu_memory.CAP_ENV)
+        terminalreporter.write_line(f"ngdn: {len(set(_MEMORY_SKIPS))} tests skipped for GPU memory"
+                                    f"{f' ({gpu_memory.CAP_ENV}={cap})' if cap else ''}")
+
+
 if MODE == triton_mode.CUDA:
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_protocol(item, nextitem):
+        """A test measured above its worker's share (``ngdn/suite_peaks.json``) borrows the rest from
+        its GPU's pool for its run (its cap raised by as much), or is skipped where the pool is too
+        small; each test's allocator peak is measured from its start."""
+        extra = 0.0
+        if GPU_PLAN is not None:
+            peak = GPU_PEAKS.get(item.nodeid)
+            reason = gpu_memory.skip_reason(item.nodeid, peak, GPU_PLAN) if peak is not None else None
+            if reason:
+                item.add_marker(pytest.mark.skip(reason=reason))
+            else:
+                extra = gpu_memory.extra_needed(peak, GPU_PLAN)
+        if extra > 0 and GPU_POOL is not None:
+            GPU_POOL.borrow(extra)
+            torch.cuda.set_per_process_memory_fraction(GPU_PLAN.cap_fraction(GPU_TOTAL_GIB, extra))
+            item.user_properties.append(("borrowed_gib", round(extra, 2)))
+        torch.cuda.reset_peak_memory_stats()
+        try:
+            yield
+        finally:
+            if extra > 0 and GPU_POOL is not None:
+                torch.cuda.empty_cache()
+                torch.cuda.set_per_process_memory_fraction(GPU_PLAN.cap_fraction(GPU_TOTAL_GIB))
+                GPU_POOL.give_back(extra)
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_makereport(item, call):
+        """The test's allocator peak in its call report (``peak_gib`` in the per-test log); a test
+        that ran out of GPU memory says so, with its peak, its share and what to change."""
+        if call.when == "call":
+            item.user_properties += [("peak_gib", round(torch.cuda.max_memory_reserved() / gpu_memory.GIB, 3)),
+                                     ("pid", os.getpid())]
+        outcome = yield
+        report = outcome.get_result()
+        if call.excinfo is not None and gpu_memory.is_out_of_memory(call.excinfo.value):
+            text = gpu_memory.out_of_memory_message(item.nodeid, torch.cuda.max_memory_reserved() / gpu_memory.GIB,
+                                                    GPU_PLAN, dict(item.user_properties).get("borrowed_gib", 0.0))
+            report.sections.append(("ngdn GPU memory", text))
+            report.user_properties.append(("memory", text))
+
     @pytest.fixture(autouse=True)
     def _return_cached_gpu_memory():
         """Hand each test's cached blocks back to the driver: up to 16 workers share one GPU,
@@ -142,7 +245,11 @@ def pytest_sessionstart(session):
     log = reporter.write_line if reporter is not None else print
     start = time.monotonic()
     # no unit past 150 s and none after 150 s: the phase never holds the run longer than that
-    done = suite_precompile.run_pool(time_limit=150.0, deadline=150.0, log=log)
+    # as many units at a time as the cores and the GPUs' memory allow (``ngdn.gpu_memory``)
+    budgets = [float(b) for b in os.environ.get(gpu_memory.BUDGET_ENV, "").split(",") if b]
+    cores = len(os.sched_getaffinity(0))
+    jobs = gpu_memory.auto_workers(budgets, cores) if budgets else cores
+    done = suite_precompile.run_pool(jobs=jobs, time_limit=150.0, deadline=150.0, log=log)
     ok = sum(status == "ok" for status, _ in done.values())
     log(f"[ngdn precompile] {ok}/{len(done)} units compiled in {time.monotonic() - start:.0f} s "
         "(NGDN_PRECOMPILE=0 skips this)")

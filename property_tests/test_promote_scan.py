@@ -194,20 +194,29 @@ def _scan_args(B, F, H, n, K, V, seed, packed=None):
     dict(B=1, F=5, H=2, n=20, K=16, V=32, packed=(2, 0, 3)),   # packed sequences, one without firings
 ])
 @pytest.mark.compiles
-def test_prefetching_scans_are_the_scans_bit_for_bit(shape):
-    """The same operations in the same order: every stored state and every gradient equal the
-    plain kernels' exactly, packed sequences (one of them empty) included."""
-    import torch
+def test_prefetching_scans_agree_with_the_scans(shape):
+    """The same operations in the same order: every stored state and every gradient agree with the
+    plain kernels' to float32 rounding, packed sequences (one of them empty) included. Not bit for
+    bit: the two are different kernels, and the compiler may contract or order their arithmetic
+    differently per card (``tolerances.yaml`` ``prefetching_scans``); a step too far is O(1)."""
+    assert_passes(prefetch_vs_plain(shape))
+
+
+def prefetch_vs_plain(shape, log=True) -> dict:
+    """``{label: (error, bound)}``: the prefetching scans' states and gradients against the plain ones."""
+    from ngdn.tolerances import compare
+
     shape = dict(shape)
     packed = shape.pop("packed", None)
     M0, pairs, dstates, offsets = _scan_args(**shape, seed=7, packed=packed)
     kw = dict(block_v=16, block_n=16, fire_offsets=offsets)
     plain = promote_scan_fwd(M0, *pairs, **kw)
     ahead = promote_scan_fwd(M0, *pairs, prefetch=True, **kw)
-    assert torch.equal(plain, ahead)
-    for a, b in zip(promote_scan_bwd(plain, *pairs, dstates, **kw),
-                    promote_scan_bwd(plain, *pairs, dstates, prefetch=True, **kw)):
-        assert torch.equal(a, b)
+    grads = zip(promote_scan_bwd(plain, *pairs, dstates, prefetch=True, **kw),
+                promote_scan_bwd(plain, *pairs, dstates, **kw))
+    cases = [("states", "states", ahead, plain)] + [(f"gradient {i}", "gradients", a, b) for i, (a, b) in enumerate(grads)]
+    return {label: compare("prefetching_scans", "float32", {quantity: (a, b)}, mode="any", log=log)[quantity]
+            for label, quantity, a, b in cases}
 
 
 # The forward's walk loads the block two steps ahead; the reverse scan's state one firing too far
@@ -227,3 +236,13 @@ def test_prefetching_scans_catch_a_step_too_far():
     with planted(STATE_TWO_BACK):
         bad = failures(checks.scan_vs_reference(COVERING_DRAW, scan_fwd=fwd, scan_bwd=bwd, log=False))
     assert {"dkappa", "dbeta", "dgamma"} <= set(bad), bad
+
+
+@pytest.mark.mutation
+def test_prefetching_scans_agreement_catches_a_step_too_far():
+    """``prefetch_vs_plain`` fails on each planted break of the prefetching kernels."""
+    shape = dict(B=2, F=3, H=2, n=40, K=20, V=40)
+    with planted(AHEAD_TWO_STEPS):
+        assert "states" in failures(prefetch_vs_plain(shape, log=False))
+    with planted(STATE_TWO_BACK):
+        assert failures(prefetch_vs_plain(shape, log=False)).keys() - {"states"}

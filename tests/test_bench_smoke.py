@@ -902,12 +902,15 @@ def test_ladder_target_on_host_paced_rows_shows_the_graphs_ratio():
     assert measured.startswith("1.100x (host-paced:") and "captured graphs: 0.900x" in measured
 
 
-def test_reads_ab_prefetching_scans_give_the_op_bit_for_bit():
-    """Variants ``scan-pf``, ``scan-fwd-pf``, ``scan-bwd-pf``: the op with its promote scans loading
-    operands a step ahead, the same arithmetic: output and every input's gradient equal the
-    default op's exactly (``scan-pf-bv16`` too: its narrower V blocks split columns, which the
-    update never mixes), and ``uniform16-scan-pf`` ``uniform16``'s."""
+def test_reads_ab_prefetching_scans_give_the_op():
+    """Variants ``scan-pf``, ``scan-fwd-pf``, ``scan-bwd-pf``, ``scan-pf-bv16``: the op with its promote
+    scans loading operands a step ahead (the last also in narrower V blocks), the same arithmetic:
+    output and every input's gradient agree with the default op's to float32 rounding, and
+    ``uniform16-scan-pf`` with ``uniform16``. Not bit for bit: different kernels and block shapes,
+    which the compiler and the matrix library may round differently on another machine
+    (``tolerances.yaml`` ``prefetching_scans``)."""
     from bench import reads_ab
+    from ngdn.tolerances import assert_passes, compare
 
     names = ("triton", "scan-pf", "scan-fwd-pf", "scan-bwd-pf", "scan-pf-bv16", "uniform16", "uniform16-scan-pf")
     ops = reads_ab._ops(1, 128, 1, 32, 32, 3, torch.float32, 0, names=names, device=triton_mode.device())
@@ -920,6 +923,11 @@ def test_reads_ab_prefetching_scans_give_the_op_bit_for_bit():
         out.backward(do)
         results[name] = [out.detach()] + [t.grad for t in inputs if t.requires_grad]
         assert len(results[name]) > 4 and all(g is not None for g in results[name])
-    for name in names[1:5]:
-        assert all(torch.equal(a, b) for a, b in zip(results["triton"], results[name])), name
-    assert all(torch.equal(a, b) for a, b in zip(results["uniform16"], results["uniform16-scan-pf"]))
+    errors = {}
+    for base, name in [("triton", n) for n in names[1:5]] + [("uniform16", "uniform16-scan-pf")]:
+        for i, (a, b) in enumerate(zip(results[name], results[base])):
+            quantity = "op_output" if i == 0 else "op_gradients"
+            errors[f"{name} {i}"] = compare("prefetching_scans", "float32", {quantity: (a, b)}, mode="any")[quantity]
+    assert_passes(errors)
+
+

@@ -33,11 +33,12 @@ def second_order_error(layer, seed=1) -> float:
     """The penalty's directional derivative along a random direction of every parameter: autograd
     against central differences, relative (T = 70: level 1 fires once)."""
     gen = torch.Generator().manual_seed(seed)
-    x, c = (torch.randn(1, 70, 8, generator=gen, dtype=F64) for _ in range(2))
+    dev = next(layer.parameters()).device
+    x, c = (torch.randn(1, 70, 8, generator=gen, dtype=F64).to(dev) for _ in range(2))
     params = list(layer.parameters())
     grads = torch.autograd.grad(penalty(layer, x, c), params, allow_unused=True)
     assert all(g is not None for g in grads), [n for (n, _), g in zip(layer.named_parameters(), grads) if g is None]
-    d = [torch.randn(p.shape, generator=gen, dtype=F64) for p in params]
+    d = [torch.randn(p.shape, generator=gen, dtype=F64).to(dev) for p in params]
     autograd = sum((g * di).sum() for g, di in zip(grads, d))
     with torch.no_grad():
         for p, di in zip(params, d):
@@ -58,12 +59,14 @@ def test_reference_backend_gives_second_order_gradients(cls):
 
 @pytest.mark.mutation
 def test_second_order_check_catches_fla_norms_in_the_reference_backend(monkeypatch):
-    """With fla's norm modules on the reference backend (the layers before), the check fails."""
+    """With fla's norm modules on the reference backend (the layers before), the check fails. fla's
+    norms are Triton kernels: on CUDA the layer and its inputs are on the GPU (the float64 check
+    itself runs on any device)."""
     forward = GatedOutput.forward
     monkeypatch.setattr(GatedOutput, "forward", lambda self, o, h, plain=False: forward(self, o, h, plain=False))
     bound = tolerance("layer_reference_backend", "second_order", F64, mode="any")
     with pytest.raises(AssertionError):
-        assert second_order_error(make(GDN2, use_short_conv=False)) <= bound
+        assert second_order_error(make(GDN2, use_short_conv=False).to(triton_mode.device())) <= bound
 
 
 @pytest.mark.parametrize("cls", [GDN2, NestedGDN2])
