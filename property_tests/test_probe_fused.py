@@ -300,10 +300,10 @@ GATE_COMBOS = [(s, r) for s, r in COMBOS if s in GATE_SCHEMES]
 GATE_FIXED = [d for d in FIXED_DRAWS if d.scheme in GATE_SCHEMES]
 
 
-# the gates that make z themselves (gates="triton-nu") with tiles of 16 rows, two a program: on these
-# small draws (n ≤ 8) a tile holds 2–16 firings, so the draws reach several tiles and programs per
-# head, a ragged last one (B·F not a multiple of the firings per tile) and rows past n in a firing
-SMALL_ROWS = 16
+# the gates that make z themselves (gates="triton-nu") with tiles of 32 rows, two a program: on these
+# small draws (n ≤ 16, each firing MIN_NP = 16 rows) a tile holds 2 firings, so the draws reach several
+# tiles and programs per head, a ragged last one (B·F odd) and rows past n in a firing
+SMALL_ROWS = 32
 
 
 SMALL_TILES = 2

@@ -8,7 +8,8 @@ for the backward (``keep_preactivations=False``, the op's default) ``z`` is writ
 read once by the gates and dropped, in the forward and again in the backward's recompute. Here a
 launch per block of ``z``'s columns (``Z_K``, ``Z_β``, ``Z_ω``, ``Z_γ``: their gates are independent,
 κ's row norm runs over ``Z_K``'s columns only, γ's sum over a firing's rows) runs one program per
-head and ``TILES`` tiles of ``G`` firings (``G · NP`` rows, ``NP`` = n rounded up to a power of two):
+head and ``TILES`` tiles of ``G`` firings (``G · NP`` rows, ``NP`` = n rounded up to a power of two, at
+least ``MIN_NP``):
 it loads that block of the head's weights once (``[V, K]``), then per tile a ``[G·NP, V] @ [V, K]``
 dot of the tile's ``ν`` rows and the block's gate (the last program runs only the tiles that hold
 firings). ``ν`` is read once per block (four times), ``z``
@@ -50,6 +51,10 @@ from optimized.promote_scan import Partials, summed
 
 ROWS = 64           # a tile's rows (G firings of NP rows) by default
 TILES = 8           # tiles a program runs with its block of W (512 rows by default)
+# The fewest rows a firing takes in a tile: NP is a constexpr, so every power of two below would compile
+# its own kernels (the GPU suite's draws of n = 1 … 16 gave each gate kernel seven variants, the largest
+# share of the suite's compiles); firings of fewer pairs leave their rows past n masked.
+MIN_NP = 16
 MAX_BLOCK = 128     # the largest NP, BK, BV: [rows, BK] float32 tiles and a [BV, 128] block of W in registers
 # The largest BK, BV with IEEE float32 dots (float32 runs), whose products Triton compiles to unrolled
 # FMA code: at 128 the kernels spill ≈ 16 KiB a thread and take ≈ 18 s each to compile (sm_90,
@@ -266,7 +271,7 @@ def blocks(n: int, K: int, V: int, rows: int | None = None) -> tuple | None:
     rows = ROWS if rows is None else rows
     if rows < 16 or rows & (rows - 1):
         raise ValueError(f"rows must be a power of two >= 16, got {rows!r}")
-    NP = next_power_of_2(max(n, 1))
+    NP = max(MIN_NP, next_power_of_2(max(n, 1)))
     BK, BV = max(16, next_power_of_2(K)), max(16, next_power_of_2(V))
     if max(NP, BK, BV) > MAX_BLOCK:
         return None
