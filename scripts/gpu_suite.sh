@@ -44,7 +44,7 @@ for run in ${SUITE_RUNS:-cold warm}; do
   [ "$status" -ne 0 ] && rc=$status
   echo "== run $run: pytest wall time $(( $(date +%s) - start )) s, exit $status" | tee -a "$OUT/env.txt"
   python3 scripts/suite_compiles.py "$OUT/tests-$run.jsonl" --top 12 >> "$OUT/env.txt" 2>&1
-  grep -m1 "^compiles >=" "$OUT/env.txt" | tail -1
+  grep "^compiles >=" "$OUT/env.txt" | tail -1
 done
 # RERUN_FAILED=1: the last run's failed tests again in one process (no -n: the whole budget is its
 # share), so a test that ran out of its worker's share has its true peak measured (tests-rerun.jsonl)
