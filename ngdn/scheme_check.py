@@ -61,6 +61,7 @@ from __future__ import annotations
 import functools
 import importlib
 import importlib.util
+import inspect
 import math
 import os
 import re
@@ -304,10 +305,18 @@ def contract(scheme, d: ProbeDraw) -> Measured:
     M_below, params = probe_inputs(scheme, d)
     problems = []
     kept, kept_params = M_below.clone(), {k: p.clone() for k, p in params.items()}
+    # An in-place operation bumps a tensor's version counter even where it leaves every value as it
+    # was (``M_below.clamp_(-1e30, 1e30)``): the values alone cannot see it, the counter does.
+    version, versions = M_below._version, {k: p._version for k, p in params.items()}
     outputs = probe(M_below, params, d.reduction)           # shapes, dtype, device: the registry
     if not same(M_below, kept):
         problems.append(f"the probe changed M_below in place; {PURE}")
-    changed_params = [k for k, p in params.items() if not same(p, kept_params[k])]
+    elif M_below._version != version:
+        problems.append(f"the probe changed M_below in place (an in-place operation on it, such as clamp_ or "
+                        f"mul_, even one that leaves its values as they were): the nested reference hands the "
+                        f"probe the live state of the level below, and autograd refuses a backward through a "
+                        f"tensor changed in place; {PURE}")
+    changed_params = [k for k, p in params.items() if not same(p, kept_params[k]) or p._version != versions[k]]
     if changed_params:
         problems.append(f"the probe changed parameter(s) {', '.join(map(repr, changed_params))} in place; {PURE}")
         params = kept_params
@@ -744,6 +753,23 @@ PROPERTY_NAMES = tuple(p.name for p in PROPERTIES)
 DRAW_TYPES = {cls.__name__: cls for cls in (ProbeDraw, StabilityDraw, NestedDraw, OptimizedDraw)}
 
 
+def examples_text(examples: int = DEFAULT_EXAMPLES) -> str:
+    """What ``--examples N`` runs, row by row (the help's account): a searched property runs
+    ``max(1, round(N × share))`` Hypothesis examples (plus its explicit seed draws), a fixed row its
+    fixed draws whatever N is; shown at ``N = examples``."""
+    if not isinstance(examples, int) or isinstance(examples, bool) or examples < 1:
+        raise ValueError(f"examples must be a positive int, got {examples!r}")
+    searched, fixed = [], []
+    for p in PROPERTIES:
+        if p.draws is not None:
+            seeds = f" + {len(p.explicit)} seed draws" if p.explicit else ""
+            searched.append(f"{p.name} {max(1, round(examples * p.share))}{seeds}")
+        else:
+            fixed.append(f"{p.name} {len(p.fixed)}{' (CUDA only)' if p.cuda_only else ''}")
+    return (f"each searched property runs it times its share, at {examples}: {', '.join(searched)} (a failing "
+            f"draw's shrinking adds calls); fixed draws whatever it is: {', '.join(fixed)}")
+
+
 def get_property(name: str) -> Property:
     for p in PROPERTIES:
         if p.name == name:
@@ -762,6 +788,62 @@ def parse_draw(text: str):
     if not isinstance(draw, tuple(DRAW_TYPES.values())):
         raise ValueError(f"draw must be one of {sorted(DRAW_TYPES)}, got {text!r}")
     return draw
+
+
+def draw_type(prop: Property) -> type:
+    """The draw type ``prop`` takes (its function's ``d`` annotation; one of ``DRAW_TYPES``)."""
+    if not isinstance(prop, Property):
+        raise TypeError(f"prop must be a Property of PROPERTIES, got {type(prop).__name__}")
+    annotation = inspect.signature(prop.fn).parameters["d"].annotation
+    return DRAW_TYPES[annotation] if isinstance(annotation, str) else annotation
+
+
+REDUCTIONS = ("mean", "sum")
+STATES = ("random", "snapshot")
+
+
+def check_draw(prop: Property, draw) -> None:
+    """A ``ValueError`` naming what is wrong when ``draw`` is not one ``prop`` can run: another
+    property's draw type, a field of the wrong type, or a value outside the field's domain (a
+    snapshot kind, a reduction, a size below 1, ``n > K``, ``t0`` outside the sequence, a level
+    above ``L - 1``). A reproduction's draw is the user's input: refused as a usage error, never
+    measured as the scheme failing."""
+    expected = draw_type(prop)
+    if not isinstance(draw, expected):
+        raise ValueError(f"property {prop.name!r} runs on a {expected.__name__}, got {draw!r}")
+    fields = draw._asdict()
+    bad = []
+    for name, value in fields.items():
+        if name in ("gate_scale", "decay"):
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not (0 < value < math.inf):
+                bad.append(f"{name} must be a positive finite number, got {value!r}")
+        elif name == "snapshot":
+            if value not in SNAPSHOT_KINDS:
+                bad.append(f"snapshot must be one of {list(SNAPSHOT_KINDS)}, got {value!r}")
+        elif name == "state":
+            if value not in STATES:
+                bad.append(f"state must be one of {list(STATES)}, got {value!r}")
+        elif name == "reduction":
+            per_level = isinstance(draw, OptimizedDraw) and isinstance(value, tuple)
+            if not (value in REDUCTIONS if isinstance(value, str) else per_level and all(
+                    isinstance(r, str) and r in REDUCTIONS for r in value)):
+                bad.append(f"reduction must be one of {list(REDUCTIONS)}"
+                           f"{' or a tuple of them, one per level 1..L-1' if isinstance(draw, OptimizedDraw) else ''}"
+                           f", got {value!r}")
+        elif not isinstance(value, int) or isinstance(value, bool) or value < (0 if name == "seed" else 1):
+            bad.append(f"{name} must be an int ≥ {0 if name == 'seed' else 1}, got {value!r}")
+    if not bad:
+        if "n" in fields and draw.n > draw.K:
+            bad.append(f"n = {draw.n} > K = {draw.K} (a firing reads at most K pairs)")
+        if "L" in fields and draw.L < 2:
+            bad.append(f"L must be ≥ 2 (a nested memory has levels above level 0), got {draw.L}")
+        if isinstance(draw, NestedDraw) and not (draw.t0 < draw.T and draw.level < draw.L):
+            bad.append(f"t0 must lie in 1..T-1 and level in 1..L-1, got t0 = {draw.t0}, level = {draw.level} "
+                       f"at T = {draw.T}, L = {draw.L}")
+        if isinstance(draw, OptimizedDraw) and isinstance(draw.reduction, tuple) and len(draw.reduction) != draw.L - 1:
+            bad.append(f"reduction holds {len(draw.reduction)} entries for L - 1 = {draw.L - 1} levels")
+    if bad:
+        raise ValueError(f"draw {draw!r} for {prop.name!r}: " + "; ".join(bad))
 
 
 # --- running -----------------------------------------------------------------------------------
@@ -843,6 +925,8 @@ def run_property(prop: Property, scheme, examples: int = DEFAULT_EXAMPLES,
     """One report row: ``draw`` given: that draw only (a reproduction); else the search or the fixed draws.
     ``scheme``: a name or a resolved ``reference.schemes.Scheme``."""
     scheme = resolve(scheme)
+    if draw is not None:
+        check_draw(prop, draw)
     start = time.perf_counter()
     if draw is not None:
         m, worst_draw, count = measure(prop, scheme, draw, threshold), draw, 1
