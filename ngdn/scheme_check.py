@@ -51,6 +51,10 @@ the rest run fixed cases. Parameters are drawn as ``make_levels`` draws them.
   where a decay no longer hides an erase that expands the state. Above the threshold
   (default 1 + 1e-3) the scheme is reported *expansive* with the input.
 
+A failure shrunk by Hypothesis is measured again on a random snapshot at full size (``unshrunk``)
+and reported beside it: the shrunk snapshot is the smallest that fails, where a fault's error can
+read as round-off.
+
 A probe that is not a pure function of ``(M_below, params)`` makes a draw pass once and fail
 once; the report says so instead of Hypothesis' "unreliable results". The battery uses the
 library's check modules (``ngdn.checks.nested``, ``ngdn.checks.nested_optimized``), the same
@@ -277,6 +281,7 @@ class Row(NamedTuple):
     examples: int
     seconds: float
     verdict: str            # "ok", "FAIL", "EXPANSIVE", "n/a"
+    unshrunk: tuple = ()    # a failure's (draw, Measured) on a random snapshot at full size (``unshrunk``)
 
 
 def from_errors(errors: dict) -> Measured:
@@ -846,6 +851,26 @@ def check_draw(prop: Property, draw) -> None:
         raise ValueError(f"draw {draw!r} for {prop.name!r}: " + "; ".join(bad))
 
 
+def unshrunk(prop: Property, draw):
+    """The draw to measure a shrunk failure again on: a random snapshot at the largest sizes its
+    search draws (``ProbeDraw`` K = 8, V = 6, or ``probe_gradcheck``'s own sizes; ``NestedDraw``
+    T = 29, K = V = 8), every other field kept; None when there is none (fixed draws, the stability
+    search, which does not shrink) or it is the draw itself. Hypothesis shrinks toward the smallest
+    snapshot that still fails, where an error of 1e-12 against a bound of 1e-13 reads as round-off;
+    the same property on a normal snapshot shows the size of the fault (e.g. 0.035)."""
+    check_draw(prop, draw)
+    if prop.draws is None or prop.maximise:
+        return None
+    if isinstance(draw, ProbeDraw):
+        sizes = {} if prop.name == "probe_gradcheck" else dict(K=8, V=6)
+        again = draw._replace(snapshot="random", **sizes)
+    elif isinstance(draw, NestedDraw):
+        again = draw._replace(T=29, K=8, V=8, t0=min(draw.t0, 28))
+    else:
+        return None
+    return None if again == draw else again
+
+
 # --- running -----------------------------------------------------------------------------------
 
 def measure(prop: Property, scheme, draw, threshold: float) -> Measured:
@@ -947,7 +972,12 @@ def run_property(prop: Property, scheme, examples: int = DEFAULT_EXAMPLES,
         verdict = "ok"
     else:
         verdict = "EXPANSIVE" if any(p.startswith("expansive") for p in m.problems) else "FAIL"
-    return Row(prop.name, m, worst_draw, count, time.perf_counter() - start, verdict)
+    also = ()
+    if verdict == "FAIL" and worst_draw is not None:
+        again = unshrunk(prop, worst_draw)
+        if again is not None:
+            also = ((again, measure(prop, scheme, again, threshold)),)
+    return Row(prop.name, m, worst_draw, count, time.perf_counter() - start, verdict, also)
 
 
 def battery(scheme, examples: int = DEFAULT_EXAMPLES, threshold: float = DEFAULT_THRESHOLD,
@@ -998,5 +1028,10 @@ def report(source: str, scheme: str, rows, threshold: float) -> tuple[str, bool]
         if r.draw is not None:
             lines.append(f"  example: {r.draw!r}")
         lines.append(f"  reproduce: {reproduction(source, scheme, r, threshold)}")
+        for d, m in r.unshrunk:
+            outcome = "passes there" if m.passed else "; ".join(m.problems) or f"figure {m.figure:.4g}"
+            lines.append(f"  on a random snapshot, not shrunk ({d!r}): {outcome}")
+            if not m.passed:
+                lines.append(f"  reproduce: {reproduction(source, scheme, r._replace(draw=d), threshold)}")
     lines.append("\nall properties pass" if ok else "\nSOME PROPERTIES FAIL")
     return "\n".join(lines), ok

@@ -225,3 +225,23 @@ def test_an_in_place_change_that_keeps_the_values_is_named(capsys):
     rc, out = check(capsys, BROKEN / "inplace_snapshot.py", *FEW, "--only", "contract")
     assert rc == 1 and verdicts(out) == {"contract": "FAIL"}, out
     assert "the probe changed M_below in place (an in-place operation on it" in out, out
+
+
+def off_by_a_relative_error(scheme, d: scheme_check.ProbeDraw) -> scheme_check.Measured:
+    """A property of a scheme whose promoted state is off by 3.5 % of the snapshot's entries: the
+    error scales with the snapshot, so the shrunk (tiny) snapshot's reads as round-off."""
+    M_below, _ = scheme_check.probe_inputs(scheme, d)
+    return scheme_check.from_errors({"M_new": (0.035 * M_below.abs().max().item(), 1e-13)})
+
+
+def test_a_shrunk_failure_is_measured_again_on_a_random_snapshot():
+    """The report gives, beside the shrunk example, the same property's error on a random snapshot
+    at full size: 3.5e-10 > 1e-13 at the tiny snapshot Hypothesis shrinks to, ~0.1 on a random one."""
+    prop = scheme_check.Property("off_by_a_relative_error", off_by_a_relative_error, scheme_check.probe_draws)
+    row = scheme_check.run_property(prop, "merge", examples=8)
+    assert row.verdict == "FAIL" and row.draw.snapshot == "tiny" and row.measured.figure < 1e6, row
+    (draw, m), = row.unshrunk
+    assert draw.snapshot == "random" and (draw.K, draw.V) == (8, 6) and not m.passed and m.figure > 1e10, row
+    text, ok = scheme_check.report("x.py", "merge", [row], scheme_check.DEFAULT_THRESHOLD)
+    assert not ok and f"on a random snapshot, not shrunk ({draw!r}): M_new: " in text, text
+    assert float(re.search(r"not shrunk \(.*\): M_new: (\S+) >", text).group(1)) > 1e-3, text
