@@ -29,8 +29,8 @@ initial states included); scheme parameters from ``reference.nested.make_levels`
 default intervals ``f_ℓ = 2^(ℓ-1)`` and the bounded query ladder (16, 32, 64 at K = 128),
 drawn from seed ``LEVEL_SEED + seed`` so that ``learned`` and ``bounded_erase`` (same
 parameter shapes) get identical parameters. Parameters and initial states are float32, the
-reference gets their float64 twins. Float32 dots are IEEE (``--f32-dots ieee``, as in the
-test suite) and autotuners are pinned to one config (this measures accuracy, not speed).
+reference gets their float64 twins. Float32 dots are float32-accurate (``--f32-dots tf32x3``,
+as in the test suite; or ``ieee``) and autotuners are pinned to one config (this measures accuracy, not speed).
 
 Run on the GPU (from the repo root). The default sweep's time on one H200 is estimated, not
 yet measured, at 3-6 min: the per-token float64 reference (about 0.4 ms per token nested,
@@ -71,6 +71,12 @@ B, L, CHUNK = 1, 4, 64
 DEFAULT_SCHEMES = ("learned", "bounded_erase")
 FULL = dict(H=16, K=128, V=128, T=(4096, 16384, 65536), schemes=DEFAULT_SCHEMES)
 QUICK = dict(H=1, K=32, V=32, T=(64, 128), schemes=("learned",))
+# The float32-accurate dot precisions of ``optimized.triton_mode.F32_DOTS`` (not imported here: importing
+# ``optimized`` fixes the device mode before ``configure`` has set the environment); the default is the
+# test suite's (the root conftest sets ``NGDN_F32_DOTS=tf32x3``), so the sweep measures the kernels as
+# the tests do.
+F32_DOTS = ("tf32x3", "ieee")
+F32_DOTS_DEFAULT = "tf32x3"
 LEVEL_SEED = 1_000_000          # scheme parameters come from seed LEVEL_SEED + seed
 ACTIVATIONS = ("q", "k", "v", "g", "b", "w", "r")
 FLAT = "-"                      # the scheme column of flat GDN-2 rows
@@ -105,8 +111,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                         f"T {QUICK['T']}, scheme learned")
     p.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
                    help="skip the remaining (largest-T) work once this is spent or projected to be exceeded")
-    p.add_argument("--f32-dots", choices=("ieee", "tf32"), default="ieee",
-                   help="float32 dot precision of the kernels on CUDA (default ieee, as the tests)")
+    p.add_argument("--f32-dots", choices=(*F32_DOTS, "tf32"), default=F32_DOTS_DEFAULT,
+                   help=f"float32 dot precision of the kernels on CUDA: tf32x3 (three TF32 products per dot, "
+                        f"float32-level error) or ieee, both float32-accurate, or plain tf32 (default "
+                        f"{F32_DOTS_DEFAULT}, as the test suite sets NGDN_F32_DOTS)")
     p.add_argument("--no-plot", action="store_true", help="do not write the PNG")
     args = p.parse_args(argv)
     if args.out is None:        # a full run goes to a dated folder (to be committed), a smoke run to the untracked tmp/
@@ -126,8 +134,9 @@ def configure(args) -> dict:
     """Choose kernel settings before ``optimized`` is imported, then import it. Returns facts
     for the report (device mode, float32 dots, autotune)."""
     os.environ.setdefault("NGDN_PIN_AUTOTUNE", "1")
-    if args.f32_dots == "ieee":
+    if args.f32_dots in F32_DOTS:
         os.environ["NGDN_IEEE_F32"] = "1"
+        os.environ["NGDN_F32_DOTS"] = args.f32_dots      # the option's choice, not an inherited one
     else:
         os.environ.pop("NGDN_IEEE_F32", None)
         os.environ.pop("TRITON_F32_DEFAULT", None)

@@ -23,11 +23,11 @@ Outputs (one folder, default ``results/<date>-<gpu>/``): ``results.csv``,
 GPU and the torch/triton/fla versions. The CSV and Markdown are rewritten after
 every measured configuration, so ``--resume`` continues a run that was cut off.
 
-    python -m bench.nested_vs_flat --quick          # < 5 min of device time
-    python -m bench.nested_vs_flat                  # all four figures
-    python -m bench.nested_vs_flat --configs 'depth-K128-*' --out results/x
-    python -m bench.nested_vs_flat --list           # the plan, no GPU needed
-    python -m bench.nested_vs_flat --replot --out results/x   # tables and PNGs from a CSV
+    ngdn bench --quick          # < 5 min of device time
+    ngdn bench                  # all four figures
+    ngdn bench --configs 'depth-K128-*' --out results/x
+    ngdn bench --list           # the plan, no GPU needed
+    ngdn bench --replot --out results/x   # tables and PNGs from a CSV
 
 Entry point for ``ngdn bench``: :func:`main`. This module is the runner and the
 command line only: the plan is ``bench.plan``, measuring one workload
@@ -176,7 +176,9 @@ def run(args, hooks: Hooks | None = None, argv: Sequence[str] = (), notes: Seque
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="ngdn bench", description=__doc__,
+    from bench import subcommands_help
+
+    p = argparse.ArgumentParser(prog="ngdn bench", description=__doc__, epilog=subcommands_help(),
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", help="results folder (default results/<date>-<gpu>/, '-quick' appended in --quick)")
     p.add_argument("--quick", action="store_true",
@@ -187,29 +189,35 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--resume", action="store_true", help="keep the error-free rows of an existing results.csv")
     p.add_argument("--time-budget", type=float, default=None,
                    help="start no new workload after this many seconds; the rest are marked skipped")
-    p.add_argument("-B", "--batch", type=int, default=8)
-    p.add_argument("-T", "--tokens", type=int, default=4096)
+    p.add_argument("-B", "--batch", type=int, default=8,
+                   help="batch size of the depth and ladder sweeps (default 8)")
+    p.add_argument("-T", "--tokens", type=int, default=4096,
+                   help="tokens per sequence of the depth and ladder sweeps (default 4096)")
     p.add_argument("-H", "--heads", type=int, default=16, help="heads per level (flat gets L*H)")
     full = {"levels": "2,3,4,5,6", "head_dims": "64,128", "batch_sizes": "1,2,4,8,16"}
     p.add_argument("--levels", default=None, help=f"default {full['levels']} (quick: 2,4)")
     p.add_argument("--head-dims", default=None, help=f"K = V values, default {full['head_dims']} (quick: 128)")
     p.add_argument("--batch-sizes", default=None, help=f"default {full['batch_sizes']} (quick: 2)")
-    p.add_argument("--tokens-per-batch", type=int, default=32768)
-    p.add_argument("--batch-levels", type=int, default=4)
-    p.add_argument("--batch-head-dim", type=int, default=128)
+    p.add_argument("--tokens-per-batch", type=int, default=32768,
+                   help="B·T of every batch-sweep point: T = this / B (default 32768)")
+    p.add_argument("--batch-levels", type=int, default=4,
+                   help="levels L of the batch sweep (default 4)")
+    p.add_argument("--batch-head-dim", type=int, default=128,
+                   help="head dim K = V of the batch sweep (default 128)")
     p.add_argument("--ladder-levels", default=None, help="default: --levels")
     p.add_argument("--ladder-head-dims", default=None, help="default: --head-dims")
     from reference.schemes import SCHEMES
 
     p.add_argument("--scheme", default="learned", choices=sorted(SCHEMES),
                    help="promotion scheme of every level (a registered scheme; default learned)")
-    p.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPES))
+    p.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPES),
+                   help="dtype of the activations, both sides (default bfloat16)")
     p.add_argument("--param-dtype", default="auto", choices=["auto", "run", *sorted(DTYPES)],
                    help="scheme parameters: 'run' = --dtype; 'auto' = --dtype, float32 if the op rejects it")
     p.add_argument("--graph", action="store_true",
                    help="also time each forward and step captured in a CUDA graph and replayed (bench.cuda_graph: "
                         "the device's time without the host's launches; the host-paced rows' device ratio)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the inputs and scheme parameters (default 0)")
     p.add_argument("--warmup-ms", type=float, default=None, help="do_bench warmup (default 25; quick 10)")
     p.add_argument("--rep-ms", type=float, default=None, help="do_bench rep (default 200; quick 50)")
     p.add_argument("--matmul-n", type=int, default=8192, help="size of the rate-measuring bf16 matmul")
@@ -219,7 +227,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--precompile-workers", type=int, default=None,
                    help="parallel processes that compile the kernels before the timed process autotunes "
                         "(default: one per core, at most 12; 0: compile inside the benchmark process)")
-    p.add_argument("--no-plots", action="store_true")
+    p.add_argument("--no-plots", action="store_true", help="write the CSV and Markdown only, no PNGs")
     add_check_finite(p, "both sides")
     p.add_argument("--replot", action="store_true",
                    help="no measuring: rewrite results.md and the PNGs of --out from its results.csv")

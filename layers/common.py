@@ -89,6 +89,74 @@ def check_forward_args(hidden_states, hidden_size: int, attention_mask=None, pas
                          "forward without any cache")
 
 
+# An input entry this large is no activation scale a normalised model produces (fla's blocks put an
+# RMSNorm before each layer: entries of order 1). An activation the op refuses at a token whose input
+# reaches it is blamed on the input; below it, on the layer's parameters.
+HUGE_INPUT = 1e6
+
+
+def check_finite_entry(hidden_states: torch.Tensor, parameters) -> None:
+    """``hidden_states`` and every parameter of ``parameters`` (``(name, tensor)`` pairs, a module's
+    ``named_parameters()``) are finite: one fused reduction (the max-norm of every tensor in one
+    multi-tensor ``torch._foreach_norm``; NaN and ±inf propagate) and one host sync. A ``ValueError``
+    names the layer's input with its (batch, token), or the parameter by name with the index of the
+    bad entry, never an activation the layer computed from them (the op's ``q``, ``g``, …), which
+    would point at the op's internals. Skipped as the optimized ops' own check is
+    (``optimized.checks``: ``NGDN_CHECK_FINITE=0``, ``finite_checks(False)``, ``torch.compile``)."""
+    from optimized.checks import finite_checks_enabled
+
+    if not isinstance(hidden_states, torch.Tensor):
+        raise TypeError(f"hidden_states must be a torch.Tensor, got {type(hidden_states).__name__}")
+    if not finite_checks_enabled() or torch.compiler.is_compiling():
+        return
+    named = [("hidden_states", hidden_states)] + [(n, p) for n, p in parameters if p.numel() > 0]
+    with torch.no_grad():
+        norms = torch._foreach_norm([t.detach() for _, t in named], float("inf"))
+        finite = torch.isfinite(torch.stack([n.to(device=hidden_states.device, dtype=torch.float64)
+                                             for n in norms]))
+    if bool(finite.all()):
+        return
+    name, x = named[int((~finite).nonzero()[0])]
+    bad = ~torch.isfinite(x.detach())
+    index = tuple(int(i) for i in bad.nonzero()[0])
+    value = x.detach()[index].item()
+    if name == "hidden_states":
+        raise ValueError(f"hidden_states holds a non-finite value ({value}) at batch {index[0]}, token {index[1]}: "
+                         f"the layer refuses non-finite input (a NaN or inf reaches every later token through the "
+                         f"recurrence, and earlier tokens of its 64-token chunk through the optimized backend's "
+                         f"chunk kernels)")
+    raise ValueError(f"parameter {name!r} holds a non-finite value ({value}) at index {index}: the layer refuses "
+                     f"non-finite parameters (every token's output would be NaN; a diverged training step or a "
+                     f"damaged checkpoint?)")
+
+
+def activation_error(hidden_states: torch.Tensor, error, parameters) -> ValueError:
+    """The layer's account of an op's refusal of an activation it computed (``error``: an
+    ``optimized.checks.NonFiniteActivation``) from a finite input and finite parameters (both
+    checked at the layer's entry): the magnitudes did it. Names the layer's input at the op's
+    (batch, token) when its entries there reach ``HUGE_INPUT``, else the layer's largest parameter."""
+    b, t, name, value = error.batch, error.token, error.name, error.value
+    if not (0 <= b < hidden_states.shape[0] and 0 <= t < hidden_states.shape[1]):
+        raise ValueError(f"error's (batch, token) = ({b}, {t}) lies outside hidden_states {tuple(hidden_states.shape)}")
+    size = hidden_states[b, t].detach().abs().max().item()
+    if name == "g":
+        what = "log-decay g = -exp(A_log)·softplus(a_proj(x) + dt_bias)"
+        why = (f"below -745, where exp(g) is 0 even in float64: a full forget, which the optimized ops refuse"
+               if value == value and value > float("-inf") else "not finite: float32 overflows")
+    else:
+        what, why = f"activation {name} (a projection of the input)", "not finite: float32 overflows"
+    if size >= HUGE_INPUT:
+        return ValueError(f"hidden_states is too large for the layer: at batch {b}, token {t} its entries reach "
+                          f"{size:.3g} in size, which drives the layer's {what} to {value:.3g} ({why}); give the "
+                          f"layer an input of moderate size (normalised, e.g. an RMSNorm before it as in fla's "
+                          f"blocks)")
+    sizes = {n: p.detach().abs().max().item() for n, p in parameters if p.numel() > 0}
+    largest = max(sizes, key=sizes.get)
+    return ValueError(f"the layer's parameters drive its {what} to {value:.3g} ({why}) at batch {b}, token {t} "
+                      f"from an input of moderate size (entries up to {size:.3g}); its largest parameter is "
+                      f"{largest!r} (entries up to {sizes[largest]:.3g}): a diverged training step?")
+
+
 def wide(x: torch.Tensor) -> torch.Tensor:
     """``x`` in float32, or float64 if it is (a float64 layer keeps its precision throughout)."""
     return x if x.dtype == torch.float64 else x.float()
@@ -293,11 +361,24 @@ class RecurrentLayer(nn.Module):
             raise ValueError(f"hidden_states: the optimized backend runs in float32 or bfloat16, the layer's "
                              f"parameters are {dtype} (use backend='reference' for float64)")
 
+    def core(self, hidden_states: torch.Tensor, output_final_state: bool = False):
+        """``mix(inputs(hidden_states))`` with the errors in the layer's terms: ``hidden_states`` and the
+        parameters checked finite at the entry (``check_finite_entry``), and an op's refusal of an
+        activation computed from them (``g`` below -745, an overflowed projection) said of the layer's
+        input or parameters (``activation_error``), not of the op's ``q``, ``g``, …"""
+        from optimized.checks import NonFiniteActivation
+
+        check_finite_entry(hidden_states, self.named_parameters())
+        try:
+            return self.mix(self.inputs(hidden_states), output_final_state=output_final_state)
+        except NonFiniteActivation as e:
+            raise activation_error(hidden_states, e, self.named_parameters()) from e
+
     def forward_with_states(self, hidden_states: torch.Tensor):
         """``(output [B, T, D], final state(s))``: the forward plus the recurrence's final state(s)."""
         check_forward_args(hidden_states, self.hidden_size, like=self.first_parameter())
         self.check_backend_dtype()
-        o, states = self.mix(self.inputs(hidden_states), output_final_state=True)
+        o, states = self.core(hidden_states, output_final_state=True)
         return self.out(o, hidden_states, plain=self.plain), states
 
     def forward(self, hidden_states: torch.Tensor, attention_mask=None, past_key_values=None, use_cache: bool = False,
@@ -308,5 +389,5 @@ class RecurrentLayer(nn.Module):
         self.check_backend_dtype()
         if output_attentions:
             raise ValueError("output_attentions is not supported: a linear-attention layer has no attention matrix")
-        o, _ = self.mix(self.inputs(hidden_states))
+        o, _ = self.core(hidden_states)
         return self.out(o, hidden_states, plain=self.plain), None, None

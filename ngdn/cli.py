@@ -34,6 +34,24 @@ class _CheckHelp(argparse.HelpFormatter):
         return text
 
 
+class _SchemeCheckHelp(argparse.HelpFormatter):
+    """``ngdn scheme check --help``: the battery's properties under ``--only`` and, under
+    ``--examples``, what each row runs, read from ``ngdn.scheme_check.PROPERTIES`` when the help is
+    printed (importing the battery imports ``optimized``: the measurement environment first)."""
+
+    def _get_help_string(self, action):
+        text = super()._get_help_string(action)
+        if action.dest in ("only", "examples"):
+            _scheme_check_environment(None)
+            from ngdn import scheme_check as battery
+
+            if action.dest == "only":
+                text += f"; properties: {', '.join(battery.PROPERTY_NAMES)}"
+            else:
+                text += "; " + battery.examples_text()
+        return text
+
+
 def check(args) -> int:
     import os
 
@@ -162,6 +180,8 @@ def scheme_check(args) -> int:
                 raise ValueError("--draw reproduces one property: pass exactly one --only NAME")
             for name in only or ():
                 battery.get_property(name)
+            if draw is not None:
+                battery.check_draw(battery.get_property(only[0]), draw)
         except (ValueError, TypeError) as e:
             print(f"ngdn scheme check: {e}", file=sys.stderr)
             return 2
@@ -179,7 +199,7 @@ def scheme_check(args) -> int:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="ngdn", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     p = sub.add_parser("check", help="agreement report: reference vs optimized on default configurations",
                        description="Agreement report: each component's optimized path against its float64 "
                                    "reference on one default draw, as a table (exit 1: a quantity out of "
@@ -199,43 +219,55 @@ def main(argv=None) -> int:
                                    "write. Exit 2 on a missing, empty or malformed log.")
     p.add_argument("logs", nargs="+", metavar="LOG", help="an NGDN_ERROR_LOG file (several are merged)")
     p.set_defaults(func=errors)
-    p = sub.add_parser("scheme", help="promotion schemes: `ngdn scheme check FILE.py` runs the battery")
-    scheme_sub = p.add_subparsers(dest="scheme_command", required=True)
-    p = scheme_sub.add_parser("check", help="run the scheme battery on the scheme FILE registers")
+    p = sub.add_parser("scheme", help="promotion schemes: `ngdn scheme check FILE.py` runs the battery",
+                       description="Promotion schemes. One subcommand: `ngdn scheme check FILE.py` runs the "
+                                   "scheme battery on the scheme FILE registers (`ngdn scheme check --help`).")
+    scheme_parser = p
+    scheme_sub = p.add_subparsers(dest="scheme_command", metavar="SUBCOMMAND", title="subcommands")
+    p = scheme_sub.add_parser("check", help="run the scheme battery on the scheme FILE registers",
+                              formatter_class=_SchemeCheckHelp,
+                              description="The promotion-scheme battery (ngdn/scheme_check.py; README \"Adding a "
+                                          "promotion scheme\"): the scheme FILE registers, checked property by "
+                                          "property (its contract, batch and head independence, permutations, "
+                                          "gradients, its NumPy twin, causality and firing timing through the "
+                                          "float64 nested reference, the optimized op against that reference, "
+                                          "stability), searched with Hypothesis. Prints one row per property, "
+                                          "then each failure's example and the command that reproduces it. "
+                                          "Exit 0: every property passes; 1: a property fails or the scheme is "
+                                          "expansive; 2: usage (a bad FILE, scheme, property or draw).")
     p.add_argument("file", metavar="FILE", help="a .py file that calls register_scheme (or a module, "
                                                 "e.g. reference.schemes, with --scheme)")
     p.add_argument("--scheme", help="the scheme to check (default: the one FILE registers)")
-    p.add_argument("--examples", type=int, default=None, help="Hypothesis examples per property "
+    p.add_argument("--examples", type=int, default=None, help="Hypothesis examples per searched property "
                                                               "(default 30)")
     p.add_argument("--device", choices=["cpu", "cuda"], default=None,
                    help="cpu: the Triton interpreter; cuda: require a GPU (default: CUDA when present)")
     p.add_argument("--threshold", type=float, default=None,
                    help="growth factor above which a scheme is expansive (default 1.001)")
-    p.add_argument("--only", action="append", help="run only these properties (repeatable)")
-    p.add_argument("--draw", help="re-run --only PROPERTY on this draw (the reproduction command)")
+    p.add_argument("--only", action="append", metavar="PROPERTY",
+                   help="run only this property (repeatable; default all)")
+    p.add_argument("--draw", help="re-run the one --only PROPERTY on this draw, as the report's reproduction "
+                                  "command prints it (a draw of that property's type, e.g. "
+                                  "\"ProbeDraw(K=4, V=3, n=1, snapshot='zero', gate_scale=1.0, reduction='mean', "
+                                  "seed=0)\"; a malformed draw is a usage error)")
     p.set_defaults(func=scheme_check)
-    sub.add_parser("bench", help="Nested vs flat GDN-2 benchmark (GPU); `ngdn bench --help` for its options; "
-                                 "`ngdn bench long-context --help`: the long-context accuracy sweep (CSV + plot); "
-                                 "`ngdn bench fenwick-gdn2 --help`: the Fenwick GDN-2 memory vs flat GDN-2 against T; "
-                                 "`ngdn bench recall --help`: the recall benchmark")
+    from bench import SUBCOMMANDS
+
+    sub.add_parser("bench", help="Nested vs flat GDN-2 benchmark (GPU); `ngdn bench --help` for its options and "
+                                 "its subcommands: " + ", ".join(SUBCOMMANDS))
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:2] == ["bench", "long-context"]:  # the accuracy sweep parses its own options
-        from bench.long_context import main as long_context_main
+    if argv[:1] == ["bench"] and len(argv) > 1 and argv[1] in SUBCOMMANDS:   # each parses its own options
+        import importlib
 
-        return long_context_main(argv[2:])
-    if argv[:2] == ["bench", "fenwick-gdn2"]:
-        from bench.fenwick_gdn2 import main as fenwick_gdn2_main
-
-        return fenwick_gdn2_main(argv[2:])
-    if argv[:2] == ["bench", "recall"]:
-        from bench.recall import main as recall_main
-
-        return recall_main(argv[2:])
+        return importlib.import_module(SUBCOMMANDS[argv[1]][0]).main(argv[2:])
     if argv[:1] == ["bench"]:  # the benchmark parses its own options
         from bench.nested_vs_flat import main as bench_main
 
         return bench_main(argv[1:])
     args = parser.parse_args(argv)
+    if args.command == "scheme" and args.scheme_command is None:
+        scheme_parser.error("a subcommand is required: `ngdn scheme check FILE.py` runs the promotion-scheme "
+                            "battery (`ngdn scheme check --help`)")
     if args.func is scheme_check:
         _scheme_check_environment(args.device)      # before the import below configures `optimized`
         from ngdn.scheme_check import DEFAULT_EXAMPLES, DEFAULT_THRESHOLD

@@ -51,6 +51,10 @@ the rest run fixed cases. Parameters are drawn as ``make_levels`` draws them.
   where a decay no longer hides an erase that expands the state. Above the threshold
   (default 1 + 1e-3) the scheme is reported *expansive* with the input.
 
+A failure shrunk by Hypothesis is measured again on a random snapshot at full size (``unshrunk``)
+and reported beside it: the shrunk snapshot is the smallest that fails, where a fault's error can
+read as round-off.
+
 A probe that is not a pure function of ``(M_below, params)`` makes a draw pass once and fail
 once; the report says so instead of Hypothesis' "unreliable results". The battery uses the
 library's check modules (``ngdn.checks.nested``, ``ngdn.checks.nested_optimized``), the same
@@ -61,6 +65,7 @@ from __future__ import annotations
 import functools
 import importlib
 import importlib.util
+import inspect
 import math
 import os
 import re
@@ -276,6 +281,7 @@ class Row(NamedTuple):
     examples: int
     seconds: float
     verdict: str            # "ok", "FAIL", "EXPANSIVE", "n/a"
+    unshrunk: tuple = ()    # a failure's (draw, Measured) on a random snapshot at full size (``unshrunk``)
 
 
 def from_errors(errors: dict) -> Measured:
@@ -304,10 +310,18 @@ def contract(scheme, d: ProbeDraw) -> Measured:
     M_below, params = probe_inputs(scheme, d)
     problems = []
     kept, kept_params = M_below.clone(), {k: p.clone() for k, p in params.items()}
+    # An in-place operation bumps a tensor's version counter even where it leaves every value as it
+    # was (``M_below.clamp_(-1e30, 1e30)``): the values alone cannot see it, the counter does.
+    version, versions = M_below._version, {k: p._version for k, p in params.items()}
     outputs = probe(M_below, params, d.reduction)           # shapes, dtype, device: the registry
     if not same(M_below, kept):
         problems.append(f"the probe changed M_below in place; {PURE}")
-    changed_params = [k for k, p in params.items() if not same(p, kept_params[k])]
+    elif M_below._version != version:
+        problems.append(f"the probe changed M_below in place (an in-place operation on it, such as clamp_ or "
+                        f"mul_, even one that leaves its values as they were): the nested reference hands the "
+                        f"probe the live state of the level below, and autograd refuses a backward through a "
+                        f"tensor changed in place; {PURE}")
+    changed_params = [k for k, p in params.items() if not same(p, kept_params[k]) or p._version != versions[k]]
     if changed_params:
         problems.append(f"the probe changed parameter(s) {', '.join(map(repr, changed_params))} in place; {PURE}")
         params = kept_params
@@ -744,6 +758,23 @@ PROPERTY_NAMES = tuple(p.name for p in PROPERTIES)
 DRAW_TYPES = {cls.__name__: cls for cls in (ProbeDraw, StabilityDraw, NestedDraw, OptimizedDraw)}
 
 
+def examples_text(examples: int = DEFAULT_EXAMPLES) -> str:
+    """What ``--examples N`` runs, row by row (the help's account): a searched property runs
+    ``max(1, round(N × share))`` Hypothesis examples (plus its explicit seed draws), a fixed row its
+    fixed draws whatever N is; shown at ``N = examples``."""
+    if not isinstance(examples, int) or isinstance(examples, bool) or examples < 1:
+        raise ValueError(f"examples must be a positive int, got {examples!r}")
+    searched, fixed = [], []
+    for p in PROPERTIES:
+        if p.draws is not None:
+            seeds = f" + {len(p.explicit)} seed draws" if p.explicit else ""
+            searched.append(f"{p.name} {max(1, round(examples * p.share))}{seeds}")
+        else:
+            fixed.append(f"{p.name} {len(p.fixed)}{' (CUDA only)' if p.cuda_only else ''}")
+    return (f"each searched property runs it times its share, at {examples}: {', '.join(searched)} (a failing "
+            f"draw's shrinking adds calls); fixed draws whatever it is: {', '.join(fixed)}")
+
+
 def get_property(name: str) -> Property:
     for p in PROPERTIES:
         if p.name == name:
@@ -762,6 +793,82 @@ def parse_draw(text: str):
     if not isinstance(draw, tuple(DRAW_TYPES.values())):
         raise ValueError(f"draw must be one of {sorted(DRAW_TYPES)}, got {text!r}")
     return draw
+
+
+def draw_type(prop: Property) -> type:
+    """The draw type ``prop`` takes (its function's ``d`` annotation; one of ``DRAW_TYPES``)."""
+    if not isinstance(prop, Property):
+        raise TypeError(f"prop must be a Property of PROPERTIES, got {type(prop).__name__}")
+    annotation = inspect.signature(prop.fn).parameters["d"].annotation
+    return DRAW_TYPES[annotation] if isinstance(annotation, str) else annotation
+
+
+REDUCTIONS = ("mean", "sum")
+STATES = ("random", "snapshot")
+
+
+def check_draw(prop: Property, draw) -> None:
+    """A ``ValueError`` naming what is wrong when ``draw`` is not one ``prop`` can run: another
+    property's draw type, a field of the wrong type, or a value outside the field's domain (a
+    snapshot kind, a reduction, a size below 1, ``n > K``, ``t0`` outside the sequence, a level
+    above ``L - 1``). A reproduction's draw is the user's input: refused as a usage error, never
+    measured as the scheme failing."""
+    expected = draw_type(prop)
+    if not isinstance(draw, expected):
+        raise ValueError(f"property {prop.name!r} runs on a {expected.__name__}, got {draw!r}")
+    fields = draw._asdict()
+    bad = []
+    for name, value in fields.items():
+        if name in ("gate_scale", "decay"):
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not (0 < value < math.inf):
+                bad.append(f"{name} must be a positive finite number, got {value!r}")
+        elif name == "snapshot":
+            if value not in SNAPSHOT_KINDS:
+                bad.append(f"snapshot must be one of {list(SNAPSHOT_KINDS)}, got {value!r}")
+        elif name == "state":
+            if value not in STATES:
+                bad.append(f"state must be one of {list(STATES)}, got {value!r}")
+        elif name == "reduction":
+            per_level = isinstance(draw, OptimizedDraw) and isinstance(value, tuple)
+            if not (value in REDUCTIONS if isinstance(value, str) else per_level and all(
+                    isinstance(r, str) and r in REDUCTIONS for r in value)):
+                bad.append(f"reduction must be one of {list(REDUCTIONS)}"
+                           f"{' or a tuple of them, one per level 1..L-1' if isinstance(draw, OptimizedDraw) else ''}"
+                           f", got {value!r}")
+        elif not isinstance(value, int) or isinstance(value, bool) or value < (0 if name == "seed" else 1):
+            bad.append(f"{name} must be an int ≥ {0 if name == 'seed' else 1}, got {value!r}")
+    if not bad:
+        if "n" in fields and draw.n > draw.K:
+            bad.append(f"n = {draw.n} > K = {draw.K} (a firing reads at most K pairs)")
+        if "L" in fields and draw.L < 2:
+            bad.append(f"L must be ≥ 2 (a nested memory has levels above level 0), got {draw.L}")
+        if isinstance(draw, NestedDraw) and not (draw.t0 < draw.T and draw.level < draw.L):
+            bad.append(f"t0 must lie in 1..T-1 and level in 1..L-1, got t0 = {draw.t0}, level = {draw.level} "
+                       f"at T = {draw.T}, L = {draw.L}")
+        if isinstance(draw, OptimizedDraw) and isinstance(draw.reduction, tuple) and len(draw.reduction) != draw.L - 1:
+            bad.append(f"reduction holds {len(draw.reduction)} entries for L - 1 = {draw.L - 1} levels")
+    if bad:
+        raise ValueError(f"draw {draw!r} for {prop.name!r}: " + "; ".join(bad))
+
+
+def unshrunk(prop: Property, draw):
+    """The draw to measure a shrunk failure again on: a random snapshot at the largest sizes its
+    search draws (``ProbeDraw`` K = 8, V = 6, or ``probe_gradcheck``'s own sizes; ``NestedDraw``
+    T = 29, K = V = 8), every other field kept; None when there is none (fixed draws, the stability
+    search, which does not shrink) or it is the draw itself. Hypothesis shrinks toward the smallest
+    snapshot that still fails, where an error of 1e-12 against a bound of 1e-13 reads as round-off;
+    the same property on a normal snapshot shows the size of the fault (e.g. 0.035)."""
+    check_draw(prop, draw)
+    if prop.draws is None or prop.maximise:
+        return None
+    if isinstance(draw, ProbeDraw):
+        sizes = {} if prop.name == "probe_gradcheck" else dict(K=8, V=6)
+        again = draw._replace(snapshot="random", **sizes)
+    elif isinstance(draw, NestedDraw):
+        again = draw._replace(T=29, K=8, V=8, t0=min(draw.t0, 28))
+    else:
+        return None
+    return None if again == draw else again
 
 
 # --- running -----------------------------------------------------------------------------------
@@ -843,6 +950,8 @@ def run_property(prop: Property, scheme, examples: int = DEFAULT_EXAMPLES,
     """One report row: ``draw`` given: that draw only (a reproduction); else the search or the fixed draws.
     ``scheme``: a name or a resolved ``reference.schemes.Scheme``."""
     scheme = resolve(scheme)
+    if draw is not None:
+        check_draw(prop, draw)
     start = time.perf_counter()
     if draw is not None:
         m, worst_draw, count = measure(prop, scheme, draw, threshold), draw, 1
@@ -863,7 +972,12 @@ def run_property(prop: Property, scheme, examples: int = DEFAULT_EXAMPLES,
         verdict = "ok"
     else:
         verdict = "EXPANSIVE" if any(p.startswith("expansive") for p in m.problems) else "FAIL"
-    return Row(prop.name, m, worst_draw, count, time.perf_counter() - start, verdict)
+    also = ()
+    if verdict == "FAIL" and worst_draw is not None:
+        again = unshrunk(prop, worst_draw)
+        if again is not None:
+            also = ((again, measure(prop, scheme, again, threshold)),)
+    return Row(prop.name, m, worst_draw, count, time.perf_counter() - start, verdict, also)
 
 
 def battery(scheme, examples: int = DEFAULT_EXAMPLES, threshold: float = DEFAULT_THRESHOLD,
@@ -914,5 +1028,10 @@ def report(source: str, scheme: str, rows, threshold: float) -> tuple[str, bool]
         if r.draw is not None:
             lines.append(f"  example: {r.draw!r}")
         lines.append(f"  reproduce: {reproduction(source, scheme, r, threshold)}")
+        for d, m in r.unshrunk:
+            outcome = "passes there" if m.passed else "; ".join(m.problems) or f"figure {m.figure:.4g}"
+            lines.append(f"  on a random snapshot, not shrunk ({d!r}): {outcome}")
+            if not m.passed:
+                lines.append(f"  reproduce: {reproduction(source, scheme, r._replace(draw=d), threshold)}")
     lines.append("\nall properties pass" if ok else "\nSOME PROPERTIES FAIL")
     return "\n".join(lines), ok

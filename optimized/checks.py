@@ -106,6 +106,17 @@ def check_kernel_dtype(name: str, x: torch.Tensor):
         )
 
 
+class NonFiniteActivation(ValueError):
+    """The refusal of ``check_finite_activations`` for an activation, with where it happened:
+    ``name`` (the op's argument), ``batch``, ``token``, ``value`` (the bad value found; for a ``g``
+    below ``G_FLOOR`` the lowest ``g`` at that token). A ``ValueError`` as before; its fields let a
+    caller that computed the activations (the layers) say what they came from."""
+
+    def __init__(self, message: str, name: str, batch: int, token: int, value: float):
+        super().__init__(message)
+        self.name, self.batch, self.token, self.value = name, batch, token, value
+
+
 def _first_bad(x: torch.Tensor) -> tuple[int, int, float]:
     """``(batch, token, value)`` of the first non-finite entry of ``x [B, T, ...]`` (error path only)."""
     bad = ~torch.isfinite(x)
@@ -153,12 +164,13 @@ def check_finite_activations(named: Iterable[tuple[str, torch.Tensor | None]],
     if name == "g" and bool(torch.isfinite(x).all()):                     # finite, below the floor
         b, t, value = _first_bad(torch.where(x < G_FLOOR, torch.inf, x))
         value = x[b, t].min().item()
-        raise ValueError(f"g holds {value:g} at batch {b}, token {t}, below {G_FLOOR:g}, where exp(g) is 0 "
-                         f"even in float64: the optimized ops refuse it as they refuse g = -inf{FORGET_HINT}")
+        raise NonFiniteActivation(f"g holds {value:g} at batch {b}, token {t}, below {G_FLOOR:g}, where exp(g) "
+                                  f"is 0 even in float64: the optimized ops refuse it as they refuse g = "
+                                  f"-inf{FORGET_HINT}", name, b, t, value)
     b, t, value = _first_bad(x)
     hint = FORGET_HINT if value == float("-inf") and name == "g" else ""
-    raise ValueError(
+    raise NonFiniteActivation(
         f"{name} holds a non-finite value ({value}) at batch {b}, token {t}: the optimized ops refuse "
         f"non-finite activations (their chunk kernels would spread it to earlier tokens of its "
-        f"64-token chunk){hint}"
+        f"64-token chunk){hint}", name, b, t, value
     )

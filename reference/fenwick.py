@@ -39,6 +39,7 @@ from __future__ import annotations
 import torch
 
 from reference.gdn2 import gdn2_read, gdn2_step
+from reference.progress import Ticker
 from reference.validation import (FLOAT_DTYPES, check_cu_seqlens, check_dtype, check_gdn2_inputs,
                                   check_same_device, check_same_dtype, check_scale, check_shape, check_sizes,
                                   check_tensor, gdn2_sizes, sequences)
@@ -187,7 +188,9 @@ def naive_fenwick(q, k, v, g, level_scales, scale=None, output_final_state=False
     scale = K ** -0.5 if scale is None else scale
     buckets = [None] * L                                   # buckets[ℓ]: [B, H, K, V], None while empty
     o = []
+    tick = Ticker("naive_fenwick", T)                      # a time estimate on stderr for a long call
     for t in range(T):
+        tick(t)
         if t > 0:
             _carry(buckets, t)                             # merge levels 0..m into m+1
         decay = torch.exp(g[:, t])[:, :, None, None]
@@ -220,7 +223,9 @@ def naive_fenwick_gdn2(q, k, v, g, b, w, level_scales, scale=None, output_final_
     scale = K ** -0.5 if scale is None else scale
     buckets = [None] * L
     o = []
+    tick = Ticker("naive_fenwick_gdn2", T)                 # a time estimate on stderr for a long call
     for t in range(T):
+        tick(t)
         if t > 0:
             _carry(buckets, t)
         k_t, v_t, g_t, b_t, w_t = k[:, t], v[:, t], g[:, t], b[:, t], w[:, t]

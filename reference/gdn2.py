@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from reference.progress import Ticker
 from reference.validation import check_gdn2_inputs, sequences
 
 
@@ -54,7 +55,9 @@ def naive_gdn2(q, k, v, g, b, w, scale=None, initial_state=None, output_final_st
     scale = K ** -0.5 if scale is None else scale
     S = q.new_zeros(B, H, K, V) if initial_state is None else initial_state.to(q.dtype)
     o = []
+    tick = Ticker("naive_gdn2", T)                 # a time estimate on stderr for a long call
     for t in range(T):
+        tick(t)
         S = gdn2_step(S, k[:, t], v[:, t], g[:, t], b[:, t], w[:, t])
         o.append(gdn2_read(S, q[:, t], scale))
     return torch.stack(o, dim=1), (S if output_final_state else None)

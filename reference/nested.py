@@ -34,6 +34,7 @@ import torch
 from reference.gdn2 import gdn2_read, gdn2_step
 from reference.promote import promote
 from reference.schemes import check_reduction, check_scheme_params, get_scheme
+from reference.progress import Ticker
 from reference.validation import (FLOAT_DTYPES, check_all_finite, check_cu_seqlens, check_dtype,
                                   check_same_device, check_same_dtype, check_scale, check_shape, check_sizes,
                                   check_state_count, check_state_dtype, check_tensor, gdn2_sizes, sequences)
@@ -270,8 +271,10 @@ def naive_nested_gdn2(q, k, v, g, b, w, r, levels, scale=None, initial_states=No
     probe = [get_scheme(level.scheme).probe for level in levels]
 
     o = []
+    tick = Ticker("naive_nested_gdn2", T)          # a time estimate on stderr for a long call
     for c in range(1, N + 1):
         for t in range((c - 1) * C, min(c * C, T)):
+            tick(t)
             M[0] = gdn2_step(M[0], k[:, t], v[:, t], g[:, t], b[:, t], w[:, t])   # level 0 writes first
             weights = torch.softmax(r[:, t], dim=-1)                                # softmax(r_t) over ℓ
             # M_ℓ (ℓ ≥ 1) is as it stood when chunk c began: it changes only at the chunk's end.

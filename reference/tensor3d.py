@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import torch
 
+from reference.progress import Ticker
 from reference.validation import (
     CHUNK,
     FLOAT_DTYPES,
@@ -242,7 +243,9 @@ def naive_tensor3d(q1, k1, q2, k2, v, g=None, beta=None, mode="gla", scale=None,
     gate = broadcast_gate(g, K, E)
     S = q1.new_zeros(B, H, K, E, V) if initial_state is None else initial_state.to(q1.dtype)
     y = []
+    tick = Ticker("naive_tensor3d", T)             # a time estimate on stderr for a long call
     for t in range(T):
+        tick(t)
         S = tensor3d_step(S, k1[:, t], k2[:, t], v[:, t], None if gate is None else gate[:, t],
                           None if beta is None else beta[:, t], mode)
         y.append(tensor3d_read(S, q1[:, t], q2[:, t], scale))

@@ -112,13 +112,14 @@ def test_a_non_finite_scale_is_refused(opt, ref, call, first, scale):
 
 
 @pytest.mark.parametrize("opt, ref, call, first", OP_PARAMS)
-def test_a_scale_beyond_float32_is_refused_where_the_inputs_compute_in_float32(opt, ref, call, first):
-    """scale = 1e39 is a finite Python float but inf in float32: the optimized ops returned NaN. Refused
-    for float32 inputs (op and reference alike), computed by the float64 reference."""
+@pytest.mark.parametrize("scale", [1e39, -1e39])
+def test_a_scale_beyond_float32_is_refused_where_the_inputs_compute_in_float32(opt, ref, call, first, scale):
+    """scale = ±1e39 is a finite Python float but ±inf in float32: the optimized ops returned NaN. Refused
+    for float32 inputs (op and reference alike) whatever its sign, computed by the float64 reference."""
     for op in (opt, ref):
-        with pytest.raises(ValueError, match=r"scale = 1e\+39 is not finite in float32"):
-            op(**call(), scale=1e39)
-    assert torch.isfinite(ref(**call(torch.float64, "cpu"), scale=1e39)[0]).all()
+        with pytest.raises(ValueError, match=rf"scale = {scale:g} is not finite in float32".replace("+", r"\+")):
+            op(**call(), scale=scale)
+    assert torch.isfinite(ref(**call(torch.float64, "cpu"), scale=scale)[0]).all()
 
 
 # --- dtypes: bfloat16 under the interpreter, float16, mixed --------------------------------------

@@ -141,3 +141,59 @@ def test_bench_recall_dispatches_to_its_module(monkeypatch):
     monkeypatch.setitem(sys.modules, "bench.recall", fake)
     assert main(["bench", "recall", "--quick", "--out", "x"]) == 0
     assert seen == [["--quick", "--out", "x"]]
+
+
+def test_bench_help_lists_its_subcommands_with_ngdn_examples_and_every_option_helped(capsys):
+    """`ngdn bench --help`: one line per subcommand, examples that say `ngdn bench`, help on every option."""
+    from bench import SUBCOMMANDS
+    from bench.nested_vs_flat import parse_args
+
+    out = help_text(capsys, "bench")
+    for name in SUBCOMMANDS:
+        assert re.search(rf"^  {re.escape(name)} +\S", out, flags=re.M), (name, out)
+    assert "python -m bench" not in out and "    ngdn bench --quick" in out, out
+    import argparse
+
+    seen = {}
+    real_add = argparse.ArgumentParser.add_argument
+
+    def add(self, *names, **kwargs):
+        seen[names] = kwargs.get("help")
+        return real_add(self, *names, **kwargs)
+
+    argparse.ArgumentParser.add_argument = add
+    try:
+        parse_args([])
+    finally:
+        argparse.ArgumentParser.add_argument = real_add
+    unhelped = [names for names, text in seen.items() if not text and "-h" not in names]
+    assert not unhelped, unhelped
+
+
+def test_long_context_f32_dots_default_is_the_test_suites(capsys):
+    """The help's default is the one the option has, and it is the suite's (NGDN_F32_DOTS=tf32x3);
+    the choices are the float32-accurate precisions `optimized` knows, plus plain tf32."""
+    from bench.long_context import F32_DOTS, parse_args
+    from optimized import triton_mode
+
+    assert parse_args([]).f32_dots == "tf32x3" and set(F32_DOTS) == set(triton_mode.F32_DOTS)
+    out = " ".join(help_text(capsys, "bench", "long-context").split())
+    assert "(default tf32x3, as the test suite" in out and "default ieee" not in out, out
+
+
+def test_scheme_check_help_describes_itself_its_properties_and_its_examples(capsys):
+    from ngdn import scheme_check
+
+    out = " ".join(help_text(capsys, "scheme", "check").split())
+    assert "The promotion-scheme battery" in out and "Exit 0" in out, out
+    assert "properties: " + ", ".join(scheme_check.PROPERTY_NAMES) in out, out
+    assert "optimized 1" in out and "stability 120" in out and "contract 30" in out, out
+    assert "(default 30)" in out and "per property (default 30)" not in out, out
+
+
+def test_bare_scheme_is_a_usage_message_naming_the_subcommand(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["scheme"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "scheme_command" not in err and "usage: ngdn scheme" in err and "ngdn scheme check FILE.py" in err, err

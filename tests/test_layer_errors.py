@@ -98,3 +98,59 @@ def test_a_float64_layer_on_the_optimized_backend_is_refused_before_any_kernel(l
     with pytest.raises(ValueError, match=r"optimized backend runs in float32 or bfloat16, the layer's parameters "
                                          r"are torch.float64 \(use backend='reference' for float64\)"):
         layer(x(dtype=torch.float64))
+
+
+def bad_at(token=3, value=float("inf")):
+    h = x()
+    h[0, token, 2] = value
+    return h
+
+
+@pytest.mark.parametrize("backend", ["optimized", "reference"])
+@pytest.mark.parametrize("value", [float("inf"), float("nan")])
+def test_a_non_finite_input_is_named_as_hidden_states_with_its_position(layer, backend, value):
+    """Not "q holds a non-finite value (nan)": the layer's input, its batch and token (before any kernel)."""
+    layer.backend = backend
+    with pytest.raises(ValueError, match=rf"^hidden_states holds a non-finite value \({value}\) at batch 0, token 3: "
+                                         r"the layer refuses non-finite input"):
+        layer(bad_at(value=value))
+
+
+def test_a_non_finite_parameter_is_named_with_its_index(layer):
+    """Not "g holds a non-finite value at token 0" (or "q"): the parameter by name, and where."""
+    with torch.no_grad():
+        layer.proj.a_proj.weight[1, 2] = float("nan")
+    with pytest.raises(ValueError, match=r"^parameter 'proj.a_proj.weight' holds a non-finite value \(nan\) at "
+                                         r"index \(1, 2\): the layer refuses non-finite parameters"):
+        layer(x())
+
+
+def test_a_huge_input_is_named_as_too_large_not_told_to_clamp_g(layer):
+    """A finite input scaled by 1e30 drives g below -745; the op's refusal comes back naming the
+    layer's input and the token, without the op's advice about g."""
+    h = x()
+    h[0, 4] *= 1e30
+    with pytest.raises(ValueError, match=r"^hidden_states is too large for the layer: at batch 0, token 4 its "
+                                         r"entries reach \S+e\+30 in size, which drives the layer's log-decay g") as e:
+        layer(h)
+    assert "clamp g" not in str(e.value)
+
+
+def test_parameters_that_drive_g_out_of_range_are_named_not_the_input(layer):
+    """A moderate input, a decay rate exp(A_log) of e^100: the layer's parameters are blamed."""
+    with torch.no_grad():
+        layer.proj.decay.A_log.fill_(100.0)
+    with pytest.raises(ValueError, match=r"^the layer's parameters drive its log-decay g .* at batch 0, token 0 from "
+                                         r"an input of moderate size .* its largest parameter is 'proj.decay.A_log'"):
+        layer(x())
+
+
+def test_the_entry_check_follows_the_ops_switch(layer):
+    """``finite_checks(False)`` skips the layer's check as it skips the ops'."""
+    from layers.common import check_finite_entry
+    from optimized.checks import finite_checks
+
+    with finite_checks(False):
+        check_finite_entry(bad_at(), layer.named_parameters())
+    with pytest.raises(ValueError, match="hidden_states holds"):
+        check_finite_entry(bad_at(), layer.named_parameters())

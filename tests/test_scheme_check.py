@@ -194,3 +194,54 @@ def test_cli_sets_the_measurement_environment_before_optimized_is_imported(tmp_p
     env = {k: v for k, v in os.environ.items() if k not in ("NGDN_IEEE_F32", "NGDN_PIN_AUTOTUNE")}
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+
+
+@pytest.mark.parametrize("draw, message", [
+    ("ProbeDraw(K=4, V=3, n=1, snapshot='bogus', gate_scale=1.0, reduction='mean', seed=0)", "snapshot must be one of"),
+    ("ProbeDraw(K=4, V=3, n=5, snapshot='zero', gate_scale=1.0, reduction='mean', seed=0)", "n = 5 > K = 4"),
+    ("ProbeDraw(K=4, V=3, n=1, snapshot='zero', gate_scale=1.0, reduction='max', seed=0)", "reduction must be"),
+    ("ProbeDraw(K=0, V=3, n=1, snapshot='zero', gate_scale=1.0, reduction='mean', seed=0)", "K must be an int ≥ 1"),
+    ("NestedDraw(T=12, L=2, K=4, V=3, t0=1, chunk=1, level=1, gate_scale=1.0, seed=0)", "runs on a ProbeDraw"),
+])
+def test_a_malformed_draw_is_a_usage_error(capsys, draw, message):
+    """A draw the property cannot run (another type, a value outside its domain) exits 2 before
+    measuring anything, not 1 as if the scheme had failed."""
+    assert main(["scheme", "check", "reference.schemes", "--scheme", "merge", "--only", "contract",
+                 "--draw", draw]) == 2
+    captured = capsys.readouterr()
+    assert message in captured.err and "FAIL" not in captured.out, (captured.out, captured.err)
+
+
+def test_the_battery_draws_pass_check_draw():
+    """The fixed and explicit draws are well formed (a reproduction of them is not refused)."""
+    for prop in scheme_check.PROPERTIES:
+        for d in (*prop.fixed, *prop.explicit):
+            scheme_check.check_draw(prop, d)
+
+
+def test_an_in_place_change_that_keeps_the_values_is_named(capsys):
+    """A probe that clamps its snapshot in place (no value changes, so a second call gives the same
+    outputs) is refused by the contract row, naming the in-place change."""
+    rc, out = check(capsys, BROKEN / "inplace_snapshot.py", *FEW, "--only", "contract")
+    assert rc == 1 and verdicts(out) == {"contract": "FAIL"}, out
+    assert "the probe changed M_below in place (an in-place operation on it" in out, out
+
+
+def off_by_a_relative_error(scheme, d: scheme_check.ProbeDraw) -> scheme_check.Measured:
+    """A property of a scheme whose promoted state is off by 3.5 % of the snapshot's entries: the
+    error scales with the snapshot, so the shrunk (tiny) snapshot's reads as round-off."""
+    M_below, _ = scheme_check.probe_inputs(scheme, d)
+    return scheme_check.from_errors({"M_new": (0.035 * M_below.abs().max().item(), 1e-13)})
+
+
+def test_a_shrunk_failure_is_measured_again_on_a_random_snapshot():
+    """The report gives, beside the shrunk example, the same property's error on a random snapshot
+    at full size: 3.5e-10 > 1e-13 at the tiny snapshot Hypothesis shrinks to, ~0.1 on a random one."""
+    prop = scheme_check.Property("off_by_a_relative_error", off_by_a_relative_error, scheme_check.probe_draws)
+    row = scheme_check.run_property(prop, "merge", examples=8)
+    assert row.verdict == "FAIL" and row.draw.snapshot == "tiny" and row.measured.figure < 1e6, row
+    (draw, m), = row.unshrunk
+    assert draw.snapshot == "random" and (draw.K, draw.V) == (8, 6) and not m.passed and m.figure > 1e10, row
+    text, ok = scheme_check.report("x.py", "merge", [row], scheme_check.DEFAULT_THRESHOLD)
+    assert not ok and f"on a random snapshot, not shrunk ({draw!r}): M_new: " in text, text
+    assert float(re.search(r"not shrunk \(.*\): M_new: (\S+) >", text).group(1)) > 1e-3, text
