@@ -16,7 +16,7 @@ heads. Variants (``--variants``, default all):
   0.75 GiB more at L = 4; the default until 2026-11-30, when that run was the variant
   ``recompute-z``);
 - ``scan-2phase``: the default op with the reverse promote scans in two phases (the carried state
-  gradient alone, then every firing's pair gradients in parallel: ``optimized.promote_scan_two_phase``;
+  gradient alone, then every firing's pair gradients in parallel: ``optimized.nested.promote_scan_two_phase``;
   H200 2026-11-30: slower, 37.45 against 35.46 ms at L = 4);
 - ``scan-fwd-ieee-bv16``: the default op with its IEEE forward scans at V blocks of 16 (the programs
   rule runs IEEE at V blocks of 32 where TF32's one V block would not fill the GPU, as at B = 2):
@@ -78,7 +78,7 @@ heads. Variants (``--variants``, default all):
 - ``l0-grads-f32``: the default op with level 0's ``dg``, ``db``, ``dw`` in float32, cast by the op's
   last step (``Pieces(level0_grads_in_input_dtype=False)``; the default writes them in the inputs'
   dtype); ``l0-db-add-torch``: the default op with ``db`` and fla's key-block partials added by
-  torch over the permuted view instead of ``optimized.key_block_partials``' kernel;
+  torch over the permuted view instead of ``optimized.nested.key_block_partials``' kernel;
 - ``uniform16``: the default op on levels of 16 queries each instead of the query ladder
   (``n_ℓ = min(K, 16·2^(ℓ-1))``; the same parameters' seed): ``ngdn bench``'s ladder row, side by
   side with the ladder (``triton``) and with stage tables; ``uniform16-scan-pf``: ``scan-pf`` on
@@ -211,7 +211,7 @@ VARIANTS = ("torch", "generic", "fused-ieee", "scan-tf32", "triton", "triton+che
 @contextlib.contextmanager
 def ranges_always(on: bool):
     """With ``on``, the nested op's stage ranges are opened on every call, profiler or not (the op
-    before ``optimized.stages.stage``: variant ``ranges-always``, the default op otherwise)."""
+    before ``optimized.nested.stages.stage``: variant ``ranges-always``, the default op otherwise)."""
     if not on:
         yield
         return
@@ -272,7 +272,7 @@ def gates_in_one_launch(on: bool | None):
 def param_casts_each(on: bool):
     """With ``on``, the op casts its scheme parameters to float32 one tensor at a time, and each
     gradient back (variant ``params-cast-each``; the op before 2026-12-04 did that, and cast them
-    again in the backward), instead of ``optimized.param_casts``' one cast for all of them."""
+    again in the backward), instead of ``optimized.nested.param_casts``' one cast for all of them."""
     if not on:
         yield
         return
@@ -304,7 +304,7 @@ def level0_output_by_fla(on: bool):
     import optimized.nested.fwd as fwd
     from fla.ops.gla.chunk import chunk_gla_fwd_o_gk
 
-    from optimized.level0 import CHUNK
+    from optimized.nested.level0 import CHUNK
 
     def output(s):
         return chunk_gla_fwd_o_gk(q=s.q, v=s.v_new, g=s.g_cumsum, A=s.Aqk, h=s.h, scale=s.scale,
@@ -322,11 +322,11 @@ def level0_output_by_fla(on: bool):
 def db_partials_by_torch(on: bool):
     """With ``on``, level 0's ``db`` and fla's key-block partials are added by torch over the
     permuted view into the output dtype (variant ``l0-db-add-torch``: torch's strided elementwise
-    kernel) instead of ``optimized.key_block_partials``' kernel."""
+    kernel) instead of ``optimized.nested.key_block_partials``' kernel."""
     if not on:
         yield
         return
-    import optimized.level0 as level0
+    import optimized.nested.level0 as level0
 
     def add(db, parts, dtype):
         B, T, H, K = db.shape
@@ -360,7 +360,7 @@ def _scan_fwd_tf32(*args, precision="ieee", **kwargs):
     """The forward promote scan on TF32 at its default V block (one of 128) whatever the op asks:
     the op's rule (``promote_scan.forward_precision``) runs IEEE where TF32's programs would not
     fill the GPU; this is the op without that rule (bf16 runs only: float32 runs ask IEEE)."""
-    from optimized.promote_scan import promote_scan_fwd
+    from optimized.nested.promote_scan import promote_scan_fwd
     return promote_scan_fwd(*args, precision="tf32", **kwargs)
 
 
@@ -368,7 +368,7 @@ def _scan_fwd_ieee_bv16(*args, precision="ieee", block_v=None, **kwargs):
     """The forward promote scan at V blocks of 16 where the op runs it in IEEE float32 (the
     programs rule's choice where TF32's one V block would not fill the GPU: B = 2's batch point),
     twice the programs of its default 32; TF32 launches as the op makes them."""
-    from optimized.promote_scan import promote_scan_fwd
+    from optimized.nested.promote_scan import promote_scan_fwd
     if precision == "ieee" and block_v is None:
         block_v = 16
     return promote_scan_fwd(*args, precision=precision, block_v=block_v, **kwargs)
@@ -388,7 +388,7 @@ def _scan_bwd_two_phase_from(pairs: int):
     chain keeps two of the five dots per pair block, the other three run with F times the
     programs)."""
     from optimized.nested.pieces import scan_bwd_two_phase
-    from optimized.promote_scan import block_sizes, promote_scan_bwd
+    from optimized.nested.promote_scan import block_sizes, promote_scan_bwd
 
     def scan_bwd(states, kappa, *args, block_v=None, **kwargs):
         if kappa.shape[3] < pairs:
@@ -410,7 +410,7 @@ def _ops(B, T, H, K, V, L, dtype, seed, names=VARIANTS, device="cuda"):
     from optimized.nested.pieces import (reads_router_bwd, reads_router_bwd_torch_levels,
                                          scan_bwd_two_phase)
     from optimized.nested.reads_torch import reads_router_fwd_torch
-    from optimized.promote_scan import promote_scan_bwd, promote_scan_fwd, sum_partials
+    from optimized.nested.promote_scan import promote_scan_bwd, promote_scan_fwd, sum_partials
     from reference.nested import make_levels
 
     ops = {}
@@ -483,7 +483,7 @@ def _ops(B, T, H, K, V, L, dtype, seed, names=VARIANTS, device="cuda"):
         "gates-nu-128": Pieces(),       # the default op; main() lets its gates make z up to 128 pairs a firing
         "gates-one-launch": Pieces(),   # the default op; main() runs its gates' blocks in one launch
         "gates-per-block": Pieces(),    # the default op; main() runs its gates one launch per block
-        # level 0's output and dAv on a side stream beside the upper levels (optimized.side_stream),
+        # level 0's output and dAv on a side stream beside the upper levels (optimized.nested.side_stream),
         # and the output alone there; the default runs both in line
         "l0-overlap": Pieces(level0_overlap="fwd+bwd"),
         "l0-overlap-fwd": Pieces(level0_overlap="fwd"),

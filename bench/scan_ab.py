@@ -15,7 +15,7 @@ Writes ``DIR/scan_ab.csv`` and ``DIR/scan_ab.md``. Variants are named by what di
 op's): ``-tf32`` the forward's dots on TF32 (``fwd-tf32`` is the bf16 op's forward: one V block
 of 128), ``-sN`` Triton's ``num_stages``, ``-wN`` ``num_warps``, ``-bnN`` / ``-bvN`` pair and V
 blocks, ``-pf`` the kernels loading their operands a step ahead (``prefetch=True``), ``2phase``
-the two-phase reverse scan (``optimized.promote_scan_two_phase``). The forward in
+the two-phase reverse scan (``optimized.nested.promote_scan_two_phase``). The forward in
 transition form (variants ``fwd-inline*``, ``fwd-streamed*``) and in groups of firings (``fwd-chunked*``)
 were measured slower and removed: bench/NOTES.md.
 """
@@ -54,8 +54,8 @@ def _pairs(B, F, H, n, K, V, seed, device):
 
 def _variants() -> dict:
     """name -> ("fwd" | "bwd", fn(pairs, states, dstates))."""
-    from optimized.promote_scan import promote_scan_bwd, promote_scan_fwd
-    from optimized.promote_scan_two_phase import promote_scan_bwd_two_phase
+    from optimized.nested.promote_scan import promote_scan_bwd, promote_scan_fwd
+    from optimized.nested.promote_scan_two_phase import promote_scan_bwd_two_phase
 
     def fwd(**kw):
         kw.setdefault("precision", "ieee")
@@ -139,7 +139,7 @@ def main(argv=None) -> int:
             t0 = time.perf_counter()
             fn()
             return (time.perf_counter() - t0) * 1e3
-    from optimized.promote_scan import promote_scan_fwd
+    from optimized.nested.promote_scan import promote_scan_fwd
     shapes = level_shapes(args.levels, T)
     data = []
     for ℓ, (F, n) in enumerate(shapes, start=1):

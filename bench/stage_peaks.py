@@ -2,7 +2,7 @@
 
 ``bench.memory_at_peak`` names what is alive at the step's one peak; a change that lowers that
 peak moves it to another stage, whose height it does not show. This gives every stage's: the
-nested op marks its stages with ``stage`` ranges (``optimized.stages``: ``nested.level0_fwd``,
+nested op marks its stages with ``stage`` ranges (``optimized.nested.stages``: ``nested.level0_fwd``,
 ``nested.scan_bwd``, …; ``optimized/nested/fwd.py``, ``bwd.py``); while ``record(step)`` runs,
 those ranges also reset the allocator's peak counter on entry and read it on exit (allocations
 are host-side events: no synchronisation is needed). What runs between two ranges is counted as

@@ -81,7 +81,8 @@ def configure() -> str:
     interpret = _truthy("TRITON_INTERPRET") or not _cuda_available()
     CONFIGURED_WITH.update({v: os.environ.get(v) for v in ("TRITON_INTERPRET", "NGDN_IEEE_F32", "NGDN_F32_DOTS",
                                                             "NGDN_PIN_AUTOTUNE", "TRITON_F32_DEFAULT")})
-    kernel_modules = [m for m in ("fla.ops", "optimized.promote_scan", "optimized.state_grad") if m in sys.modules]
+    kernel_modules = [m for m in ("fla.ops", "optimized.nested.promote_scan", "optimized.nested.state_grad")
+                      if m in sys.modules]
     if interpret and not _truthy("TRITON_INTERPRET") and kernel_modules:
         raise RuntimeError(
             f"optimized.triton_mode.configure() ran after {kernel_modules} were imported; "

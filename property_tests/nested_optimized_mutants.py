@@ -10,8 +10,8 @@ import functools
 import torch
 
 from optimized.nested import Pieces, _nested, make_plan
-from optimized.promote_scan import Partials, block_sizes, promote_scan_bwd
-from optimized.state_grad import state_grad_bwd
+from optimized.nested.promote_scan import Partials, block_sizes, promote_scan_bwd
+from optimized.nested.state_grad import state_grad_bwd
 
 SPLIT_V = 16     # the partial-sum mutants split V into blocks of 16 (V = 32: two blocks)
 

@@ -34,7 +34,7 @@ from ngdn.testing import kernel_dtypes, requires_cuda
 from ngdn.tolerances import assert_passes, failures, relative_error
 from optimized.nested import Pieces
 from optimized.nested.pieces import scan_bwd_two_phase
-from optimized.promote_scan import block_sizes as scan_block_sizes
+from optimized.nested.promote_scan import block_sizes as scan_block_sizes
 from optimized.nested.reads_fwd import block_sizes as reads_block_sizes, forward_block_v
 
 Case = checks.OptCase
@@ -272,10 +272,10 @@ def test_level0_states_and_injected_gradients(dtype, bucket, data, seed):
 @pytest.mark.compiles
 def test_level0_state_gradient_at_a_128_by_16_tile(dtype):
     """Level 0's state-gradient kernel at K = 128, V = 16: one ``[128, 16]`` float32 state block per
-    program at 8 warps (``optimized.state_grad``), the tile at which Triton 3.6 miscompiled
+    program at 8 warps (``optimized.nested.state_grad``), the tile at which Triton 3.6 miscompiled
     Fenwick GDN-2's reverse carry scan on the H200 (``dh`` off by up to 78, no error). B = H = 2,
     three chunks and a ragged fourth, injected end-of-chunk gradients."""
-    from optimized.state_grad import block_sizes as state_grad_blocks
+    from optimized.nested.state_grad import block_sizes as state_grad_blocks
 
     assert state_grad_blocks(128, 16)[:2] == (128, 16)
     assert_passes(checks.level0_states_vs_reference(GDN2Shape(B=2, T=200, H=2, K=128, V=16), 5, dtype))
@@ -284,9 +284,9 @@ def test_level0_state_gradient_at_a_128_by_16_tile(dtype):
 @pytest.mark.compiles
 def test_level0_state_gradient_in_row_sub_blocks():
     """Level 0's state-gradient kernel at K = 160 (padded 256 > 128): a chunk's rows in two sub-blocks
-    of 32 (``optimized.state_grad.block_sizes``), a path no bucket's K reaches (a sub-block's row
+    of 32 (``optimized.nested.state_grad.block_sizes``), a path no bucket's K reaches (a sub-block's row
     offset dropped passed every other test). B = H = 2, a ragged last chunk, injected gradients."""
-    from optimized.state_grad import block_sizes as state_grad_blocks
+    from optimized.nested.state_grad import block_sizes as state_grad_blocks
 
     assert state_grad_blocks(160, 16)[2] == 32
     assert_passes(checks.level0_states_vs_reference(SUB_BLOCK_SHAPE, 5, torch.float32))
@@ -298,7 +298,7 @@ SUB_BLOCK_SHAPE = GDN2Shape(B=2, T=70, H=2, K=160, V=16)
 @pytest.mark.mutation
 def test_row_sub_blocks_catch_a_dropped_sub_block_offset():
     from kernel_mutation import Plant, planted
-    from optimized import state_grad
+    from optimized.nested import state_grad
     dropped = Plant(state_grad, "state_grad_bwd_kernel", "o_t = i_t * BT + i_s * BS + tl.arange(0, BS)",
                     "o_t = i_t * BT + tl.arange(0, BS)")
     with planted(dropped):

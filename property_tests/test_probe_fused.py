@@ -583,7 +583,7 @@ def _gates_nu_bwd_from_partials(npart: int, one_launch: bool, as_partials: bool,
     per-V-block partials of ``dκ``, ``dβ``, ``dγ`` handed over as ``promote_scan.Partials`` (the
     kernels sum them as they load them) or summed first by ``sum_partials``; ``dω`` whole. ``merge``
     (n = K) without ``dκ``: its partials start at ``dβ``."""
-    from optimized.promote_scan import Partials, sum_partials
+    from optimized.nested.promote_scan import Partials, sum_partials
 
     Bt, H, K, V = 9, 2, 6, 5
     n = K if scheme == "merge" else 5
@@ -636,7 +636,7 @@ def test_gates_from_nu_release_the_partials_they_read(one_launch, monkeypatch):
     (the step's peak would otherwise hold two buffers of dκ and dβ through the probe's backward:
     ``bench.memory_cpu``'s tally +1.4 % at L = 4, +2.3 % at L = 6, K = 128), and a released one
     refuses a second read. A consumer that keeps them (``release`` a no-op) fails."""
-    from optimized.promote_scan import Partials
+    from optimized.nested.promote_scan import Partials
 
     def run():
         gen = torch.Generator().manual_seed(2)
@@ -686,7 +686,7 @@ def test_gates_from_nu_shared_partials_rule():
     """``shared_partials``: stacked buffers and their count only where every gradient given among
     dκ, dβ, dγ is a ``Partials`` of one count ≥ 2; a tensor beside them, or counts that differ, or
     a single partial: everything summed (count 1). ``dω`` as ``Partials`` is refused."""
-    from optimized.promote_scan import Partials, sum_partials
+    from optimized.nested.promote_scan import Partials, sum_partials
 
     m = probe_gates_nu_module
     p2, p3, t = torch.randn(2, 4, 3), torch.randn(3, 4, 3), torch.randn(4, 3)

@@ -1,8 +1,8 @@
-"""The update stage on its own (``optimized.promote_scan``, SPEC section 2): the Triton scan
+"""The update stage on its own (``optimized.nested.promote_scan``, SPEC section 2): the Triton scan
 over firings and its hand-written reverse scan equal ``reference.promote`` applied firing
 by firing (float64 autograd) for every stored state and every gradient, with ragged
 K, V, n (masks), several V blocks (partial sums) and both schemes; permuting the pairs
-of every firing changes nothing; the two-phase backward (``optimized.promote_scan_two_phase``)
+of every firing changes nothing; the two-phase backward (``optimized.nested.promote_scan_two_phase``)
 equals the same reference. Each property has a mutation test."""
 import functools
 
@@ -12,16 +12,16 @@ from hypothesis import strategies as st
 
 from ngdn.checks import nested_optimized as checks
 import nested_optimized_mutants as mutants
-import optimized.promote_scan as promote_scan_module
-import optimized.promote_scan_two_phase as two_phase
+import optimized.nested.promote_scan as promote_scan_module
+import optimized.nested.promote_scan_two_phase as two_phase
 from kernel_mutation import Plant, planted
 from ngdn.checks.nested_optimized import LARGE_GATES
 from ngdn.inputs import REGIMES
 from ngdn.strategies import examples, seeds
 from ngdn.testing import on_cuda
 from ngdn.tolerances import assert_passes, failures
-from optimized.promote_scan import promote_scan_bwd, promote_scan_fwd
-from optimized.promote_scan_two_phase import promote_scan_bwd_two_phase
+from optimized.nested.promote_scan import promote_scan_bwd, promote_scan_fwd
+from optimized.nested.promote_scan_two_phase import promote_scan_bwd_two_phase
 
 Draw = checks.ScanDraw
 # Sizes below, between and over blocks: CUDA with the default blocks (BV = 32, the reverse scan's
@@ -145,7 +145,7 @@ def test_sum_partials_is_the_left_to_right_sum(blocks):
     ``((p0 + p1) + p2) + …``), one block returned as it is, none as zeros, ``blocks`` a prefix."""
     import torch
 
-    from optimized.promote_scan import sum_partials
+    from optimized.nested.promote_scan import sum_partials
 
     parts = torch.randn(max(blocks, 1) + 1, 3, 5, generator=torch.Generator().manual_seed(blocks))
     want = torch.zeros(3, 5)

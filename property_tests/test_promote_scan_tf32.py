@@ -15,8 +15,8 @@ from ngdn.testing import on_cuda
 from ngdn.tolerances import assert_passes, failures
 from optimized import triton_mode
 from optimized.nested.pieces import scan_precision
-from optimized.promote_scan import promote_scan_bwd, promote_scan_fwd
-from optimized.promote_scan_two_phase import promote_scan_bwd_two_phase
+from optimized.nested.promote_scan import promote_scan_bwd, promote_scan_fwd
+from optimized.nested.promote_scan_two_phase import promote_scan_bwd_two_phase
 
 Draw = checks.ScanDraw
 # CUDA's default blocks in TF32 are BV = 128 (the forward: one V block here) and 64 (the reverse),
@@ -59,7 +59,7 @@ def test_tf32_scan_equals_reference(d, scan_bwd, fwd_block_v):
 
 
 def test_tf32_forward_defaults_to_one_v_block_up_to_128():
-    from optimized.promote_scan import block_sizes
+    from optimized.nested.promote_scan import block_sizes
     assert block_sizes(128, 128, 16, precision="tf32")[2] == 128
     assert block_sizes(48, 80, 44, precision="tf32")[2] == 128     # masked past V = 80
     assert block_sizes(128, 128, 16)[2] == 32                       # IEEE
@@ -92,7 +92,7 @@ def test_tf32_forward_only_where_its_programs_fill_the_gpu(monkeypatch):
     interpreter's device are left alone."""
     from types import SimpleNamespace
 
-    from optimized.promote_scan import forward_precision
+    from optimized.nested.promote_scan import forward_precision
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: SimpleNamespace(multi_processor_count=132))
     assert forward_precision("tf32", 128, "cuda") == forward_precision("tf32", 67, "cuda") == "tf32"
     assert forward_precision("tf32", 66, "cuda") == forward_precision("tf32", 32, "cuda") == "ieee"

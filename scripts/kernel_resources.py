@@ -45,9 +45,9 @@ from triton.compiler import ASTSource  # noqa: E402
 
 def _kernels():
     from optimized.nested.probe_gates import probe_gates_bwd_kernel, probe_gates_fwd_kernel
-    from optimized.promote_scan import (num_warps, promote_scan_bwd_kernel, promote_scan_bwd_prefetch_kernel,
+    from optimized.nested.promote_scan import (num_warps, promote_scan_bwd_kernel, promote_scan_bwd_prefetch_kernel,
                                         promote_scan_fwd_kernel, promote_scan_fwd_prefetch_kernel)
-    from optimized.promote_scan_two_phase import promote_scan_bwd_carry_kernel, promote_scan_bwd_pairs_kernel
+    from optimized.nested.promote_scan_two_phase import promote_scan_bwd_carry_kernel, promote_scan_bwd_pairs_kernel
 
     f32 = "*fp32"
     scan_sizes = dict(H=16, K=KV, V=KV, BK=max(16, 1 << (KV - 1).bit_length()))
@@ -146,7 +146,7 @@ def _snapshot_and_fenwick_chunk_kernels():
     activations, V = 128; its WY kernel runs under the interpreter only), at their launchers' blocks
     and warps."""
     from optimized.fenwick_gdn2.intra import INTRA_LEVELS, _block_v, fenwick_intra_bwd_kernel, fenwick_intra_fwd_kernel
-    from optimized.key_block_partials import ROWS, add_key_block_partials_kernel
+    from optimized.nested.key_block_partials import ROWS, add_key_block_partials_kernel
     from optimized.nested.snapshot_reads import block_sizes as snapshot_blocks
     from optimized.nested.snapshot_reads import snapshot_read_dq_kernel, snapshot_read_fwd_kernel
     from optimized.warps import num_warps
@@ -220,9 +220,9 @@ def _reads_and_state_grad_kernels():
                                             token_blocks)
     from optimized.nested.reads_fwd import block_sizes as reads_blocks
     from optimized.nested.reads_fwd import reads_fwd_kernel
-    from optimized.state_grad import FACTORED_BLOCK_N
-    from optimized.state_grad import block_sizes as state_grad_blocks
-    from optimized.state_grad import state_grad_bwd_kernel
+    from optimized.nested.state_grad import FACTORED_BLOCK_N
+    from optimized.nested.state_grad import block_sizes as state_grad_blocks
+    from optimized.nested.state_grad import state_grad_bwd_kernel
     from optimized.warps import num_warps as reads_warps
 
     bf16, f32, i32 = "*bf16", "*fp32", "i32"

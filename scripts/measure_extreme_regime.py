@@ -16,7 +16,7 @@ inputs, as the property tests use it):
   (values and adjoints: ``Round32``), i.e. a per-token float32 recurrence;
 - ``snap32``: only the level-0 snapshots rounded to float32 before level 1's probe (value and adjoint);
 - ``inputs``: the float64 reference at inputs × (1 + u·2^-24), u ~ U(-1, 1), 3 perturbations, worst;
-- ``inj``: the float64 reference fed the kernel's level-0 snapshots (``optimized.level0``, fla's chunked
+- ``inj``: the float64 reference fed the kernel's level-0 snapshots (``optimized.nested.level0``, fla's chunked
   GDN-2) in level 1's probe, forward value only (the gradient flows straight through);
 - ``resid``: ``opt`` against ``inj`` (what the upper levels and level 0's backward add on their own);
 - ``kappa_S``: normwise sensitivity to the snapshot: the reference with iid noise of norm 2^-24·‖S‖

@@ -647,7 +647,7 @@ def test_reads_ab_ieee_forward_scan_at_v_blocks_of_16(monkeypatch):
     V = 32, where the default runs one of 32) and give the default's output; a TF32 launch keeps
     the op's V block."""
     from bench import reads_ab
-    import optimized.promote_scan as promote_scan
+    import optimized.nested.promote_scan as promote_scan
 
     seen = []
     scan = promote_scan.promote_scan_fwd
@@ -718,7 +718,7 @@ def test_reads_ab_uniform16_runs_the_default_op_on_16_queries_a_level():
     are ``[H, 16, K]`` at every level, the default's follow the ladder (level 2: 32 at K = 32), with
     the same inputs; and ``db_partials_by_torch`` puts the kernel's add back after its variant."""
     from bench import reads_ab
-    import optimized.level0 as level0
+    import optimized.nested.level0 as level0
 
     ops = reads_ab._ops(1, 64, 1, 32, 32, 3, torch.float32, 0, names=("triton", "uniform16"), device="cpu")
     # the leaves: q, k, v, g, b, w, r, then each level's parameters (Q first: its query count on axis 1)
@@ -780,14 +780,14 @@ def test_reads_ab_two_phase_from_n32_runs_it_at_the_wider_levels_only(monkeypatc
 
 
 def test_reads_ab_ranges_always_opens_the_op_ranges_and_restores_stage():
-    """``reads_ab`` variant ``ranges-always`` (the op before ``optimized.stages.stage``): while it
+    """``reads_ab`` variant ``ranges-always`` (the op before ``optimized.nested.stages.stage``): while it
     is measured every stage opens a ``record_function`` range; afterwards the op's ``stage`` is back."""
     from torch.profiler import record_function
 
     from bench import reads_ab
     import optimized.nested.bwd as nbwd
     import optimized.nested.fwd as nfwd
-    from optimized.stages import stage
+    from optimized.nested.stages import stage
 
     with reads_ab.ranges_always(True):
         assert nfwd.stage is record_function and nbwd.stage is record_function

@@ -4,8 +4,8 @@ through the run order. Pure arithmetic: runs in every mode, for the CUDA menus t
 import pytest
 
 from ngdn import compile_buckets as cb
-from optimized.promote_scan import block_sizes as scan_block_sizes
-from optimized.state_grad import block_sizes as state_grad_block_sizes
+from optimized.nested.promote_scan import block_sizes as scan_block_sizes
+from optimized.nested.state_grad import block_sizes as state_grad_block_sizes
 
 
 def level0_paths(bucket) -> dict:

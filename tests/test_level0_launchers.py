@@ -1,4 +1,4 @@
-"""Level 0's backward launches fla's WY and intra kernels itself (``optimized.level0``:
+"""Level 0's backward launches fla's WY and intra kernels itself (``optimized.nested.level0``:
 ``level0_bwd_wy``, ``level0_bwd_intra``, ``add_key_block_partials``) so that ``dg, db, dw`` come
 out in the inputs' dtype and ``db``'s key-block partials are added without a copy.
 
@@ -11,7 +11,7 @@ cause is not isolated (a kernel compiled to store bf16 is another binary). There
 compared with ``tolerances.yaml`` ``level0_launchers``, one bf16 rounding.
 
 Key widths with whole key blocks only and with a ragged last block
-(``optimized.key_block_partials``' masked columns); B = 2, H = 2, a ragged last chunk; packed
+(``optimized.nested.key_block_partials``' masked columns); B = 2, H = 2, a ragged last chunk; packed
 sequences. Broken twins of the partials' add fail the comparison."""
 import pytest
 import torch
@@ -21,8 +21,8 @@ from ngdn.compile_buckets import on_bucket
 from ngdn.inputs import GDN2Shape, gdn2_inputs
 from ngdn.tolerances import assert_passes, compare
 from optimized import triton_mode
-from optimized.level0 import CHUNK, injection_slots, level0_bwd, level0_fwd
-import optimized.level0 as level0_module
+from optimized.nested.level0 import CHUNK, injection_slots, level0_bwd, level0_fwd
+import optimized.nested.level0 as level0_module
 from optimized.nested.plan import device_tables, make_packed_plan
 
 DEV = triton_mode.device()
@@ -137,7 +137,7 @@ def test_add_key_block_partials_against_a_float64_sum():
     """The kernel alone against the sum in float64: whole key blocks only and a ragged last one,
     B·T·H = 222 rows (four row blocks of ``ROWS = 64``, the last ragged); each element is the
     float32 sum, rounded once to a narrower output."""
-    from optimized.key_block_partials import ROWS
+    from optimized.nested.key_block_partials import ROWS
 
     gen = torch.Generator().manual_seed(0)
     B, T, H = 2, 37, 3

@@ -1,4 +1,4 @@
-"""Level 0's work beside the upper levels (``Pieces.level0_overlap``, opt-in; ``optimized.side_stream``).
+"""Level 0's work beside the upper levels (``Pieces.level0_overlap``, opt-in; ``optimized.nested.side_stream``).
 
 Level 0's forward runs as fla's ``chunk_gdn2_fwd`` in two calls (``level0_fwd_states``, then
 ``level0_fwd_output``): bit for bit fla's single call, on every device. On CUDA, when asked, the
@@ -14,8 +14,9 @@ import torch
 from ngdn.compile_buckets import on_bucket
 from ngdn.inputs import GDN2Shape, gdn2_inputs
 from ngdn.nested_inputs import NestedShape, nested_inputs
-from optimized import side_stream, triton_mode
-from optimized.level0 import CHUNK, level0_fwd
+from optimized import triton_mode
+from optimized.nested import side_stream
+from optimized.nested.level0 import CHUNK, level0_fwd
 from optimized.nested.plan import device_tables, make_packed_plan
 from reference.nested import Level
 
@@ -61,7 +62,7 @@ def test_level0_forward_in_two_calls_is_flas_forward(packed):
 
 def test_two_calls_check_catches_an_output_on_the_raw_gates(monkeypatch):
     """The check above on a twin whose output reads the gates as given, not their chunk cumsum."""
-    import optimized.level0 as level0_module
+    import optimized.nested.level0 as level0_module
     from fla.ops.gla.chunk import chunk_gla_fwd_o_gk
 
     def output(s):
@@ -128,7 +129,7 @@ def test_overlap_check_catches_a_broken_stream_order(monkeypatch, broken):
     side stream held busy before the output)."""
     import contextlib
 
-    import optimized.level0 as level0_module
+    import optimized.nested.level0 as level0_module
     import optimized.nested.fwd as fwd_module
 
     want = _op("none", seed=7)

@@ -1,4 +1,4 @@
-"""Level 0's recompute (``optimized.level0.RECOMPUTE``, ``Pieces.level0_recompute``): the
+"""Level 0's recompute (``optimized.nested.level0.RECOMPUTE``, ``Pieces.level0_recompute``): the
 backward makes again the intermediates the forward did not keep, with fla's own functions on the
 same inputs, so every gradient is bit-identical to keeping them; a broken twin of the recompute
 fails that comparison."""
@@ -9,7 +9,7 @@ from ngdn.checks.nested_optimized import GATES, level0_injection_chunks
 from ngdn.compile_buckets import on_bucket
 from ngdn.inputs import GDN2Shape, gdn2_inputs
 from optimized import triton_mode
-from optimized.level0 import CHUNK, Level0Saved, level0_bwd, level0_fwd
+from optimized.nested.level0 import CHUNK, Level0Saved, level0_bwd, level0_fwd
 from optimized.nested.plan import device_tables, make_packed_plan
 
 DEV = triton_mode.device()
@@ -40,7 +40,7 @@ def run(recompute: str, packed: bool, backwards=(True,), shape=SHAPE):
     do = torch.randn(o.shape, generator=gen).to(DEV)
     slots = None
     if packed:      # the packed state gradient reads its chunk count from the slots
-        from optimized.level0 import injection_slots
+        from optimized.nested.level0 import injection_slots
         slots = injection_slots(N, ends, DEV)
     grads = []
     for release in backwards:

@@ -11,7 +11,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import optimized.nested.function as function
 import optimized.nested.probe_fused as probe_fused
-import optimized.param_casts as param_casts
+import optimized.nested.param_casts as param_casts
 from ngdn.nested_inputs import NestedShape, nested_inputs
 from optimized import chunk_nested_gdn2, triton_mode
 from reference.nested import Level

@@ -96,7 +96,7 @@ def test_forward_and_backward_make_no_host_sync(dtype):
 def test_level1_snapshots_from_the_cached_tables(T, intervals):
     """``chunk_end_states`` with the tables' ``end_index`` (a slice for an evenly spaced schedule:
     no gather, no concatenation) equals the states gathered chunk by chunk, final state last."""
-    from optimized.level0 import chunk_end_states
+    from optimized.nested.level0 import chunk_end_states
 
     plan = make_plan(T, intervals)
     tables = device_tables(plan, "cpu")
@@ -165,7 +165,7 @@ def test_level0_forward_tensors_released_before_fla_intra_backward(monkeypatch, 
     pieces (``Aqk``, ``qg``, ``kg``, ``w_wy``, ``h``, ``v_new``, ``Akk``) and level 0's output, read
     by the reads' backward only; with retain_graph=True they stay. fla's WY values ``u`` are
     never kept (the backward reads ``v_new``)."""
-    import optimized.level0 as level0_module
+    import optimized.nested.level0 as level0_module
 
     args = inputs(on_bucket(NestedShape(B=1, T=130, H=1, L=3, K=16, V=16)))
     o = chunk_nested_gdn2(**args)[0]

@@ -5,10 +5,10 @@ import torch
 
 from ngdn.nested_inputs import NestedShape, nested_inputs
 from optimized import chunk_nested_gdn2, triton_mode
-from optimized.level0 import injection_slots
-from optimized.promote_scan import promote_scan_bwd, promote_scan_fwd
-from optimized.promote_scan_two_phase import promote_scan_bwd_two_phase
-from optimized.state_grad import state_grad_bwd
+from optimized.nested.level0 import injection_slots
+from optimized.nested.promote_scan import promote_scan_bwd, promote_scan_fwd
+from optimized.nested.promote_scan_two_phase import promote_scan_bwd_two_phase
+from optimized.nested.state_grad import state_grad_bwd
 from reference.nested import Level
 from tests.backward_twice import check_backward_twice
 

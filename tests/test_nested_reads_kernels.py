@@ -14,7 +14,7 @@ import torch
 import triton
 
 from optimized import triton_mode
-from optimized.level0 import CHUNK
+from optimized.nested.level0 import CHUNK
 from optimized.nested import reads_bwd as reads_bwd_module
 from optimized.nested import reads_fwd as reads_fwd_module
 from optimized.nested.reads_bwd import reads_bwd, token_blocks

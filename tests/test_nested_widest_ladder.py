@@ -32,7 +32,7 @@ COUNTS = {"ladder": None, "wide_level1": [48, 32, 64, 112]}
                                      "tests/test_snapshot_grads.py on the interpreter)")
 @pytest.mark.parametrize("counts", list(COUNTS))
 def test_full_ladder_launches_at_the_widest_firings(counts):
-    from optimized.state_grad import FACTORED_BLOCK_N
+    from optimized.nested.state_grad import FACTORED_BLOCK_N
 
     shape = NestedShape(B=2, T=1100, H=2, L=5, K=112, V=100)
     assert on_bucket(shape, "level0", 1) == shape                            # the bucket's compiled sizes

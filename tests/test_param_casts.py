@@ -1,11 +1,11 @@
-"""The scheme parameters' casts (``optimized.param_casts``): every parameter that needs a cast goes
+"""The scheme parameters' casts (``optimized.nested.param_casts``): every parameter that needs a cast goes
 through one ``cat`` and one cast, each ends up with its own values and shape, float32 ones pass
 untouched; the nested op with bf16 parameters gives exactly the float32 parameters' gradients,
 rounded once."""
 import pytest
 import torch
 
-import optimized.param_casts as param_casts
+import optimized.nested.param_casts as param_casts
 from ngdn.compile_buckets import on_bucket
 from ngdn.nested_inputs import NestedShape, nested_inputs
 from optimized import chunk_nested_gdn2, triton_mode

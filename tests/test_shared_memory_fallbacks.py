@@ -10,10 +10,10 @@ import torch
 from triton.runtime.errors import OutOfResources
 
 import optimized.fits as fits
-import optimized.promote_scan as scan
-import optimized.state_grad as state_grad
+import optimized.nested.promote_scan as scan
+import optimized.nested.state_grad as state_grad
 from optimized import triton_mode
-from optimized.promote_scan import promote_scan_bwd, promote_scan_fwd
+from optimized.nested.promote_scan import promote_scan_bwd, promote_scan_fwd
 
 DEV = triton_mode.device()
 

@@ -15,13 +15,13 @@ import torch
 from ngdn.checks import nested_optimized as checks
 from ngdn.inputs import GDN2Shape
 from ngdn.tolerances import record, tolerance
-from optimized import state_grad as state_grad_module
+from optimized.nested import state_grad as state_grad_module
 from optimized import triton_mode
 from optimized.nested import reads_bwd as reads_bwd_module
 from optimized.nested import snapshot_grads as module
 from optimized.nested.plan import inject_rounds
 from optimized.nested.snapshot_grads import add_snapshot_grads, block_sizes
-from optimized.state_grad import FactoredSnapGrads
+from optimized.nested.state_grad import FactoredSnapGrads
 from property_tests.kernel_mutation import Plant, planted
 
 DEV = triton_mode.device()

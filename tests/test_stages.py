@@ -1,8 +1,8 @@
-"""``optimized.stages.stage``: a profiler range while a profiler runs, nothing otherwise."""
+"""``optimized.nested.stages.stage``: a profiler range while a profiler runs, nothing otherwise."""
 import torch
 from torch.profiler import profile
 
-from optimized.stages import _NONE, stage
+from optimized.nested.stages import _NONE, stage
 
 
 def test_stage_is_recorded_under_a_profiler_and_free_without_one():

@@ -10,7 +10,7 @@ those over their bound). Components in ``tolerances.yaml``:
 - ``promote_scan``: the Triton scan over firings (forward states and hand-written
   backward) vs ``reference.promote`` applied firing by firing; pair-order invariance.
 - ``level0_states``: level 0 with per-chunk states out (end-of-chunk snapshots) and the
-  injected-gradient backward (``optimized.state_grad``) vs per-token GDN-2 in float64.
+  injected-gradient backward (``optimized.nested.state_grad``) vs per-token GDN-2 in float64.
 - ``nested_extreme``, ``promote_scan_extreme``: the extreme regime (``ngdn.inputs.REGIMES``), with
   bounds raised by the problem's own error measured on the draw (``check_above``): for the op, the
   error inherited from level 0 and the float32 reference's (``extreme_vs_reference``); for the scan,
@@ -31,10 +31,10 @@ from ngdn.nested_inputs import (ACTIVATIONS, NestedShape, cast_levels, cast_stat
                                 nested_inputs, parameter_leaves, states_as_reference)
 from ngdn.tolerances import compare, record, relative_error, tolerance
 from optimized import chunk_nested_gdn2, triton_mode
-from optimized.level0 import CHUNK, chunk_end_states, level0_bwd, level0_fwd
+from optimized.nested.level0 import CHUNK, chunk_end_states, level0_bwd, level0_fwd
 from optimized.nested import make_plan
-from optimized.promote_scan import promote_scan_bwd, promote_scan_fwd
-from optimized.state_grad import FactoredSnapGrads, state_grad_bwd
+from optimized.nested.promote_scan import promote_scan_bwd, promote_scan_fwd
+from optimized.nested.state_grad import FactoredSnapGrads, state_grad_bwd
 from reference.gdn2 import gdn2_read, gdn2_step
 from reference.nested import CHUNK_SIZE, Level, make_levels, naive_nested_gdn2
 from reference.promote import promote
@@ -200,7 +200,7 @@ def reference_loop(x: dict, dtype, snapshot=None, state=None, capture=None, leav
 
 
 def kernel_level0_snapshots(x: dict, dtype) -> dict:
-    """Level 0's end-of-chunk states as the op computes them (``optimized.level0``: fla's chunked
+    """Level 0's end-of-chunk states as the op computes them (``optimized.nested.level0``: fla's chunked
     GDN-2 on the inputs cast to ``dtype``, float32 initial state): ``{c (1-based): [B, H, K, V]}``
     float32 on the CPU, for every full chunk."""
     dev = triton_mode.device()

@@ -11,7 +11,7 @@ swappable parts: block sizes, precisions, the alternatives benchmarks compare).
 Computes exactly what ``reference.nested.naive_nested_gdn2`` computes (chunk size 64),
 stage by stage, level by level (level ℓ depends only on level ℓ-1):
 
-1. Level 0 (``optimized.level0``): fla-core's chunked GDN-2 on ``q[..., 0, :]``; keeps
+1. Level 0 (``optimized.nested.level0``): fla-core's chunked GDN-2 on ``q[..., 0, :]``; keeps
    the state at the end of every chunk (the snapshots level 1 probes), and fla's intermediates
    for its backward but the gates' chunk cumsum, which that backward makes again
    (``Pieces.level0_recompute``: the upper levels' backward, where the step peaks, runs without it).
@@ -28,7 +28,7 @@ stage by stage, level by level (level ℓ depends only on level ℓ-1):
    in the backward, ``dQ`` from the rows that hold them (fla's chunk states for level 1, the
    stored states for ℓ ≥ 2). Any other registered scheme: the forward runs its probe
    without a graph, the backward replays it with gradients on and differentiates it.
-3. Update (``optimized.promote_scan``): a Triton scan over ℓ's firings, one stored
+3. Update (``optimized.nested.promote_scan``): a Triton scan over ℓ's firings, one stored
    state per firing; a hand-written reverse scan for the backward.
 4. Reads and router (``reads_fwd``, one Triton kernel): token t of chunk c reads level 0
    after its own write (fla's output) and level ℓ ≥ 1 as it stood when chunk c began (after
@@ -52,7 +52,7 @@ Backward, top level first: read and final-state gradients land on ℓ's stored
 states, the reverse scan turns them into gradients of the pairs and of ℓ's initial
 state, the probe replay into gradients of the scheme parameters and of the
 snapshots, which are added to the stored states of level ℓ-1 (for level 0: injected
-into the state-gradient recurrence of ``optimized.state_grad``). No atomics and no
+into the state-gradient recurrence of ``optimized.nested.state_grad``). No atomics and no
 scatter with repeated indices anywhere: two runs give bitwise-identical results.
 
 Packed sequences (``cu_seqlens``, ``B = 1``): one launch set for the row. ``plan.make_packed_plan``

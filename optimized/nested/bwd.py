@@ -3,16 +3,16 @@ from __future__ import annotations
 
 import torch
 
-from optimized.level0 import level0_bwd, level0_bwd_dav
+from optimized.nested.level0 import level0_bwd, level0_bwd_dav
 from optimized.nested.fwd import NestedSaved, scan_kwargs
 from optimized.nested.plan import add_in_rounds
 from optimized.nested.probe import _probe, _snapshots, snapshot_rows
 from optimized.nested.probe_fused import probe_bwd
 from optimized.nested.snapshot_grads import add_snapshot_grads
-from optimized.promote_scan import summed
-from optimized.side_stream import fork, join
-from optimized.stages import stage
-from optimized.state_grad import FactoredSnapGrads
+from optimized.nested.promote_scan import summed
+from optimized.nested.side_stream import fork, join
+from optimized.nested.stages import stage
+from optimized.nested.state_grad import FactoredSnapGrads
 
 
 def nested_bwd(saved: NestedSaved, do, dfinals, release: bool = False):

@@ -13,8 +13,8 @@ from optimized.gdn2 import MAX_HEAD_DIM
 from optimized.nested.bwd import nested_bwd
 from optimized.nested.fwd import nested_fwd
 from optimized.nested.pieces import DEFAULT_PIECES, Pieces
-from optimized.param_casts import cast_like
-from optimized.stages import stage
+from optimized.nested.param_casts import cast_like
+from optimized.nested.stages import stage
 from reference.nested import validate_nested_inputs
 from reference.validation import sequences
 

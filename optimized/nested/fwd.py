@@ -5,16 +5,16 @@ from dataclasses import dataclass, field
 
 import torch
 
-from optimized.level0 import Level0Saved, drop_recomputed, level0_fwd_output, level0_fwd_states
+from optimized.nested.level0 import Level0Saved, drop_recomputed, level0_fwd_output, level0_fwd_states
 from optimized.nested.pieces import DEFAULT_PIECES, Pieces
 from optimized.nested.plan import DeviceTables, PackedPlan, Plan, device_tables, make_packed_plan
 from optimized.nested.probe import _probe, _snapshots, snapshot_rows
 from optimized.nested.probe_fused import FUSED_SCHEMES, probe_fwd
 from optimized.nested.stored_states import StoredStates, as_stored
-from optimized.param_casts import float32_params
+from optimized.nested.param_casts import float32_params
 from reference.schemes import is_builtin
-from optimized.side_stream import fork, join
-from optimized.stages import stage
+from optimized.nested.side_stream import fork, join
+from optimized.nested.stages import stage
 
 
 def final_states(rows, tables: DeviceTables, ℓ: int) -> torch.Tensor:

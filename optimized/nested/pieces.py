@@ -14,15 +14,15 @@ from typing import Callable
 
 import torch
 
-from optimized.level0 import RECOMPUTE
+from optimized.nested.level0 import RECOMPUTE
 from optimized.nested.plan import make_plan
 from optimized.nested.reads_bwd import reads_bwd, reads_bwd_states
 from optimized.nested.reads_fwd import reads_fwd
 from optimized.nested.reads_torch import reads_router_bwd_torch
 from optimized.nested.snapshot_grads import add_snapshot_grads
-from optimized.promote_scan import forward_precision, keep_partials, promote_scan_bwd, promote_scan_fwd
-from optimized.promote_scan_two_phase import promote_scan_bwd_two_phase
-from optimized.state_grad import state_grad_bwd
+from optimized.nested.promote_scan import forward_precision, keep_partials, promote_scan_bwd, promote_scan_fwd
+from optimized.nested.promote_scan_two_phase import promote_scan_bwd_two_phase
+from optimized.nested.state_grad import state_grad_bwd
 
 
 def _chunk_bounds(tables):
@@ -146,7 +146,7 @@ class Pieces:
     #                                 do not fit): their backward writes dz over the z the probe's backward
     #                                 recomputed (never over kept z); False: dz in a new buffer
     level0_recompute: str = "cumsum"  # level 0's intermediates its backward makes again instead of keeping
-    #                                   through the upper levels' backward (optimized.level0.RECOMPUTE:
+    #                                   through the upper levels' backward (optimized.nested.level0.RECOMPUTE:
     #                                   "none", "cumsum" the gates' float32 chunk cumsum, "cumsum+wy" also
     #                                   fla's WY keys and gated q, k)
 
@@ -158,11 +158,11 @@ class Pieces:
     #                                   (optimized.nested.snapshot_grads); "materialised": a
     #                                   [B, F, H, K, V] float32 tensor made by a matmul and read back
     level0_grads_in_input_dtype: bool = True  # level 0's dg, db, dw written in the inputs' dtype by the
-    #                                           last pass over each (optimized.level0.level0_bwd's
+    #                                           last pass over each (optimized.nested.level0.level0_bwd's
     #                                           grad_dtype: each float32 value rounded once); False:
     #                                           float32, cast by the op's last step
     level0_overlap: str = "none"    # level 0's work that no upper level reads, on a second CUDA stream
-    #                                 beside the upper levels (optimized.side_stream): "fwd" its output
+    #                                 beside the upper levels (optimized.nested.side_stream): "fwd" its output
     #                                 (fla's output kernel, level0_fwd_output) beside the probes and scans, "fwd+bwd"
     #                                 also its intra-chunk dAv beside the upper levels' backward; "none"
     #                                 in line (the measured choice: the scans' programs hold a whole SM's

@@ -5,7 +5,7 @@ import bisect
 import functools
 from dataclasses import dataclass
 
-from optimized.level0 import CHUNK
+from optimized.nested.level0 import CHUNK
 
 
 @dataclass(frozen=True)
@@ -263,7 +263,7 @@ def _row_tables(read_index, rows, N: int, L: int, device) -> tuple:
 def device_tables(plan: Plan | PackedPlan, device) -> DeviceTables:
     import torch
 
-    from optimized.level0 import injection_slots
+    from optimized.nested.level0 import injection_slots
 
     if isinstance(plan, PackedPlan):
         return _packed_device_tables(plan, device)
@@ -327,7 +327,7 @@ def _packed_device_tables(plan: PackedPlan, device) -> DeviceTables:
     import torch
     from fla.ops.utils import prepare_chunk_indices
 
-    from optimized.level0 import injection_slots
+    from optimized.nested.level0 import injection_slots
 
     N, L, n = plan.N, plan.L, len(plan.lengths)
     i32 = dict(dtype=torch.int32, device=device)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from optimized.level0 import chunk_end_states
+from optimized.nested.level0 import chunk_end_states
 from optimized.nested.plan import Plan
 from optimized.nested.snapshot_reads import SnapshotRows
 from optimized.nested.stored_states import as_stored

@@ -66,8 +66,8 @@ from optimized.nested.probe_gates import GATE_SCHEMES, probe_gates_bwd, probe_ga
 from optimized.nested.probe_gates_nu import blocks as nu_gate_blocks
 from optimized.nested.probe_gates_nu import ieee_blocks_fit, probe_gates_nu_bwd, probe_gates_nu_fwd
 from optimized.nested.snapshot_reads import SnapshotRows, snapshot_read, snapshot_read_dq
-from optimized.promote_scan import summed
-from optimized.state_grad import FactoredSnapGrads
+from optimized.nested.promote_scan import summed
+from optimized.nested.state_grad import FactoredSnapGrads
 from reference.schemes import check_reduction
 
 FUSED_SCHEMES = ("learned", "merge", "bounded_erase")
@@ -261,7 +261,7 @@ def probe_bwd(scheme: str, saved: FusedSaved, snaps, params: dict, reduction: st
     backward recomputed (never over kept ones); False: into a new buffer. ``factored`` (learned,
     bounded_erase): ``d_snaps`` returned as ``FactoredSnapGrads(Q, dν')`` standing for ``Qᵀ dν'``
     (``[H, n, K]`` and ``[..., H, n, V]``), for a consumer that forms the product itself
-    (``optimized.nested.snapshot_grads``, ``optimized.state_grad``); merge's ``d_snaps`` is ``dν'``
+    (``optimized.nested.snapshot_grads``, ``optimized.nested.state_grad``); merge's ``d_snaps`` is ``dν'``
     either way."""
     _check_gates(gates)
     _check_rows(scheme, snaps)

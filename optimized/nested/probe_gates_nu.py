@@ -47,7 +47,7 @@ from optimized.fits import one_stage_where_refused
 from optimized.nested.probe_gates import (_expect, _reduce_factor, _softplus, check_outputs, checked_grads,
                                           gate_columns)
 from optimized.host_math import cdiv, next_power_of_2
-from optimized.promote_scan import Partials, summed
+from optimized.nested.promote_scan import Partials, summed
 
 ROWS = 64           # a tile's rows (G firings of NP rows) by default
 TILES = 8           # tiles a program runs with its block of W (512 rows by default)

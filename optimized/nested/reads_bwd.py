@@ -31,7 +31,7 @@ import triton.language as tl
 from optimized.nested.reads_fwd import (_expect, block_sizes, check_reads, chunk_tokens, dot_exact_a,
                                         dot_exact_b, level_column, num_warps, router_probs, state_row)
 from optimized.nested.stored_states import as_stored
-from optimized.state_grad import FactoredSnapGrads, pair_blocks
+from optimized.nested.state_grad import FactoredSnapGrads, pair_blocks
 from optimized.host_math import cdiv, next_power_of_2
 
 

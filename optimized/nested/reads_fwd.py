@@ -38,7 +38,7 @@ import triton
 import triton.language as tl
 
 from optimized.fits import first_that_fits
-from optimized.level0 import CHUNK
+from optimized.nested.level0 import CHUNK
 from optimized.nested.stored_states import as_stored
 from optimized.warps import num_warps
 from optimized.host_math import cdiv, next_power_of_2

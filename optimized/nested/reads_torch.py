@@ -7,7 +7,7 @@ from typing import Sequence
 
 import torch
 
-from optimized.level0 import CHUNK
+from optimized.nested.level0 import CHUNK
 from optimized.nested.plan import add_in_rounds, add_rounds
 from optimized.nested.stored_states import as_stored
 

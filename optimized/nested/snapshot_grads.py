@@ -19,7 +19,7 @@ The op's default adds them in the kernel that makes the level below's state grad
 (``reads_bwd.reads_bwd_states(snap_grads=...)``: no second pass over those rows); this kernel is
 ``Pieces(snapshot_grads="factored-add")`` and the PyTorch reads' path. Level 1's snapshots are
 level 0's chunk-end states: their factored gradients go to level 0's state-gradient kernel
-(``optimized.state_grad``, its ``FactoredSnapGrads`` form).
+(``optimized.nested.state_grad``, its ``FactoredSnapGrads`` form).
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from optimized.state_grad import FactoredSnapGrads
+from optimized.nested.state_grad import FactoredSnapGrads
 from optimized.host_math import cdiv, next_power_of_2
 
 DOT_PRECISIONS = ("ieee", "tf32")

@@ -25,7 +25,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from optimized.promote_scan import (_batch_strided, block_sizes, check_bwd, launch_options, pair_block,
+from optimized.nested.promote_scan import (_batch_strided, block_sizes, check_bwd, launch_options, pair_block,
                                     pair_grad_buffers, state_block, sum_partials)
 from optimized.host_math import cdiv
 

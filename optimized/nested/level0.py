@@ -9,7 +9,7 @@ the level above probes.
 
 Backward: fla's kernels for every piece (intra-chunk ``dAv``, the fused WY
 ``dq, dk, dv, db, dw, dg`` kernel, the intra-chunk backward, the reverse cumsum of
-``dg``) except the state-gradient recurrence, which is ``optimized.state_grad``: it
+``dg``) except the state-gradient recurrence, which is ``optimized.nested.state_grad``: it
 also accepts a gradient on each end-of-chunk state and folds it into the recurrence. The WY and
 intra kernels are launched here (``level0_bwd_wy``, ``level0_bwd_intra``) so that ``dw`` and
 ``db`` can be written in the inputs' dtype and ``db``'s per-block partials added without a copy.
@@ -26,8 +26,8 @@ import torch
 
 from optimized import triton_mode  # noqa: F401  (device mode before fla)
 from optimized.checks import check_kernel_dtype
-from optimized.key_block_partials import add_key_block_partials
-from optimized.state_grad import CHUNK, FactoredSnapGrads, state_grad_bwd
+from optimized.nested.key_block_partials import add_key_block_partials
+from optimized.nested.state_grad import CHUNK, FactoredSnapGrads, state_grad_bwd
 from optimized.host_math import cdiv, next_power_of_2
 
 
@@ -101,7 +101,7 @@ def level0_fwd_states(q, k, v, g, b, w, scale: float, initial_state=None, packed
     same functions in the same order, without its output). Returns ``(final_state, h, saved)``
     with every intermediate in ``saved`` (``g_cumsum`` included: the output reads it); the
     output is ``level0_fwd_output(saved)``, which no step here waits for, so the nested op can
-    run it beside the upper levels (``optimized.side_stream``). Arguments as ``level0_fwd``."""
+    run it beside the upper levels (``optimized.nested.side_stream``). Arguments as ``level0_fwd``."""
     from fla.ops.common.chunk_delta_h import chunk_gated_delta_rule_fwd_h
     from fla.ops.gdn2.chunk_intra import chunk_gdn2_fwd_intra
     from fla.ops.utils import chunk_local_cumsum
@@ -260,7 +260,7 @@ def level0_bwd_intra(saved: Level0Saved, g_cumsum, dAqk, dAkk, dq, dk, db, dg, g
     """fla's intra-chunk backward (``chunk_gdn2_bwd_kernel_intra``), launched here as fla's
     ``chunk_gdn2_bwd_intra`` launches it; then ``db`` plus the kernel's per-key-block partials
     ``db2 [NK, B, T, H, BK]`` added by one kernel into a ``db`` in ``grad_dtype``
-    (``optimized.key_block_partials``; fla's launcher makes the partials contiguous in
+    (``optimized.nested.key_block_partials``; fla's launcher makes the partials contiguous in
     ``[B, T, H, K]`` order first, a copy of a float32 ``[B, T, H, K]``, adds in place, and the
     caller casts: three passes where one does; the same float32 sum, rounded once).
 
