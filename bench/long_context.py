@@ -73,7 +73,7 @@ FULL = dict(H=16, K=128, V=128, T=(4096, 16384, 65536), schemes=DEFAULT_SCHEMES)
 QUICK = dict(H=1, K=32, V=32, T=(64, 128), schemes=("learned",))
 # The float32-accurate dot precisions of ``optimized.triton_mode.F32_DOTS`` (not imported here: importing
 # ``optimized`` fixes the device mode before ``configure`` has set the environment); the default is the
-# test suite's (the root conftest sets ``NGDN_F32_DOTS=tf32x3``), so the sweep measures the kernels as
+# test suite's (its plugin, ``suite.plugin``, sets ``NGDN_F32_DOTS=tf32x3``), so the sweep measures the kernels as
 # the tests do.
 F32_DOTS = ("tf32x3", "ieee")
 F32_DOTS_DEFAULT = "tf32x3"
@@ -146,7 +146,7 @@ def configure(args) -> dict:
     cuda = optimized.MODE == optimized.triton_mode.CUDA
     if not cuda:
         # The per-token CPU reference issues thousands of tiny ops; intra-op threads spinning
-        # against each other made it ~50x slower on 2 cores (as in the root conftest).
+        # against each other made it ~50x slower on 2 cores (as in the suite plugin, ``suite.plugin``).
         torch.set_num_threads(1)
     return {
         "mode": optimized.MODE,

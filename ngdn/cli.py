@@ -167,7 +167,7 @@ def scheme_check(args) -> int:
         print("--device cuda: no CUDA device (or TRITON_INTERPRET is set)", file=sys.stderr)
         return 2
     if mode != triton_mode.CUDA:
-        torch.set_num_threads(1)          # the per-token references: see conftest.py
+        torch.set_num_threads(1)          # the per-token references: see suite/plugin.py
     from ngdn import scheme_check as battery
 
     with battery.registry_restored():

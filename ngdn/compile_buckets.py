@@ -86,7 +86,7 @@ def buckets(family: str) -> tuple:
 
 def bucket_params(family: str):
     """``pytest.param`` per bucket (ids ``a``, ``b``, … or ``cpu``), marked ``compiles`` so the
-    root conftest spreads the compiling tests evenly through the collection order."""
+    suite plugin (``suite.plugin``) spreads the compiling tests evenly through the collection order."""
     import pytest
 
     return [pytest.param(b, id=b.name if b is not None else "cpu", marks=pytest.mark.compiles)
@@ -133,7 +133,7 @@ def covered_paths(V: int, BV: int, n: int, BN: int, T: int, K: int) -> dict:
 
 def spread_evenly(items: list, heavy) -> list:
     """``items`` reordered so that those with ``heavy(item)`` sit at evenly spaced positions (the
-    first at position 0) and the rest keep their order between them. Used by the root conftest
+    first at position 0) and the rest keep their order between them. Used by the suite plugin
     on the ``compiles`` tests: pytest-xdist hands each worker a contiguous share of the order,
     so every share gets a few compiling tests instead of one worker getting all of them."""
     hard = [item for item in items if heavy(item)]

@@ -126,7 +126,7 @@ def packed_draw(info, lengths, H=2, K=8, V=12, seed=1, **shape) -> Draw:
 
 
 # The packed properties' calls (``property_tests/test_ops.py``, ``property_tests/test_fenwick_gdn2.py``),
-# here so the GPU suite's precompile (``ngdn.suite_precompile``) makes exactly the same calls: the
+# here so the GPU suite's precompile (``suite.precompile``) makes exactly the same calls: the
 # same shapes on the same compile buckets and the same ``cu_seqlens`` dtype (int32 and int64 index
 # tensors compile different kernels).
 # Ragged lengths: one token, one short of a chunk, a chunk, one over (two chunks); packed T = 193,

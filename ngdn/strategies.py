@@ -58,7 +58,7 @@ def examples(ci: int | None = None, scale: int = 1, family: str | None = None):
     (tests that cost seconds per example under the interpreter). ``family``: the test runs
     once per compile bucket of that family (``ngdn.compile_buckets``) and the budget is split
     over the buckets, so the test sees as many examples in all.
-    Applied at import, after the root conftest has loaded the profile."""
+    Applied at import, after the suite plugin (``suite.plugin``) has loaded the profile."""
     n = settings().max_examples * scale
     if ci is not None and settings.get_current_profile_name() == "ci":
         n = ci

@@ -35,7 +35,7 @@ Under the interpreter five harness fixes are installed:
 float32 accuracy, not TF32: it sets ``TRITON_F32_DEFAULT`` to
 ``NGDN_F32_DOTS``: ``ieee`` (the default here) or ``tf32x3`` (three TF32
 tensor-core products per dot, float32-level error; the test suite's choice,
-set in the root conftest). fla 0.6.0 pins its triangular solves to TF32 on Ampere
+set by the suite plugin, ``suite.plugin``). fla 0.6.0 pins its triangular solves to TF32 on Ampere
 and newer (module constants ``SOLVE_TRIL_DOT_PRECISION``, which override that
 default); in this mode they are set to the same precision before any kernel
 compiles. Measured on the H200 before this: float32 GDN-2 agreed with the

@@ -16,7 +16,7 @@ for dots in ieee tf32x3; do
     log="$OUT/f32-dots/$dots-${unit//:/-}.log"
     ( cache=$(mktemp -d); start=$(date +%s%N)
       NGDN_F32_DOTS=$dots TRITON_CACHE_DIR=$cache timeout "${F32_AB_TIMEOUT:-200}" \
-        python3 -m ngdn.suite_precompile --unit "$unit" > "$log" 2>&1
+        python3 -m suite.precompile --unit "$unit" > "$log" 2>&1
       status=$?
       ms=$(( ($(date +%s%N) - start) / 1000000 ))
       printf '| %s | %s | %d.%01d | %s |\n' "$unit" "$dots" $((ms / 1000)) $((ms % 1000 / 100)) "$status" >> "$OUT/f32-dots-rows" ) &

@@ -23,13 +23,13 @@ for run in ${SUITE_RUNS:-cold warm}; do
   limit=${limits[$i]:-540}; i=$((i + 1))
   # a machine kept warm from an earlier call keeps its cache: "cold" and "cold<N>" empty it
   case "$run" in cold*) rm -rf "$TRITON_CACHE_DIR";; esac
-  # "cap<N>": NGDN_GPU_MEMORY_GIB=N, a smaller card's memory (ngdn.gpu_memory), on the cache as it is
+  # "cap<N>": NGDN_GPU_MEMORY_GIB=N, a smaller card's memory (suite.gpu_memory), on the cache as it is
   case "$run" in cap*) export NGDN_GPU_MEMORY_GIB=${run#cap};; *) unset NGDN_GPU_MEMORY_GIB;; esac
   entries=$(find "$TRITON_CACHE_DIR" -type f 2>/dev/null | wc -l)
   echo "== run $run: Triton cache $TRITON_CACHE_DIR holds $entries files" | tee -a "$OUT/env.txt"
   rm -f "$OUT/tests-$run.jsonl"
   start=$(date +%s)
-  # the GPU's memory in use every 2 s, and each process's every 10 s (ngdn.gpu_memory's shares)
+  # the GPU's memory in use every 2 s, and each process's every 10 s (suite.gpu_memory's shares)
   ( while sleep 2; do
       echo "$run,$(date +%s),total,$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | paste -sd' ')"
       [ $(( $(date +%s) % 10 )) -lt 2 ] && nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits \

@@ -1,8 +1,8 @@
-"""The compile clock the GPU suite's per-test log reads (``ngdn.compile_clock``), and the float32
+"""The compile clock the GPU suite's per-test log reads (``suite.compile_clock``), and the float32
 dot precision the suite compiles fla's kernels with (``NGDN_F32_DOTS``): the two levers on its cold time."""
 import time
 
-from ngdn import compile_clock
+from suite import compile_clock
 
 
 def test_hooks_time_each_compile_and_reset_clears():

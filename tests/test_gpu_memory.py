@@ -1,4 +1,4 @@
-"""GPU memory for the suite's workers (``ngdn.gpu_memory``): the worker count, shares, the pool of
+"""GPU memory for the suite's workers (``suite.gpu_memory``): the worker count, shares, the pool of
 memory borrowed above them and the tests skipped for memory. CPU-only: the GPUs are numbers and a
 fake ``nvidia-smi``; nothing touches CUDA."""
 import gzip
@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from ngdn import gpu_memory as gm
+from suite import gpu_memory as gm
 
 SHARE = gm.CONTEXT_GIB + gm.BASE_GIB
 
@@ -152,4 +152,4 @@ def test_out_of_memory_is_recognised_and_named():
     assert gm.is_out_of_memory(RuntimeError("Triton Error [CUDA]: out of memory"))
     assert not gm.is_out_of_memory(ValueError("shape mismatch"))
     text = gm.out_of_memory_message("t::a", 2.5, gm.plan(78.0, 16), borrowed_gib=1.0)
-    assert "t::a" in text and "2.50 GiB" in text and "python -m ngdn.gpu_memory" in text
+    assert "t::a" in text and "2.50 GiB" in text and "python -m suite.gpu_memory" in text

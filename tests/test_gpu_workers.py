@@ -1,4 +1,4 @@
-"""pytest-xdist workers are spread over the visible GPUs, one each, round-robin (ngdn.gpu_workers).
+"""pytest-xdist workers are spread over the visible GPUs, one each, round-robin (suite.gpu_workers).
 
 CPU-only: every case runs on a plain dict standing in for the environment and a fake
 GPU counter, so nothing here touches CUDA or this process's own environment.
@@ -7,8 +7,8 @@ import re
 
 import pytest
 
-from ngdn import gpu_workers
-from ngdn.gpu_workers import device_for_worker, pin_worker_device, visible_devices
+from suite import gpu_workers
+from suite.gpu_workers import device_for_worker, pin_worker_device, visible_devices
 
 WORKERS = [f"gw{i}" for i in range(6)]
 

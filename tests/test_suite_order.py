@@ -1,11 +1,12 @@
-"""The GPU suite's run order (``ngdn.suite_order``): the tests measured long are dealt to the fronts
+"""The GPU suite's run order (``suite.order``): the tests measured long are dealt to the fronts
 of xdist's first shares, longest first and balanced; every test still runs once; the measured
 seconds file reads back; the precompile pool starts its units longest measured first."""
 import json
 
 import pytest
 
-from ngdn import suite_order, suite_precompile
+from suite import order as suite_order
+from suite import precompile as suite_precompile
 
 
 @pytest.mark.parametrize("n, workers", [(10, 3), (1443, 16), (5, 8), (16, 16)])

@@ -1,4 +1,4 @@
-"""The GPU suite's precompile pool (``ngdn.suite_precompile``): its units name real buckets, a
+"""The GPU suite's precompile pool (``suite.precompile``): its units name real buckets, a
 unit's calls run (a small one, under the interpreter), a failing unit is reported without
 stopping the pool, and only whole-suite runs in the controlling process precompile."""
 import sys
@@ -8,8 +8,9 @@ import types
 import pytest
 import torch
 
-from ngdn import compile_buckets, suite_precompile
+from ngdn import compile_buckets
 from ngdn.testing import on_cuda
+from suite import precompile as suite_precompile
 
 
 def test_units_cover_every_bucket_and_dtype():

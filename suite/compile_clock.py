@@ -4,7 +4,7 @@ The GPU suite's cold time is mostly compiling: a test that compiles kernel varia
 compiled (a new dtype, a head dim of 1, one token) costs minutes on a busy machine, the same test
 warm a second. ``install()`` times every compile through Triton's JIT hooks
 (``triton.knobs.runtime.jit_cache_hook`` before a compile, ``jit_post_compile_hook`` after it);
-the root conftest records each test's share in the per-test log (``NGDN_TEST_LOG``), so a cold
+the suite plugin (``suite.plugin``) records each test's share in the per-test log (``NGDN_TEST_LOG``), so a cold
 run says which tests brought which compiles. ``compiled()`` also lists each compile's kernel and
 its cache key (the kernel's name, then Triton's key: each argument's type, divisibility and
 constexpr value, and the launch options) with its seconds, so a cold run says which

@@ -6,12 +6,12 @@ moves the *ends* of the longest queues to idle workers. A test of 30-90 s that s
 share starts late and paces the run's end (the measured runs: ``results/2026-12-04-gpu-suite-cold-analysis/``).
 
 Here the tests that took ``THRESHOLD_S`` or more in the last measured cold run
-(``suite_durations.json``, test id -> seconds, written by ``python -m ngdn.suite_order FILE``
+(``durations.json``, test id -> seconds, written by ``python -m suite.order FILE``
 from a ``tests-cold.jsonl.gz``) are dealt longest first, each to the share with the least
 measured seconds so far, at the front of its share; the other tests fill the shares in their
 order. Every worker then starts on its longest tests and the scheduler's steals move short ones.
 Only the order changes: every collected test still runs. Tests absent from the file (new ones)
-count as short. Applied on CUDA with xdist only (the root conftest); the interpreter's order is
+count as short. Applied on CUDA with xdist only (``suite.plugin``); the interpreter's order is
 left alone (the file holds GPU seconds).
 """
 from __future__ import annotations
@@ -21,7 +21,7 @@ import json
 import sys
 from pathlib import Path
 
-DURATIONS = Path(__file__).resolve().parent / "suite_durations.json"
+DURATIONS = Path(__file__).resolve().parent / "durations.json"
 THRESHOLD_S = 2.0
 
 
@@ -86,5 +86,5 @@ def write_durations(log: str, out: Path = DURATIONS, threshold: float = THRESHOL
 
 if __name__ == "__main__":
     if len(sys.argv) != 2:
-        sys.exit("usage: python -m ngdn.suite_order TESTS-COLD.jsonl[.gz]   (rewrites ngdn/suite_durations.json)")
+        sys.exit("usage: python -m suite.order TESTS-COLD.jsonl[.gz]   (rewrites suite/durations.json)")
     print(f"{write_durations(sys.argv[1])} tests written to {DURATIONS}")

@@ -16,7 +16,7 @@ what they need themselves (slower, never wrong). Runs only on CUDA, in the contr
 when the whole suite runs (``pytest`` with no paths) or when ``NGDN_PRECOMPILE=1``;
 ``NGDN_PRECOMPILE=0`` turns it off.
 
-``python -m ngdn.suite_precompile`` runs the whole pool by hand; ``--unit NAME`` one unit.
+``python -m suite.precompile`` runs the whole pool by hand; ``--unit NAME`` one unit.
 """
 from __future__ import annotations
 
@@ -206,7 +206,7 @@ def warm_packed(call: str, dtype) -> None:
 
 
 def unit_command(name: str) -> list[str]:
-    return [sys.executable, "-m", "ngdn.suite_precompile", "--unit", name]
+    return [sys.executable, "-m", "suite.precompile", "--unit", name]
 
 
 def run_pool(names=None, jobs: int | None = None, time_limit: float = 240.0, log=print,
@@ -263,7 +263,7 @@ def run_pool(names=None, jobs: int | None = None, time_limit: float = 240.0, log
 
 
 def wanted(config) -> bool:
-    """Whether the root conftest should precompile for this pytest run (see module docstring)."""
+    """Whether the suite plugin should precompile for this pytest run (see module docstring)."""
     choice = os.environ.get("NGDN_PRECOMPILE", "").strip().lower()
     if choice in {"0", "false", "no", "off"}:
         return False
@@ -276,7 +276,7 @@ def wanted(config) -> bool:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m ngdn.suite_precompile", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m suite.precompile", description=__doc__.split("\n")[0])
     parser.add_argument("--unit", help="warm one unit in this process (kind:bucket:dtype[:part], see --list)")
     parser.add_argument("--list", action="store_true", help="print the units and exit")
     parser.add_argument("--jobs", type=int, default=None, help="processes at a time (default: CPU count)")
@@ -288,7 +288,7 @@ def main(argv=None) -> int:
     if args.unit:
         log = os.environ.get("NGDN_TEST_LOG")
         if log:     # the unit's compiles in the per-test log, before the tests' (which start after the pool)
-            from ngdn import compile_clock
+            from suite import compile_clock
 
             compile_clock.install(sink=log, label=f"precompile::{args.unit}")
         warm(args.unit)

@@ -12,9 +12,9 @@ The numbers, per visible GPU:
 - **share** ``s = CONTEXT_GIB + BASE_GIB``: a worker's CUDA context and Triton modules (not seen by
   PyTorch's allocator) plus what its tests may hold in PyTorch's caching allocator;
 - **workers** ``w = ⌊B / s⌋`` (at least 1), all GPUs together at most the CPU cores (``-n auto``),
-  or as many as ``-n N`` asks, round-robin over the GPUs (``ngdn.gpu_workers``);
+  or as many as ``-n N`` asks, round-robin over the GPUs (``suite.gpu_workers``);
 - **pool** ``P = B − w·s``: the memory above the shares. A test that the last measured run saw above
-  ``BASE_GIB`` (``suite_peaks.json``, test id -> GiB, written by ``python -m ngdn.gpu_memory
+  ``BASE_GIB`` (``peaks.json``, test id -> GiB, written by ``python -m suite.gpu_memory
   LOG``) borrows ``peak − BASE_GIB`` from its GPU's pool for its run (a lock file per GPU shared
   by its workers; it waits while others hold too much) and its cap is raised by that much. A test
   whose extra need exceeds the whole pool is skipped, naming its measured need and the pool: on a
@@ -39,7 +39,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-PEAKS = Path(__file__).resolve().parent / "suite_peaks.json"
+PEAKS = Path(__file__).resolve().parent / "peaks.json"
 CAP_ENV = "NGDN_GPU_MEMORY_GIB"         # the user's cap per GPU, GiB
 BUDGET_ENV = "NGDN_GPU_BUDGET_GIB"      # controller -> workers: the budget per GPU it measured, GiB
 POOL_DIR_ENV = "NGDN_GPU_POOL_DIR"      # controller -> workers: where the pools' lock files live
@@ -147,7 +147,7 @@ def skip_reason(test: str, peak_gib: float, plan_: Plan) -> str | None:
     extra = extra_needed(peak_gib, plan_)
     if extra <= plan_.pool + 1e-9:
         return None
-    return (f"GPU memory: {test} measured {peak_gib:.1f} GiB (ngdn/suite_peaks.json); a worker's share "
+    return (f"GPU memory: {test} measured {peak_gib:.1f} GiB (suite/peaks.json); a worker's share "
             f"is {plan_.share - CONTEXT_GIB:.1f} GiB plus at most {plan_.pool:.1f} GiB borrowed on this GPU "
             f"(budget {plan_.budget:.1f} GiB, {plan_.workers} workers): run fewer workers (-n) or raise "
             f"{CAP_ENV}")
@@ -168,8 +168,8 @@ def out_of_memory_message(test: str, peak_gib: float, plan_: Plan | None, borrow
     return (f"{test} ran out of GPU memory: its allocator peak reached {peak_gib:.2f} GiB against this worker's "
             f"limit of {limit:.2f} GiB (share {plan_.share - CONTEXT_GIB:.2f} GiB + {borrowed_gib:.2f} GiB borrowed; "
             f"budget {plan_.budget:.1f} GiB per GPU, {plan_.workers} workers on it). If the test truly needs more, "
-            f"record its peak from a run with fewer workers (python -m ngdn.gpu_memory LOG rewrites "
-            f"ngdn/suite_peaks.json), and it borrows the rest from the pool")
+            f"record its peak from a run with fewer workers (python -m suite.gpu_memory LOG rewrites "
+            f"suite/peaks.json), and it borrows the rest from the pool")
 
 
 # --- measuring the GPUs (controller) -------------------------------------------------------------
@@ -221,7 +221,7 @@ def export(budgets: list[float], environ=os.environ) -> None:
 def worker_plan(environ=os.environ) -> Plan | None:
     """In an xdist worker (or a run without workers): its GPU's plan from the controller's budgets,
     the worker count and the worker's index; None where the controller measured nothing."""
-    from ngdn import gpu_workers
+    from suite import gpu_workers
 
     raw = environ.get(BUDGET_ENV, "")
     try:
@@ -327,8 +327,8 @@ def write_peaks(logs: list[str], path: Path = PEAKS, above: float = RECORD_ABOVE
     kept = {t: math.ceil(g * 10) / 10 for t, g in sorted(peaks.items()) if g > above}
     Path(path).write_text(json.dumps({
         "about": "GiB each test held at most in PyTorch's caching allocator on CUDA (max_memory_reserved), "
-                 f"tests above {above} GiB; written by `python -m ngdn.gpu_memory LOG...` from per-test logs "
-                 "(NGDN_TEST_LOG); read by ngdn.gpu_memory: these tests borrow above their worker's share",
+                 f"tests above {above} GiB; written by `python -m suite.gpu_memory LOG...` from per-test logs "
+                 "(NGDN_TEST_LOG); read by suite.gpu_memory: these tests borrow above their worker's share",
         "gib": kept}, indent=1, sort_keys=True) + "\n")
     return len(kept)
 
@@ -336,7 +336,7 @@ def write_peaks(logs: list[str], path: Path = PEAKS, above: float = RECORD_ABOVE
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] in ("-h", "--help"):
-        print("usage: python -m ngdn.gpu_memory TESTS.jsonl[.gz] ...   (rewrites ngdn/suite_peaks.json "
+        print("usage: python -m suite.gpu_memory TESTS.jsonl[.gz] ...   (rewrites suite/peaks.json "
               "from per-test logs of CUDA runs)")
         return 0 if argv else 2
     n = write_peaks(argv)

@@ -4,7 +4,7 @@ Without this every worker of ``pytest -n auto`` opens CUDA device 0 and the othe
 GPUs of the machine sit idle. Worker ``gw<i>`` gets entry ``i mod N`` of the
 visible device list, by setting its own ``CUDA_VISIBLE_DEVICES`` to that single
 entry before anything in the worker touches CUDA (the CUDA runtime reads the
-variable once, when it initialises). The root ``conftest.py`` calls
+variable once, when it initialises). The suite plugin (``suite.plugin``) calls
 ``pin_worker_device()`` first thing, before ``optimized`` asks
 ``torch.cuda.is_available()``.
 
