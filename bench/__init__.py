@@ -1,7 +1,8 @@
-"""Benchmarks (GPU). ``ngdn bench`` (``bench.nested_vs_flat``) and its subcommands; see bench/README.md."""
+"""Benchmarks (GPU). ``ngdn bench`` (``bench.cli``: ``bench.nested_vs_flat`` and its subcommands); see
+bench/README.md."""
 
 # ``ngdn bench SUBCOMMAND``: the module whose ``main(argv)`` runs it and its one-line summary. One
-# table for the dispatch (``ngdn.cli``) and for the list in ``ngdn bench --help``.
+# table for the dispatch (``bench.cli``) and for the list in ``ngdn bench --help``.
 SUBCOMMANDS = {
     "long-context": ("bench.long_context", "accuracy of Nested and flat GDN-2 against their float64 "
                                            "references as T grows (CSV + plot)"),

@@ -7,6 +7,7 @@
                           exit 2 on a missing, empty or malformed log)
     ngdn bench ...        Nested vs flat GDN-2 benchmark (GPU; see bench/README.md); also
                           `ngdn bench long-context`, `ngdn bench fenwick-gdn2`, `ngdn bench recall`
+                          (forwarded to the benchmarks' own command line, bench/cli.py)
     ngdn scheme check FILE.py
                           the promotion-scheme battery on the scheme FILE registers
                           (ngdn/scheme_check.py; README "Adding a promotion scheme")
@@ -196,6 +197,18 @@ def scheme_check(args) -> int:
     return 0 if ok else 1
 
 
+# The benchmarks' command line, found by name when ``ngdn bench`` runs: ``bench`` imports the library,
+# never the other way round (no import of ``bench`` here, only this name).
+BENCH_CLI = "bench.cli"
+
+
+def _bench(argv: list[str]) -> int:
+    """``ngdn bench ARGS``: ``bench.cli.main(ARGS)`` (the same as ``python -m bench ARGS``)."""
+    import importlib
+
+    return importlib.import_module(BENCH_CLI).main(argv)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="ngdn", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -251,19 +264,11 @@ def main(argv=None) -> int:
                                   "\"ProbeDraw(K=4, V=3, n=1, snapshot='zero', gate_scale=1.0, reduction='mean', "
                                   "seed=0)\"; a malformed draw is a usage error)")
     p.set_defaults(func=scheme_check)
-    from bench import SUBCOMMANDS
-
-    sub.add_parser("bench", help="Nested vs flat GDN-2 benchmark (GPU); `ngdn bench --help` for its options and "
-                                 "its subcommands: " + ", ".join(SUBCOMMANDS))
+    sub.add_parser("bench", help="the benchmarks (GPU): Nested vs flat GDN-2 and its subcommands "
+                                 "(`ngdn bench --help` lists them and its options)")
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["bench"] and len(argv) > 1 and argv[1] in SUBCOMMANDS:   # each parses its own options
-        import importlib
-
-        return importlib.import_module(SUBCOMMANDS[argv[1]][0]).main(argv[2:])
-    if argv[:1] == ["bench"]:  # the benchmark parses its own options
-        from bench.nested_vs_flat import main as bench_main
-
-        return bench_main(argv[1:])
+    if argv[:1] == ["bench"]:   # the benchmarks parse their own options
+        return _bench(argv[1:])
     args = parser.parse_args(argv)
     if args.command == "scheme" and args.scheme_command is None:
         scheme_parser.error("a subcommand is required: `ngdn scheme check FILE.py` runs the promotion-scheme "
