@@ -91,7 +91,7 @@ def simulate_pool(names, seconds, jobs=16, deadline=150.0):
 
 
 def main():
-    from ngdn import suite_precompile
+    from suite import precompile as suite_precompile
 
     rows = [json.loads(line) for line in gzip.open(RUN / "tests-cold.jsonl.gz", "rt")]
     calls = {}
