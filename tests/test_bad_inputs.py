@@ -205,6 +205,7 @@ def test_reference_non_finite_never_reaches_earlier_tokens(opt, ref, call, first
     name = "k1" if first == "q1" else "k"
     clean = ref(**call(torch.float64, "cpu"))[0]
     o = ref(**poisoned(lambda: call(torch.float64, "cpu"), name, value, t=5))[0]
+    # exact: the references go token by token, so the outputs before t are the same operations
     assert torch.equal(o[:, :5], clean[:, :5])
     assert not torch.isfinite(o[1, 5:]).all()
 

@@ -59,7 +59,7 @@ def test_reverse_scan_falls_back_to_v_blocks_of_32_without_the_shared_memory(mon
     monkeypatch.setattr(scan, "promote_scan_bwd_kernel", gpu)
     got = promote_scan_bwd(states, *pairs, dstates)
     assert gpu.tried == [(64, None), (32, None)]
-    for a, b in zip(got, want):
+    for a, b in zip(got, want):     # bit for bit: both ran the same kernel at BV = 32, Triton's stages
         assert torch.equal(a, b)
     gpu.tried.clear()                                   # the refusal is remembered: no second one
     promote_scan_bwd(states, *pairs, dstates)
@@ -89,6 +89,7 @@ def test_scans_run_one_pipeline_stage_where_every_v_block_is_refused_at_triton_s
     grads = promote_scan_bwd(states, *pairs, dstates, prefetch=prefetch)
     assert fwd.tried == [(32, None), (32, 1)]
     assert bwd.tried == [(64, None), (32, None), (32, 1)]
+    # bit for bit: the fallback and the named launch are the same kernel, V block and one stage
     assert torch.equal(states, want_states)
     for a, b in zip(grads, want_grads):
         assert torch.equal(a, b)
@@ -162,7 +163,7 @@ def test_launches_run_one_pipeline_stage_where_they_are_refused_at_triton_s(monk
     monkeypatch.setattr(module, name, gpu)
     got = call()
     assert [stages for _, stages in gpu.tried] == [None, 1]
-    for a, b in zip(got, want, strict=True):
+    for a, b in zip(got, want, strict=True):    # bit for bit: both the same kernel at one stage
         assert torch.equal(a, b)
     gpu.tried.clear()
     call()
