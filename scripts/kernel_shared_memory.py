@@ -491,11 +491,18 @@ def check_table(data: dict, items=None) -> list[str]:
     """The table's problems: stale, missing or extra rows (fingerprints), and launches where no
     recorded form fits an architecture's limit. Empty when the table is current and every launch
     fits or falls back."""
+    items = launches() if items is None else items
     want = expected_rows(items)
     have = {key_of(r): r for r in data["rows"]}
     problems = [f"stale: {k}" for k in want if k in have and have[k]["fingerprint"] != want[k]]
     problems += [f"missing: {k}" for k in want if k not in have]
     problems += [f"no such launch form any more: {k}" for k in have if k not in want]
+    items = launches() if items is None else items
+    for launch in items:                # a listed fallback needs a launcher that falls back
+        if len(launch.forms) > 1 and not any(word in inspect.getsource(f) for f in launch.launcher
+                                             for word in ("first_that_fits", "one_stage_where_refused")):
+            problems.append(f"fallback forms listed, none taken: {launch.name} | {launch.case} "
+                            f"(no first_that_fits / one_stage_where_refused in {[f.__name__ for f in launch.launcher]})")
     limits = {int(a): v for a, v in data["limits"].items()}
     by_launch: dict = {}
     for r in data["rows"]:

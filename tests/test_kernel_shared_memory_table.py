@@ -103,6 +103,23 @@ def test_a_changed_kernel_helper_or_block_choice_makes_its_rows_stale(monkeypatc
     assert any(p.startswith("no such launch form any more: promote_scan_bwd_kernel") for p in moved)
 
 
+def test_a_launcher_without_its_fallback_fails(monkeypatch, data, items):
+    """A launcher whose fallback is removed is reported: its rows are stale (its source changed)
+    and the one-stage form the table lists is taken by no ``first_that_fits`` any more."""
+    real = inspect.getsource
+
+    def removed(fn):
+        text = real(fn)
+        return text.replace("one_stage_where_refused(", "run(") if getattr(fn, "__name__", "") == "snapshot_read" \
+            else text
+
+    monkeypatch.setattr(ksm.inspect, "getsource", removed)
+    problems = ksm.check_table(data, ksm.launches())
+    assert any(p.startswith("fallback forms listed, none taken: snapshot_read_fwd_kernel") for p in problems)
+    assert any(p.startswith("stale: snapshot_read_fwd_kernel") for p in problems)
+    assert not any("snapshot_read_dq_kernel" in p for p in problems)
+
+
 def _a_helper_of(kernel) -> str:
     """The name of a ``@triton.jit`` helper the kernel calls."""
     fn = ksm._fn(kernel)
