@@ -137,8 +137,8 @@ def promote_scan_bwd_two_phase(states, kappa, nu, beta, omega, gamma, dstates, b
         if num_stages is not None:          # the caller's stages: a refusal propagates
             run()
         else:
-            # at K = 256 phase 2 stages 100–133 KiB of shared memory (TF32 / IEEE, sm_80 and sm_89),
-            # more than a GPU with 99 KiB a block gives; 96 / 65 KiB at one stage (docs/kernel-shared-memory.md).
+            # at K = 256 phase 2 stages 100 / 133 KiB of shared memory (TF32 / IEEE), more than a GPU with
+            # 99 KiB a block (sm_89) gives; 96 / 65 KiB at one stage (docs/kernel-shared-memory.md).
             # A refused launch never runs, so phase 1's in-place writes happen once. Same values.
             one_stage_where_refused((kernel,) + key, run)
 

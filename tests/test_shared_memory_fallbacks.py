@@ -197,7 +197,7 @@ class OneStage:
 
 
 def test_two_phase_reverse_scan_runs_one_stage_where_refused(monkeypatch):
-    """The two-phase reverse scan at K = 256 stages 100–133 KiB in phase 2 (sm_80, sm_89): refused,
+    """The two-phase reverse scan at K = 256 stages 100–133 KiB in phase 2 (sm_89 gives 99): refused,
     both phases run at one stage (phase 1 once: a refused launch never runs, and it writes its
     carried gradients in place) and give the one-stage launch's gradients; the refusal is
     remembered; a caller's ``num_stages`` is kept."""
