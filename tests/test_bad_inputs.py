@@ -1,4 +1,4 @@
-"""Bad inputs across every public entry point (the table in README "Bad inputs"; every op of
+"""Bad inputs across every public entry point (the table in docs/bad-inputs.md; every op of
 ``ngdn.ops`` has an entry here, checked by ``test_every_table_op_has_a_bad_input_entry``):
 bfloat16 under the interpreter, float16 and mixed dtypes (one rule, one message), non-finite
 activations (the optimized ops raise; the references stay causal), sizes past int32 offsets,
