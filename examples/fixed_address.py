@@ -1,4 +1,5 @@
-"""The README's example scheme ("Adding a promotion scheme"), exactly as written there:
+"""The example scheme of docs/schemes.md ("Adding a promotion scheme") and of README's "Add a scheme
+or an op", exactly as written there:
 ``ngdn scheme check examples/fixed_address.py``."""
 from reference.schemes import gates, l2norm, reduce_log_decay, register_scheme
 

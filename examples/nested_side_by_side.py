@@ -1,4 +1,4 @@
-"""The README's nested example ("Nested GDN-2 in brief"): the float64 reference and the
+"""The nested example of docs/schemes.md ("Nested GDN-2 in brief"): the float64 reference and the
 optimized op side by side on the same rounded inputs, and how far apart they are.
 
     python examples/nested_side_by_side.py

@@ -388,7 +388,9 @@ def test_reference_loop_equals_naive():
     """``checks.reference_loop`` (the reference with hooks, which the extreme regime feeds with the
     kernel's level-0 snapshots) is ``reference.naive_nested_gdn2`` bit for bit, gradients included
     (with ``capture`` the snapshot's gradient is split off through a view, which reorders the float64
-    sums: 1e-14): float64 only, no kernel (two chunks, ragged third, the non-nested schedule, L = 4)."""
+    sums: 1e-14): float64 only, no kernel (two chunks, ragged third, the non-nested schedule, L = 4).
+    Bit for bit by construction: the loop calls the reference's own step, read, probe and promote
+    functions in the reference's order, so the same PyTorch operations on the same values."""
     case = Case(NestedShape(B=1, T=150, H=2, L=4, K=8, V=8), seed=2, scheme=("learned", "merge", "bounded_erase"),
                 intervals=(1, 2, 1), regime="extreme", initial_states=(True, False, True, True))
     x = checks.case_inputs(case)

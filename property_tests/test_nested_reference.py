@@ -175,7 +175,9 @@ def test_gradcheck_in_every_input_parameter_and_initial_state(seed, scheme, redu
 
 
 def test_mutation_harness_without_a_mutation_is_the_reference():
-    """Each nested mutant differs from the reference in exactly its knob (bitwise equal here)."""
+    """Each nested mutant differs from the reference in exactly its knob (bitwise equal here: the
+    unmutated harness calls the reference's own step, read, probe and promote functions in the same
+    order on the same float64 values, so the same operations on any machine)."""
     x = checks.case_inputs(MUTANT_CASE)
     o, states = checks.run(naive_nested_gdn2, x, MUTANT_CASE)
     o_h, states_h = checks.run(mutants.unmutated_nested, x, MUTANT_CASE)

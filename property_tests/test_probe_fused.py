@@ -32,7 +32,7 @@ from hypothesis import strategies as st
 from ngdn.checks.generic import nan_filled_allocations
 from ngdn.inputs import generator, randn
 from ngdn.strategies import examples, seeds
-from ngdn.tolerances import assert_passes, failures, record, relative_error, tolerance
+from ngdn.tolerances import assert_passes, compare, failures, record, relative_error, tolerance
 from optimized import triton_mode
 import optimized.nested.probe_fused as probe_fused_module
 import optimized.nested.probe_gates as probe_gates_module
@@ -548,15 +548,27 @@ def _gates_nu_both_passes(scheme, one_launch, missing=("omega",)):
     return [t for t in outs.values() if t is not None] + [dz]
 
 
+def gate_forms(quantity: str, got: list, want: list, log: bool = True) -> dict:
+    """``{label: (error, bound)}``: each tensor of ``got`` against ``want``'s under
+    ``tolerances.yaml`` ``probe_gates_nu_forms`` (``quantity``; the last pair is ``dz`` when
+    ``quantity`` is ``gates``)."""
+    out = {}
+    for i, (a, b) in enumerate(zip(got, want, strict=True)):
+        q = "dz" if quantity == "gates" and i == len(got) - 1 else quantity
+        out[f"{q} {i}"] = compare("probe_gates_nu_forms", "float32", {q: (a, b)}, mode="any", log=log)[q]
+    return out
+
+
 @pytest.mark.parametrize("scheme", GATE_SCHEMES)
-def test_gates_from_nu_in_one_launch_equal_a_launch_per_block(scheme):
+def test_gates_from_nu_in_one_launch_agree_with_a_launch_per_block(scheme):
     """``one_launch``: every block's gate in one launch (program axis 2 picks the block, merge's
-    from β on) writes what one launch per block writes, bit for bit, forward and backward, with
-    a gradient absent; everything written (no NaN left)."""
+    from β on) writes what one launch per block writes, forward and backward, with a gradient
+    absent, to float32 rounding; everything written (no NaN left). Not bit for bit: the one launch
+    is another kernel, unpipelined (``tolerances.yaml`` ``probe_gates_nu_forms``)."""
     per_block = _gates_nu_both_passes(scheme, False)
     one = _gates_nu_both_passes(scheme, True)
     assert all(torch.isfinite(t).all() for t in one)
-    assert all(torch.equal(a, b) for a, b in zip(per_block, one))
+    assert_passes(gate_forms("gates", one, per_block))
 
 
 ONE_LAUNCH_MUTANTS = {
@@ -575,7 +587,7 @@ def test_gates_from_nu_in_one_launch_mutant_fails(mutant):
     per_block = _gates_nu_both_passes("learned", False)
     with planted(*ONE_LAUNCH_MUTANTS[mutant]):
         one = _gates_nu_both_passes("learned", True)
-    assert not all(torch.equal(a, b) for a, b in zip(per_block, one))
+    assert failures(gate_forms("gates", one, per_block, log=False))
 
 
 def _gates_nu_bwd_from_partials(npart: int, one_launch: bool, as_partials: bool, scheme: str = "learned"):
@@ -610,12 +622,14 @@ def _gates_nu_bwd_from_partials(npart: int, one_launch: bool, as_partials: bool,
 @pytest.mark.parametrize("npart", [2, 3])
 def test_gates_from_nu_sum_partials_as_they_load_them(npart, one_launch, scheme):
     """The gates' backward given the reverse scan's per-V-block partials (``Partials``) writes the
-    ``dz`` it writes from their ``sum_partials``, bit for bit (the same float32 sums, left to
-    right), at two and three partials, in a launch per block and in one launch, for ``learned``
-    and for ``merge`` without ``dκ``; every row written."""
+    ``dz`` it writes from their ``sum_partials`` (the same float32 sums, left to right), at two and
+    three partials, in a launch per block and in one launch, for ``learned`` and for ``merge``
+    without ``dκ``; every row written. To float32 rounding, not bit for bit: the kernel that loads
+    the partials is compiled for another ``NPART`` (``tolerances.yaml`` ``probe_gates_nu_forms``)."""
     kept = _gates_nu_bwd_from_partials(npart, one_launch, as_partials=True, scheme=scheme)
     assert torch.isfinite(kept).all()
-    assert torch.equal(kept, _gates_nu_bwd_from_partials(npart, one_launch, as_partials=False, scheme=scheme))
+    summed_first = _gates_nu_bwd_from_partials(npart, one_launch, as_partials=False, scheme=scheme)
+    assert_passes(gate_forms("dz_from_partials", [kept], [summed_first]))
 
 
 @pytest.mark.mutation
@@ -627,7 +641,7 @@ def test_merge_partials_catch_the_partials_stride_taken_from_the_absent_dkappa()
     right = _gates_nu_bwd_from_partials(3, True, as_partials=False, scheme="merge")
     with planted(plant):
         broken = _gates_nu_bwd_from_partials(3, True, as_partials=True, scheme="merge")
-    assert not torch.equal(right, broken)
+    assert failures(gate_forms("dz_from_partials", [broken], [right], log=False))
 
 
 @pytest.mark.parametrize("one_launch", [False, True], ids=["per_block", "one_launch"])
@@ -679,7 +693,7 @@ def test_gates_from_nu_partials_mutant_fails(mutant, one_launch):
     right = _gates_nu_bwd_from_partials(3, one_launch, as_partials=False)
     with planted(plant):
         broken = _gates_nu_bwd_from_partials(3, one_launch, as_partials=True)
-    assert not torch.equal(right, broken)
+    assert failures(gate_forms("dz_from_partials", [broken], [right], log=False))
 
 
 def test_gates_from_nu_shared_partials_rule():
@@ -690,6 +704,7 @@ def test_gates_from_nu_shared_partials_rule():
 
     m = probe_gates_nu_module
     p2, p3, t = torch.randn(2, 4, 3), torch.randn(3, 4, 3), torch.randn(4, 3)
+    # exact: the buffers handed on as they are, or summed by the same sum_partials
     grads, npart = m.shared_partials([Partials(p2), None, t, Partials(p2 + 1)])
     assert npart == 2 and torch.equal(grads[0], p2) and grads[1] is None and grads[2] is t
     for mixed in ([Partials(p2), t, None, None], [Partials(p2), Partials(p3), None, None],
@@ -771,7 +786,8 @@ def _gates_backward(scheme, overwrite: bool, plant=None):
 @pytest.mark.parametrize("scheme", GATE_SCHEMES)
 def test_triton_gates_backward_over_z_equals_a_new_buffer(scheme):
     """``overwrite_z`` (the probe backward's recomputed ``z``, spent once read) gives ``dz`` bit for bit
-    in ``z``'s own storage; without it ``z`` is left as it was."""
+    in ``z``'s own storage (the same kernel and launch: only the output pointer differs); without it
+    ``z`` is left as it was."""
     before, z, dz_new = _gates_backward(scheme, overwrite=False)
     assert torch.equal(z, before)
     _, z_over, dz_over = _gates_backward(scheme, overwrite=True)
@@ -782,7 +798,8 @@ def test_triton_gates_backward_over_z_equals_a_new_buffer(scheme):
 def test_probe_backward_leaves_kept_preactivations_intact(keep):
     """The probe's backward writes the gates' gradient over ``z`` only when it recomputed ``z``
     (``keep_preactivations=False``): kept pre-activations stay as the forward made them, so a second
-    backward (``retain_graph``) gives the first one's gradients bit for bit."""
+    backward (``retain_graph``) gives the first one's gradients bit for bit (the same kernels on the
+    same saved tensors)."""
     d = ProbeDraw("learned", "mean", B=2, F=2, H=2, K=8, V=6, n=4, seed=3)
     snaps, params, grads = probe_inputs(d)
     f32 = lambda x: None if x is None else x.float().to(DEV)        # noqa: E731
@@ -885,6 +902,8 @@ def test_deterministic_contiguous_and_recomputed_preactivations_agree(scheme):
         runs.append([*outs, ds, *dp.values()])
         assert all(x.is_contiguous() for x in outs)
     assert all(torch.equal(a, b) for a, b in zip(runs[0], runs[1]))
+    # bit for bit: the recomputed z is the forward's bmm again (same shapes, same values), and the
+    # PyTorch gates run on it as on the kept one
     assert all(torch.equal(a, b) for a, b in zip(runs[0], runs[2]))
 
 

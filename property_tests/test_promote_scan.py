@@ -142,7 +142,8 @@ def test_pair_order_catches_sequential_pairs(regime):
 @pytest.mark.parametrize("blocks", [0, 1, 2, 3, 5])
 def test_sum_partials_is_the_left_to_right_sum(blocks):
     """``promote_scan.sum_partials``: the per-V-block partials summed left to right (bit for bit
-    ``((p0 + p1) + p2) + …``), one block returned as it is, none as zeros, ``blocks`` a prefix."""
+    ``((p0 + p1) + p2) + …``: elementwise float adds in the same order, which round alike on any
+    machine), one block returned as it is, none as zeros, ``blocks`` a prefix."""
     import torch
 
     from optimized.nested.promote_scan import sum_partials

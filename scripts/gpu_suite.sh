@@ -49,7 +49,7 @@ done
 # RERUN_FAILED=1: the last run's failed tests again in one process (no -n: the whole budget is its
 # share), so a test that ran out of its worker's share has its true peak measured (tests-rerun.jsonl)
 if [ "${RERUN_FAILED:-0}" = 1 ] && [ -f "$OUT/tests-$run.jsonl" ]; then
-  mapfile -t failed < <(python3 -c "import json,sys; print('\n'.join(sorted({e['test'] for l in open(sys.argv[1]) for e in [json.loads(l)] if e.get('outcome') == 'failed' and e.get('when') != 'compile'})))" "$OUT/tests-$run.jsonl")
+  mapfile -t failed < <(python3 -c "import json,sys; print('\n'.join(sorted({e['test'] for l in open(sys.argv[1]) for e in [json.loads(l)] if e.get('outcome') == 'failed' and e.get('when') != 'compile'})))" "$OUT/tests-$run.jsonl" | grep -v '^$')
   echo "== rerun: ${#failed[@]} failed tests of run $run, one process" | tee -a "$OUT/env.txt"
   if [ "${#failed[@]}" -gt 0 ]; then
     NGDN_PRECOMPILE=0 NGDN_TEST_LOG=$OUT/tests-rerun.jsonl timeout -s INT -k 30 "${RERUN_TIMEOUT:-150}" \

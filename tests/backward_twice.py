@@ -11,7 +11,7 @@ import torch
 def check_backward_twice(o, leaves, do):
     first = torch.autograd.grad(o, leaves, do, retain_graph=True)
     second = torch.autograd.grad(o, leaves, do)
-    for a, b in zip(first, second):
+    for a, b in zip(first, second):     # the same kernels on the same saved tensors: bit for bit
         assert torch.equal(a, b)
     with pytest.raises(RuntimeError, match="pass retain_graph=True to the first backward"):
         torch.autograd.grad(o, leaves, do)

@@ -1,4 +1,4 @@
-"""Bad inputs across every public entry point (the table in README "Bad inputs"; every op of
+"""Bad inputs across every public entry point (the table in docs/bad-inputs.md; every op of
 ``ngdn.ops`` has an entry here, checked by ``test_every_table_op_has_a_bad_input_entry``):
 bfloat16 under the interpreter, float16 and mixed dtypes (one rule, one message), non-finite
 activations (the optimized ops raise; the references stay causal), sizes past int32 offsets,
@@ -205,6 +205,7 @@ def test_reference_non_finite_never_reaches_earlier_tokens(opt, ref, call, first
     name = "k1" if first == "q1" else "k"
     clean = ref(**call(torch.float64, "cpu"))[0]
     o = ref(**poisoned(lambda: call(torch.float64, "cpu"), name, value, t=5))[0]
+    # exact: the references go token by token, so the outputs before t are the same operations
     assert torch.equal(o[:, :5], clean[:, :5])
     assert not torch.isfinite(o[1, 5:]).all()
 

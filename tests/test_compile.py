@@ -314,7 +314,7 @@ def test_call_structure_rebuilt_and_ints_dynamic():
                     torch.randn(2, requires_grad=True))
         got = compiled(q, a, h0, offset)
         want = fn(q, a, h0, offset)
-        assert all(torch.equal(x, y) for x, y in zip(got, want))
+        assert all(torch.equal(x, y) for x, y in zip(got, want))     # aot_eager replays the eager ops
         grads = [torch.autograd.grad(sum(y.sum() for y in out), (q, a, h0)) for out in (got, want)]
         assert all(torch.equal(x, y) for x, y in zip(*grads))
     assert counter.frame_count == 2        # static first, then dynamic in offset

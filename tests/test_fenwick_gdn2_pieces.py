@@ -2,11 +2,15 @@
 and the reverse carry scan run piece by piece, last piece first, the scan carrying its pre-state
 gradient from one piece to the one before (``states_bwd(dcarry=...)``), so that the stacked
 gradients are alive one piece at a time. fla's pieces work chunk by chunk and the carry is the
-scan's own float32 state, so every gradient equals the one-piece backward's bit for bit."""
+scan's own float32 state, so every gradient is the one-piece backward's to float32 rounding (on
+the interpreter bit for bit). Not asserted bit for bit: the pieces are other launches (grids over
+a piece's chunks, the scan compiled with a carry-in), which a compiler may round differently
+(``tolerances.yaml`` ``fenwick_gdn2_time_pieces``); a dropped carry gives 7e-2 to 8e-2."""
 import pytest
 import torch
 
 import optimized.fenwick_gdn2.bwd as fenwick_bwd
+from ngdn.tolerances import assert_passes, compare, failures
 from optimized import triton_mode
 from optimized.fenwick_gdn2 import chunk_fenwick_gdn2
 from tests.test_fenwick_gdn2_release import NAMES, inputs as row_inputs
@@ -31,6 +35,13 @@ def grads(x, offset):
     return torch.autograd.grad((o, final), leaves, (do, dfinal))
 
 
+def pieces_vs_one(pieces, one, log=True) -> dict:
+    """``{input: (error, bound)}``: the gradients of the backward in pieces against one piece's."""
+    return {name: compare("fenwick_gdn2_time_pieces", "float32", {"gradients": (a, b)}, mode="any",
+                          log=log)["gradients"]
+            for name, a, b in zip((*NAMES, "initial_state"), pieces, one, strict=True)}
+
+
 # 6 chunks, the last ragged (T = 337): three pieces of 2 chunks, (0, 2), (2, 4), (4, 6); offset 128 and an
 # initial state: the first piece's pre-state gradient is the initial state's
 T, L, OFFSET = 337, 11, 128
@@ -47,7 +58,7 @@ def test_time_pieces_split_one_row_only(monkeypatch):
 
 
 @pytest.mark.compiles
-def test_backward_in_time_pieces_equals_one_piece(monkeypatch):
+def test_backward_in_time_pieces_agrees_with_one_piece(monkeypatch):
     calls = []
     scan = fenwick_bwd.states_bwd
 
@@ -63,8 +74,7 @@ def test_backward_in_time_pieces_equals_one_piece(monkeypatch):
     assert calls == [False, True, True, False]
     monkeypatch.setattr(fenwick_bwd, "TIME_PIECES", 1)
     one = grads(x, OFFSET)
-    for name, a, b in zip((*NAMES, "initial_state"), pieces, one):
-        assert torch.equal(a, b), name
+    assert_passes(pieces_vs_one(pieces, one))
 
 
 @pytest.mark.compiles
@@ -78,7 +88,7 @@ def test_pieces_property_catches_a_dropped_carry(monkeypatch):
     scan = fenwick_bwd.states_bwd
     monkeypatch.setattr(fenwick_bwd, "states_bwd", lambda *a, dcarry=None, **kw: scan(*a, **kw))
     got = grads(x, OFFSET)
-    assert not all(torch.equal(a, b) for a, b in zip(want, got))
+    assert failures(pieces_vs_one(got, want, log=False))
 
 
 def test_states_bwd_refuses_a_bad_carry():

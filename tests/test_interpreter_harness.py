@@ -153,7 +153,10 @@ def _stand_in_vs_kernel(draw: str) -> bool:
 
 @pytest.mark.parametrize("draw", list(INTRA_DRAWS))
 def test_stand_in_writes_the_kernels_bits(draw):
-    """Every entry the kernel writes, bit for bit, and no other (the gaps stay NaN)."""
+    """Every entry the kernel writes, bit for bit, and no other (the gaps stay NaN). Interpreter only
+    (one machine, one NumPy), and bit for bit on any CPU by construction: the same elementwise float32
+    NumPy functions, and each ``np.sum`` over a contiguous last axis of the same length ``BK`` (whose
+    pairwise order depends on that length only), as the interpreted kernel's ``tl.sum``; no matmul."""
     assert _stand_in_vs_kernel(draw)
 
 

@@ -116,13 +116,15 @@ def test_stacked_reference_rows():
     torch.testing.assert_close(o3[:1], o, rtol=1e-13, atol=1e-13)
     for ℓ in range(lc.L):
         torch.testing.assert_close(M3[ℓ][:1], M[ℓ], rtol=1e-13, atol=1e-13)
+    # bit for bit: rows of one batched float64 call on the same values (equal-sized rows), level 0
+    # never rounded: every op treats each row alike
     assert torch.equal(M3[0][1], M3[0][0]) and torch.equal(M3[0][2], M3[0][0])
     assert not torch.equal(M3[1][1], M3[1][0])              # level 1's first firing probed a rounded state
     assert not torch.equal(M3[2][2], M3[2][1])              # level 2 rounds only in the all-levels row
     # T = 64: level 1's only firing probes the last chunk's end, which stays unrounded
     short = lc.draw_inputs(64, 3, 1, 16, 16, "cpu")
     o3, M3 = lc.stacked_reference(short, short.levels("learned")[1])
-    assert torch.equal(o3[1], o3[0]) and torch.equal(M3[1][1], M3[1][0])
+    assert torch.equal(o3[1], o3[0]) and torch.equal(M3[1][1], M3[1][0])    # one batched call, as above
 
 
 def test_ngdn_bench_long_context_is_the_sweep(capsys):

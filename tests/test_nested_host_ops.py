@@ -60,6 +60,7 @@ def _backward_after(change, weights=None):
 
 
 def _same(a, b):
+    """Bit for bit: both backwards run the same PyTorch ops on the same values (kept or rebuilt W)."""
     return torch.equal(a[0], b[0]) and a[1].keys() == b[1].keys() and all(torch.equal(a[1][k], b[1][k]) for k in a[1])
 
 

@@ -42,7 +42,7 @@ def test_add_in_rounds_is_an_accumulating_scatter(index):
     if index and index in ([0, 2, 4, 6], [3]):
         assert all(isinstance(x, slice) for x in rounds[0])
     add_in_rounds(dst, rounds, src)
-    assert torch.equal(dst, want)
+    assert torch.equal(dst, want)       # the same float adds in the same order per element: exact
 
 
 def test_device_tables_are_built_once_per_plan_and_device():
@@ -216,8 +216,11 @@ def test_scan_block_v_splits_the_scans_alone_and_agrees():
 def test_stored_states_in_one_allocation_agree_bit_for_bit():
     """``Pieces(split_stored_states=False)`` (reads_ab ``states-one-buffer``): every upper level's
     stored states in one allocation instead of level 1's and the higher levels' apart; the same
-    operations on the same rows, so the op's values and gradients are bit-identical (L = 3: the
-    reads of level 2 come from the second allocation in the default)."""
+    kernels, launches and constexprs on the same rows (where a row lives is runtime arguments: the
+    reads' ``S_LO``, not specialised, and batch strides, multiples of H·K·V in both layouts, which
+    is a multiple of 16 at the shapes this runs, so Triton specialises them alike), so the op's
+    values and gradients are bit-identical (L = 3: the reads of level 2 come from the second
+    allocation in the default)."""
     from optimized.nested import Pieces, _nested
 
     results, his = [], []

@@ -187,6 +187,8 @@ def test_reads_match_float64(name, dtype, monkeypatch):
     _, do0_act, _ = reads_bwd(x["do"], x["q"], x["r"], x["o0"], x["states"], tables.read_row, tables.row_level,
                               tables.row_chunk_lo, tables.row_chunk_hi, meta["scale"], dq2, block_v=meta["block_v"],
                               with_states=False, do0_dtype=x["q"].dtype)
+    # exact even where the store's dtype compiles another kernel: do0 = p0 · do is one float32 product
+    # (nothing to contract into an FMA), rounded once to the narrower dtype either way
     assert do0_act.dtype == x["q"].dtype and torch.equal(do0_act, do0.to(x["q"].dtype))
     assert bool((dq[:, :, :, 0] == 7.0).all()), "dq level 0 was written"
     read = {tables.row_offset[ℓ] + i for ℓ, idx in enumerate(meta["read_index"]) for i in idx}
@@ -258,8 +260,9 @@ def test_dq_in_q_dtype_is_the_float32_dq_rounded_once(dtype):
     dq = torch.full((B, T, H, L, K), 7.0, device=DEV, dtype=dtype)
     reads_bwd(x["do"], x["q"], x["r"], x["o0"], x["states"], tables.read_row, tables.row_level,
               tables.row_chunk_lo, tables.row_chunk_hi, meta["scale"], dq, block_v=meta["block_v"])
-    # bitwise in float32; in bf16 at most one bf16 ulp apart (the two compiled variants may contract
-    # the float32 products into FMAs differently before the one rounding)
+    # bitwise in float32 (both runs store into a float32 dq: the same kernel); in bf16 at most one
+    # bf16 ulp apart (the two compiled variants may contract the float32 products into FMAs
+    # differently before the one rounding)
     want = dq32.to(dtype)
     assert torch.equal(dq, want) if dtype == torch.float32 else \
         bool(((dq.float() - want.float()).abs() <= 2.0 ** -7 * want.float().abs()).all())
@@ -322,7 +325,9 @@ def split_run(name, mutant=False):
 def test_rows_split_in_two_allocations_read_the_same(name):
     """The reads kernels on the stored rows held as level 1's and the higher levels' allocations
     (the nested op's layout, ``optimized.nested.stored_states``) equal the one-buffer run bit for
-    bit (``o, dq, dr, do0, dstates``): every level above 1 reads rows of the second allocation."""
+    bit (``o, dq, dr, do0, dstates``): every level above 1 reads rows of the second allocation.
+    Bit for bit by construction: the same kernels and constexprs; ``S_LO`` (which allocation a
+    row is in) is a runtime argument the kernels do not specialise on."""
     whole, parts = split_run(name)
     for a, b in zip(whole, parts):
         assert torch.equal(a, b)
@@ -369,7 +374,7 @@ def test_forward_falls_back_without_the_shared_memory(monkeypatch):
     monkeypatch.setattr(reads_fwd_module, "reads_fwd_kernel", SmallGPU())
     got = reads_fwd(*args)
     assert tried == [16, block_sizes(24, 40, 2)[2]] == [16, 64]
-    assert torch.equal(got, want)
+    assert torch.equal(got, want)       # bit for bit: both ran the kernel at the default V block (64)
     tried.clear()                                   # the refusal is remembered: no second one
     assert torch.equal(reads_fwd(*args), want) and tried == [64]
     with pytest.raises(OutOfResources):

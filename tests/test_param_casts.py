@@ -83,7 +83,7 @@ def test_the_op_with_low_precision_parameters_gives_the_float32_parameters_gradi
 
     o32, g32, _ = run(torch.float32)
     o16, g16, levels = run(param_dtype)
-    assert torch.equal(o32, o16)
+    assert torch.equal(o32, o16)            # the same kernels on the same float32 values
     assert len(g16) == 2 * len(levels[0].params) and all(g is not None for g in g16)
     for want, have in zip(g32, g16):
         assert have.dtype == param_dtype and torch.equal(have, want.to(param_dtype))

@@ -80,7 +80,7 @@ def test_a_scheme_twin_whose_outputs_break_the_shapes_is_named():
 
 
 def test_a_twin_registered_from_a_scheme_file_runs_in_the_nested_twin():
-    """README "Adding a promotion scheme": a scheme's NumPy twin is an entry of ``SCHEMES_NUMPY``;
+    """docs/schemes.md, "Adding a promotion scheme": a scheme's NumPy twin is an entry of ``SCHEMES_NUMPY``;
     the nested twin runs it (as registered) and agrees with the PyTorch reference."""
     import torch
     from ngdn.nested_inputs import NestedShape, nested_inputs

@@ -4,7 +4,7 @@ its growth factor, fails every deliberately broken scheme of ``tests/broken_sche
 property that should catch it, and its reproduction command re-runs a failure.
 
 Few examples per property (``--examples 8``) to keep CPU CI short; the default count is
-measured in the README."""
+measured in docs/schemes.md."""
 import os
 import re
 import shlex

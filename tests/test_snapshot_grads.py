@@ -14,7 +14,7 @@ import torch
 
 from ngdn.checks import nested_optimized as checks
 from ngdn.inputs import GDN2Shape
-from ngdn.tolerances import record, tolerance
+from ngdn.tolerances import assert_passes, compare, record, tolerance
 from optimized.nested import state_grad as state_grad_module
 from optimized import triton_mode
 from optimized.nested import reads_bwd as reads_bwd_module
@@ -114,7 +114,8 @@ def errors_of(name, mutant=None):
     rows = torch.tensor(targets, dtype=torch.int32, device=DEV)
     with planted(*MUTANTS[mutant]) if mutant else contextlib.nullcontext():
         module.add_snapshot_grads(dst, grads, rows, inject_rounds(targets, DEV), precision=precision)
-    assert torch.equal(dst[:, untouched], before[:, untouched])    # rows no firing probed: untouched
+    # rows no firing probed: untouched (the kernel writes the probed rows only, so exact)
+    assert torch.equal(dst[:, untouched], before[:, untouched])
     hit = sorted(set(targets))
     return {"add": rel(dst[:, hit].double() - before[:, hit].double(), want[:, hit])}
 
@@ -224,7 +225,9 @@ def reads_rows(x, tables, meta, rows, **snap):
 def fold_errors(name, mutant=None):
     """The relative error of what the folded snapshot gradients added to the probed rows (the
     kernel's rows with them minus without) against the float64 sum of ``Q[h]ᵀ dν'[b, m, h]`` over
-    the firings that probed each row; rows no firing probed must be bit for bit the rows without."""
+    the firings that probed each row; rows no firing probed must be the rows without, to float32
+    rounding (``tolerances.yaml`` ``snapshot_grads_unprobed_rows``: the kernel with the fold is
+    compiled apart, so not bit for bit)."""
     from optimized.nested.plan import fire_ranges
     from tests.test_nested_reads_kernels import make_case as reads_case
 
@@ -247,7 +250,8 @@ def fold_errors(name, mutant=None):
     for m, t in enumerate(targets):
         want[:, t] += prod[:, m]
     untouched = [s for s in range(count) if s not in targets]
-    assert torch.equal(after[:, untouched], before[:, untouched])
+    assert_passes(compare("snapshot_grads_unprobed_rows", x["q"].dtype,
+                          {"dstates": (after[:, untouched], before[:, untouched])}, mode="any", log=mutant is None))
     hit = sorted(set(targets))
     return rel(after[:, hit].double() - before[:, hit].double(), want[:, hit])
 
@@ -436,7 +440,7 @@ def test_factored_snapshot_grads_in_the_op_agree(scheme, dtype, monkeypatch):
     assert folds == [False, True, False, False, False, False] and adds == [1]
     bound = tolerance("snapshot_grads", "op", dtype)
     for got in results[:2]:
-        assert torch.equal(got[0], results[2][0])
+        assert torch.equal(got[0], results[2][0])     # the forward: the same kernels (the choice is the backward's)
         errors = [rel(g, want) for g, want in zip(got[1:], results[2][1:])]
         for name, err in zip(NAMES, errors):
             record("snapshot_grads", triton_mode.configure(), dtype, "op", err, bound)

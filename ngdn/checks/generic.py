@@ -25,6 +25,12 @@ test hands in a broken twin to show the property fails.
 - ``packed_equals_separate``: N sequences of ragged lengths packed in one row (``cu_seqlens``,
   per-sequence initial states) equal N separate float64 reference calls: outputs, per-sequence
   final states, every gradient, within the entry's tolerance (SPEC "Variable-length batches").
+
+The bit-for-bit properties (``bitwise``, ``grad_modes``, ``layouts``, ``uninitialised_memory``,
+``packed_strided_cu_seqlens``) hold on any machine by construction: each compares the op's same
+kernels, launches and block shapes on the same values (a second run; the same forward with autograd
+not recording; a view's values against its contiguous copy's; NaN only in memory nobody should
+read; the same ``cu_seqlens`` entries), never two different kernels.
 """
 from __future__ import annotations
 

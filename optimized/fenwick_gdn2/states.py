@@ -50,6 +50,7 @@ import torch
 import triton
 import triton.language as tl
 
+from optimized.fits import one_stage_where_refused
 from optimized.warps import num_warps
 from optimized.host_math import cdiv, next_power_of_2
 
@@ -227,7 +228,8 @@ def block_sizes(K: int, V: int, NB: int, width: int | None = None, block_k: int 
 
 def launch_options(BK: int, NBP: int, BV: int, stages: int | None) -> dict:
     """``num_warps`` (``optimized.warps.num_warps`` for the ``[BK, NBP·BV]`` tile) and
-    ``num_stages`` (default ``STAGES``; 1 or 2). Triton's default, 3, needs more shared memory
+    ``num_stages`` (default ``STAGES``, then one where the GPU refuses two: ``_launch``; 1 or 2).
+    Triton's default, 3, needs more shared memory
     than the H200 has in the reverse scan at K = 112 and 128 (246–262 KiB of 227; 2026-12-02):
     it is refused. Two stages were the faster of 1 and 2 at both benchmark shapes."""
     stages = STAGES if stages is None else stages
@@ -271,10 +273,26 @@ def states_fwd(kg, wy, u, gk, mtab, h0, N: int, J: int, L: int, V: int, n_own: i
     vn = torch.empty(B, T, H, NB * V, device=kg.device, dtype=dtype)
     final = torch.zeros(S, H, L, K, V, device=kg.device, dtype=torch.float32)
     grid = (cdiv(V, BV), S * H)
-    fenwick_states_fwd_kernel[grid](kg, wy, u, gk, mtab, h0, h, vn, final, cu_seqlens, chunk_offsets,
-                                    T, N, J, L, NB, H=H, K=K, V=V, BT=CHUNK, BK=BK, NBP=NBP, BV=BV, DOT=precision,
-                                    IS_VARLEN=p is not None, **opts)
+    _launch(fenwick_states_fwd_kernel, grid, (kg, wy, u, gk, mtab, h0, h, vn, final, cu_seqlens, chunk_offsets,
+                                              T, N, J, L, NB),
+            dict(H=H, K=K, V=V, BT=CHUNK, BK=BK, NBP=NBP, BV=BV, DOT=precision, IS_VARLEN=p is not None), opts,
+            num_stages, kg)
     return h, vn, final
+
+
+def _launch(kernel, grid, args, consts: dict, opts: dict, num_stages, like):
+    """``kernel[grid]`` at ``opts``; where the caller left ``num_stages`` to ``launch_options``, at one
+    stage where the GPU refuses the shared memory of two. Why: float32 activations (IEEE dots) stage
+    160 KiB (forward) and 192 KiB (reverse) at K = 128, 112 KiB (reverse) at K = 64: more than a GPU
+    with 99 KiB (sm_89) or, for the reverse scan at K = 128, 163 KiB (sm_80) gives a block; 48–64 KiB at
+    one stage (docs/kernel-shared-memory.md). A refused launch never runs; the values are the same."""
+    def run(**stages):
+        kernel[grid](*args, **consts, **(opts | stages))
+
+    if num_stages is not None:
+        run()
+    else:
+        one_stage_where_refused((kernel, tuple(consts.items()), tuple(opts.items()), like.dtype, like.device), run)
 
 
 def states_bwd(qg, kg, wy, gk, do, dv, dfinal, mtab, scale: float, N: int, J: int, L: int, V: int,
@@ -309,8 +327,8 @@ def states_bwd(qg, kg, wy, gk, do, dv, dfinal, mtab, scale: float, N: int, J: in
     dv2 = torch.empty(B, T, H, NB * V, device=kg.device, dtype=dtype)
     dpre = torch.zeros(S, H, K, max(J, 1) * V, device=kg.device, dtype=torch.float32)
     grid = (cdiv(V, BV), S * H)
-    fenwick_states_bwd_kernel[grid](qg, kg, wy, gk, do, dv, dfinal, dcarry, mtab, dh, dv2, dpre, cu_seqlens,
-                                    chunk_offsets, scale, T, N, J, L, NB, H=H, K=K, V=V, BT=CHUNK, BK=BK, NBP=NBP,
-                                    BV=BV, HAS_DFINAL=dfinal is not None, HAS_DCARRY=dcarry is not None,
-                                    DOT=precision, IS_VARLEN=p is not None, **opts)
+    _launch(fenwick_states_bwd_kernel, grid, (qg, kg, wy, gk, do, dv, dfinal, dcarry, mtab, dh, dv2, dpre, cu_seqlens,
+                                              chunk_offsets, scale, T, N, J, L, NB),
+            dict(H=H, K=K, V=V, BT=CHUNK, BK=BK, NBP=NBP, BV=BV, HAS_DFINAL=dfinal is not None,
+                 HAS_DCARRY=dcarry is not None, DOT=precision, IS_VARLEN=p is not None), opts, num_stages, kg)
     return dh, dv2, dpre

@@ -27,6 +27,7 @@ import triton.language as tl
 
 from optimized.nested.promote_scan import (_batch_strided, block_sizes, check_bwd, launch_options, pair_block,
                                     pair_grad_buffers, state_block, sum_partials)
+from optimized.fits import one_stage_where_refused
 from optimized.host_math import cdiv
 
 
@@ -114,7 +115,8 @@ def promote_scan_bwd_two_phase(states, kappa, nu, beta, omega, gamma, dstates, b
     ``(dM0 [B, H, K, V], dκ, dν, dβ, dω, dγ)``. ``consume_dstates``: phase 1 writes its carried
     gradients over ``dstates`` (the caller's buffer is spent; saves one ``[B, F+1, H, K, V]``
     float32 copy); otherwise it works on a copy. ``num_warps``, ``num_stages``: both kernels' launch
-    (``promote_scan.launch_options``). Packed sequences (``fire_offsets``) are
+    (``promote_scan.launch_options``; with Triton's stages, one stage where the GPU refuses their
+    shared memory). Packed sequences (``fire_offsets``) are
     ``promote_scan_bwd``'s alone: refused here."""
     if fire_offsets is not None:
         raise ValueError("fire_offsets: the two-phase reverse scan does not take packed sequences; "
@@ -127,14 +129,23 @@ def promote_scan_bwd_two_phase(states, kappa, nu, beta, omega, gamma, dstates, b
     BK, BN, BV = block_sizes(K, V, n, block_v, block_n)
     NV = cdiv(V, BV)
     opts = launch_options(BK, BV, num_warps, num_stages)
-    promote_scan_bwd_carry_kernel[(NV, B * H)](
-        kappa, beta, gamma, g, F, n, g.stride(0),
-        H=H, K=K, V=V, BK=BK, BN=BN, BV=BV, DOT_PRECISION=precision, **opts)
+    key = (H, K, V, BK, BN, BV, precision, opts["num_warps"], kappa.device)
+
+    def launch(kernel, grid, *args):
+        def run(**stages):
+            kernel[grid](*args, H=H, K=K, V=V, BK=BK, BN=BN, BV=BV, DOT_PRECISION=precision, **opts, **stages)
+        if num_stages is not None:          # the caller's stages: a refusal propagates
+            run()
+        else:
+            # at K = 256 phase 2 stages 100 / 133 KiB of shared memory (TF32 / IEEE), more than a GPU with
+            # 99 KiB a block (sm_89) gives; 96 / 65 KiB at one stage (docs/kernel-shared-memory.md).
+            # A refused launch never runs, so phase 1's in-place writes happen once. Same values.
+            one_stage_where_refused((kernel,) + key, run)
+
+    launch(promote_scan_bwd_carry_kernel, (NV, B * H), kappa, beta, gamma, g, F, n, g.stride(0))
     dkappa_part, dnu, dbeta_part, domega, dgamma_part = pair_grad_buffers(kappa, nu, NV)
     if F > 0:
-        promote_scan_bwd_pairs_kernel[(NV, F, B * H)](
-            states, kappa, nu, beta, omega, gamma, g,
-            dkappa_part, dnu, dbeta_part, domega, dgamma_part, F, B, n, states.stride(0), g.stride(0),
-            H=H, K=K, V=V, BK=BK, BN=BN, BV=BV, DOT_PRECISION=precision, **opts)
+        launch(promote_scan_bwd_pairs_kernel, (NV, F, B * H), states, kappa, nu, beta, omega, gamma, g,
+               dkappa_part, dnu, dbeta_part, domega, dgamma_part, F, B, n, states.stride(0), g.stride(0))
     return (g[:, 0].clone(), reduce_partials(dkappa_part), dnu, reduce_partials(dbeta_part), domega,
             reduce_partials(dgamma_part))

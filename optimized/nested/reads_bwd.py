@@ -30,6 +30,7 @@ import triton.language as tl
 
 from optimized.nested.reads_fwd import (_expect, block_sizes, check_reads, chunk_tokens, dot_exact_a,
                                         dot_exact_b, level_column, num_warps, router_probs, state_row)
+from optimized.fits import one_stage_where_refused
 from optimized.nested.stored_states import as_stored
 from optimized.nested.state_grad import FactoredSnapGrads, pair_blocks
 from optimized.host_math import cdiv, next_power_of_2
@@ -314,14 +315,20 @@ def reads_bwd_states(do: torch.Tensor, q: torch.Tensor, r: torch.Tensor, o0: tor
     BT, BK, BV, BL = block_sizes(K, V, L, states_block_v(K) if block_v is None else block_v)
     dstates = torch.empty(B, n, H, K, V, dtype=torch.float32, device=q.device)
     if n > 0 and B * H > 0 and K * V > 0:
-        reads_bwd_states_kernel[(cdiv(V, BV), n, B * H)](
-            do.contiguous(), q.contiguous(), r.contiguous(), row_level[start:stop].contiguous(),
-            row_chunk_lo[start:stop].contiguous(), row_chunk_hi[start:stop].contiguous(), chunk_bounds, dstates,
-            dstates if snap_q is None else snap_q, dstates if snap_dnu is None else snap_dnu, lo, hi,
-            float(scale), T, n, L, F, pairs,
-            H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, BL=BL, BN=BN,
-            SPLIT=q.dtype == torch.bfloat16, IS_VARLEN=chunk_bounds is not None, SNAP=snap_q is not None,
-            num_warps=num_warps(BK, BV))
+        args = (do.contiguous(), q.contiguous(), r.contiguous(), row_level[start:stop].contiguous(),
+                row_chunk_lo[start:stop].contiguous(), row_chunk_hi[start:stop].contiguous(), chunk_bounds, dstates,
+                dstates if snap_q is None else snap_q, dstates if snap_dnu is None else snap_dnu, lo, hi,
+                float(scale), T, n, L, F, pairs)
+        consts = dict(H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, BL=BL, BN=BN, SPLIT=q.dtype == torch.bfloat16,
+                      IS_VARLEN=chunk_bounds is not None, SNAP=snap_q is not None)
+
+        def run(**stages):
+            reads_bwd_states_kernel[(cdiv(V, BV), n, B * H)](*args, **consts, num_warps=num_warps(BK, BV), **stages)
+
+        # float32 inputs stage 162 KiB of shared memory at K = V = 128 (V blocks of 128) and 210 KiB at
+        # K = 256, more than a GPU with 99 KiB (sm_89) or 163 KiB (sm_80, K = 256) a block gives; 64 / 72 KiB
+        # at one stage (docs/kernel-shared-memory.md). Same values.
+        one_stage_where_refused((reads_bwd_states_kernel, tuple(consts.items()), q.device), run)
     return dstates
 
 

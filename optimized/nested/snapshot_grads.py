@@ -26,6 +26,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.runtime.errors import OutOfResources
 
 from optimized.nested.state_grad import FactoredSnapGrads
 from optimized.host_math import cdiv, next_power_of_2
@@ -114,6 +115,20 @@ def add_snapshot_grads(dst: torch.Tensor, grads: FactoredSnapGrads, targets: tor
     for r in rounds:
         if r.numel() == 0:
             continue
-        add_snapshot_grads_kernel[(cdiv(V, BV), r.numel(), B * H)](
-            dst, q, dnu, r, targets, dst.stride(0), F, r.numel(), n,
-            H=H, K=K, V=V, BN=BN, BK=BK, BV=BV, PRECISION=precision, num_warps=8)
+        try:
+            add_snapshot_grads_kernel[(cdiv(V, BV), r.numel(), B * H)](
+                dst, q, dnu, r, targets, dst.stride(0), F, r.numel(), n,
+                H=H, K=K, V=V, BN=BN, BK=BK, BV=BV, PRECISION=precision, num_warps=8)
+        except OutOfResources as e:
+            raise ValueError(refusal(n, K, V, precision, e)) from e
+
+
+def refusal(n: int, K: int, V: int, precision: str, error: OutOfResources) -> str:
+    """The error of a launch the GPU refuses for shared memory: the product's ``[K, n]`` block of
+    ``Qᵀ`` is one tile (the kernel does not split pairs or keys), and at K = 256 with 64 pairs
+    and TF32 it asks 112 KiB (stages do not change it; V blocks of 32 still 104 KiB), more than a
+    GPU with 99 KiB a block (sm_89) gives (docs/kernel-shared-memory.md)."""
+    return (f"add_snapshot_grads: K = {K}, V = {V}, n = {n} pairs at {precision} dots needs {error.required} B "
+            f"of shared memory a block, this GPU gives {error.limit} B; use the nested op's default "
+            f"snapshot_grads='factored' (folded into the reads' state gradients) or 'materialised' "
+            f"(NestedPieces), or fewer pairs a firing")
