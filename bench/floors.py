@@ -40,7 +40,7 @@ forward (:func:`gdn2_chunk_flops`):
 A sequence of ``T`` tokens is ``floor(T/C)`` full chunks plus one partial chunk of
 ``T mod C`` tokens. Flat GDN-2 with ``heads`` heads costs ``B · heads`` times that.
 
-Nested GDN-2 (SPEC section 3), per batch element and head (:func:`nested_flops`):
+Nested GDN-2 (CONTRACT section 3), per batch element and head (:func:`nested_flops`):
 
     level 0                 the GDN-2 chunks above (H heads, not L·H)
     reads per level ℓ ≥ 1   each token reads every upper level:
@@ -84,7 +84,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 CHUNK = 64
-STATE_ITEMSIZE = 4  # states are float32 (SPEC conventions)
+STATE_ITEMSIZE = 4  # states are float32 (CONTRACT conventions)
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ an autotuning result (``check_disk_cache`` is bypassed and their choices die wit
 so the benchmark process still times every config itself on an idle GPU; it only finds
 the binaries compiled already. Nothing measured in the results comes from a worker.
 
-    python -m bench.precompile SPEC.json INDEX [PART PARTS]    # one group or part (run_workers)
+    python -m bench.precompile CONTRACT.json INDEX [PART PARTS]    # one group or part (run_workers)
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Packed variable-length batches against padding: one ``cu_seqlens`` row vs the same tokens padded.
 
 A training batch of N documents of ragged lengths runs either packed in one row (``B = 1``,
-``cu_seqlens = [0, T_1, T_1 + T_2, …]``, SPEC "Variable-length batches") or padded to the longest
+``cu_seqlens = [0, T_1, T_1 + T_2, …]``, CONTRACT "Variable-length batches") or padded to the longest
 document (``B = N``, ``T = max T_i``; the padding is computed and thrown away). For Nested GDN-2
 (``optimized.nested.chunk_nested_gdn2``, L levels of H heads) and flat GDN-2 (fla's
 ``chunk_gdn2`` through ``optimized.gdn2``, ``L·H`` heads: the same recurrent state), both

@@ -10,7 +10,7 @@ from layers.common import (GatedOutput, QKVProjections, RecurrentLayer)
 
 
 class GDN2(RecurrentLayer):
-    """Flat GDN-2 layer (SPEC §1) with per-channel gates.
+    """Flat GDN-2 layer (CONTRACT §1) with per-channel gates.
 
     State size is matched to a ``NestedGDN2(num_heads=H, num_levels=L)`` by giving the flat layer
     ``num_heads = L·H`` heads of the same ``K × V``: both then carry ``L·H·K·V`` state elements per

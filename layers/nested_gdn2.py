@@ -16,7 +16,7 @@ from layers.common import (GatedOutput, QKVProjections, RecurrentLayer, check_in
 
 class NestedGDN2(RecurrentLayer):
     """Nested GDN-2 layer: level 0 is GDN-2 with per-channel gates, levels 1..L-1 are promoted
-    memories, a per-token softmax router mixes the L reads (SPEC §3).
+    memories, a per-token softmax router mixes the L reads (CONTRACT §3).
 
     Projections (bias-free, from ``hidden_size``): ``q_proj`` gives one query per head and level
     (``[B, T, H, L, K]``), ``k_proj``/``v_proj`` level 0's key and value, ``a_proj`` the log-decay

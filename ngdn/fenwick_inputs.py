@@ -1,4 +1,4 @@
-"""Seeded float64 inputs for the Fenwick level router (SPEC section 5).
+"""Seeded float64 inputs for the Fenwick level router (CONTRACT section 5).
 
 Same conventions as ``ngdn.inputs``: one ``torch.Generator`` per draw, float64
 CPU "master" values; tests ``cast`` them for the optimized path and give the

@@ -94,7 +94,7 @@ def extreme_state(gen, s: torch.Tensor | None, typical_scale: float = 0.5) -> to
 
 
 def gdn2_inputs(shape: GDN2Shape, seed: int, initial_state: bool = True, regime: str = "typical") -> dict:
-    """GDN-2 inputs (SPEC section 1) in float64.
+    """GDN-2 inputs (CONTRACT section 1) in float64.
 
     ``k`` is unit-norm and ``b, w ∈ (0, 1)``, so every token transition is
     non-expansive and long sequences stay bounded; ``g ∈ (-1.5, 0)`` per channel.

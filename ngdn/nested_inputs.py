@@ -1,11 +1,11 @@
-"""Seeded, well-conditioned inputs for Nested GDN-2 (SPEC section 3), float64 masters.
+"""Seeded, well-conditioned inputs for Nested GDN-2 (CONTRACT section 3), float64 masters.
 
 Level 0 is drawn as in ``ngdn.inputs.gdn2_inputs`` (unit-norm ``k``, ``b, w ∈ (0, 1)``,
 ``g ∈ (-1.5, 0)`` per channel). Router logits ``r ~ N(0, 1)``; initial states
 ``0.5·N(0, 1)``; scheme parameters from ``reference.nested.make_levels`` (the scales are
 documented there) with the same generator.
 
-Keeping the float64 reference finite (SPEC section 2, "Hazard"). ``β = σ(ν W_β)`` has
+Keeping the float64 reference finite (CONTRACT section 2, "Hazard"). ``β = σ(ν W_β)`` has
 no bias, so no choice of ``W_β`` makes ``Σ_i β_i < 1``: small weights give β ≈ ½ for
 every pair. What keeps a firing bounded is key overlap and decay: with ``W_γ`` small
 each firing decays the level by ``e^γ ≈ e^{-softplus(0)} = ½``, and with few, well
@@ -14,9 +14,9 @@ spread keys the erase ``I - κ^T (β ⊙ κ)`` has norm about 1. Measured (``lea
 firings; the Gram matrix of K random unit keys has top eigenvalue ≈ 4, so the erase
 has an eigenvalue ≈ 1 - ½·4·(1 + spread)), ``V < n`` likewise (1e26 at K=16, V=4, n=16),
 while ``n ≤ K/2`` with ``n ≤ V`` stayed below the level-0 norm. So the default query
-counts here are the SPEC ladder capped at ``min(K // 2, V)`` (``bounded_query_counts``);
+counts here are the CONTRACT ladder capped at ``min(K // 2, V)`` (``bounded_query_counts``);
 pass ``query_counts`` to test the full ladder on short sequences: a few firings stay
-finite (the SPEC's equal-key worst case is 3.5× per firing at n = 16, β = ½). ``merge``
+finite (the CONTRACT's equal-key worst case is 3.5× per firing at n = 16, β = ½). ``merge``
 is always safe (n = K, row i scaled by ``(1 - β_ii) e^γ``).
 """
 from __future__ import annotations
@@ -41,7 +41,7 @@ class NestedShape(NamedTuple):
 
 
 def bounded_query_counts(L: int, K: int, V: int) -> list[int]:
-    """The SPEC ladder ``min(K, 16·2^(ℓ-1))`` capped at ``max(1, min(K // 2, V))`` (see module doc)."""
+    """The CONTRACT ladder ``min(K, 16·2^(ℓ-1))`` capped at ``max(1, min(K // 2, V))`` (see module doc)."""
     cap = max(1, min(K // 2, V))
     return [min(n, cap) for n in default_query_counts(L, K)]
 

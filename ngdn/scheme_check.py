@@ -8,8 +8,8 @@ when ``figure ≤ bound``. Properties with a draw type are searched with Hypothe
 failing draw is shrunk; the stability search maximises its figure with ``target()``);
 the rest run fixed cases. Parameters are drawn as ``make_levels`` draws them.
 
-- ``contract`` (SPEC 2, a scheme's contract): on snapshots that are zero, tiny (1e-8), large
-  (1e4), huge (1e7), near rank one, orthonormal or random, with ``K ≠ V``: the probe returns SPEC 2
+- ``contract`` (CONTRACT 2, a scheme's contract): on snapshots that are zero, tiny (1e-8), large
+  (1e4), huge (1e7), near rank one, orthonormal or random, with ``K ≠ V``: the probe returns CONTRACT 2
   shapes and dtype (the registry checks them), finite outputs, ``γ ≤ 0``, gates ``β, ω`` in
   ``[0, 1]``; it is pure (a second call gives the same outputs, neither ``M_below`` nor a
   parameter is changed in place); it honours ``reduction`` (with ``n > 1`` pairs and a nonzero
@@ -17,7 +17,7 @@ the rest run fixed cases. Parameters are drawn as ``make_levels`` draws them.
   results; ``n > K`` is a ``ValueError`` (schemes with a query axis); every declared parameter
   gets a gradient from the outputs (used, and not through a detached or cached copy). Figure:
   violations.
-- ``independence`` (SPEC "Errors", batch and head independence; ``B = H = 2``): replacing one
+- ``independence`` (CONTRACT "Errors", batch and head independence; ``B = H = 2``): replacing one
   batch element's (head's) inputs, at unit scale and 1e7 times larger, changes no other's
   outputs, through the probe and through the nested reference (output and final states;
   bitwise); and batch element 0 alone gives what it gives in the batch of two (the batch's size
@@ -337,7 +337,7 @@ def contract(scheme, d: ProbeDraw) -> Measured:
     if outputs[0].shape[-2] > 1 and bool((γ != 0).any()) and same(γ, probe(M_below, params, other)[4]):
         problems.append(f"γ is the same with reduction={d.reduction!r} and {other!r} at n = {outputs[0].shape[-2]} "
                         f"pairs: the probe ignores `reduction`, so a Level asking for one gets the other "
-                        f"(SPEC 2: the firing's decay reduces the pairs' log-decays by their mean or sum)")
+                        f"(CONTRACT 2: the firing's decay reduces the pairs' log-decays by their mean or sum)")
     if bool((γ > 0).any()):
         problems.append(f"γ > 0 (max {γ.max().item():.3g}): the decay amplifies the state")
     for label, x, role in (("β", outputs[2], "an erase gate above 1 over-erases (merge scales row i by "
@@ -346,7 +346,7 @@ def contract(scheme, d: ProbeDraw) -> Measured:
         lo, hi = x.min().item(), x.max().item()
         if lo < 0 or hi > 1:
             problems.append(f"{label} outside [0, 1] (min {lo:.3g}, max {hi:.3g}) on a {d.snapshot} snapshot: "
-                            f"{role} (SPEC 2: gates are meant to lie in [0, 1])")
+                            f"{role} (CONTRACT 2: gates are meant to lie in [0, 1])")
     stacked = probe(torch.stack([M_below, 2 * M_below], dim=1), params, d.reduction)
     second = probe(2 * M_below, params, d.reduction)
     for label, s, a, b in zip(PROBE_OUTPUTS, stacked, outputs, second):
@@ -378,7 +378,7 @@ def contract(scheme, d: ProbeDraw) -> Measured:
 
 @accepts_name
 def independence(scheme, d: ProbeDraw) -> Measured:
-    """SPEC "Errors", batch and head independence, with ``B = H = 2``: replacing batch b's (head
+    """CONTRACT "Errors", batch and head independence, with ``B = H = 2``: replacing batch b's (head
     h's) snapshot, and head h's parameters, changes no other batch's (head's) probe output; the
     same through the nested reference (every activation, initial state and, per head, the
     scheme's parameters; output and final states). Bitwise: the other elements' arithmetic is
@@ -653,7 +653,7 @@ def stability(scheme, d: StabilityDraw, threshold: float = DEFAULT_THRESHOLD) ->
 
 # Slow decays for the stability search: the probe's γ times this (a level whose decay gate has
 # learned to keep its memory). At make_levels' scales a firing then decays by about 0.07 % instead
-# of ½, which no longer hides an erase that expands the state (SPEC 2).
+# of ½, which no longer hides an erase that expands the state (CONTRACT 2).
 SLOW_DECAY = 1e-3
 SLOW_DECAY_SNAPSHOTS = ("tiny", "near_rank_one", "orthonormal", "random")   # the unit and smaller scales
 
@@ -732,7 +732,7 @@ OPTIMIZED_CPU = OptimizedDraw(T=130, L=3, **_kernel_sizes(16, 32), reduction=("m
 OPTIMIZED_CUDA = (OPTIMIZED_CPU, OptimizedDraw(T=256, L=4, **_kernel_sizes(64, 64), reduction="sum", gate_scale=30.0,
                                                seed=1))
 
-# The SPEC 2 "Hazard" configuration (n = K keys read from a near-rank-one snapshot, 64 firings) at both
+# The CONTRACT 2 "Hazard" configuration (n = K keys read from a near-rank-one snapshot, 64 firings) at both
 # gate scales: a scheme that over-erases along overlapping keys shows it here whatever the budget; and
 # make_levels' scales with slow decays, where an erase gate above 1 is not hidden by the decay.
 STABILITY_SEEDS = tuple(StabilityDraw(K=16, V=8, n=16, snapshot="near_rank_one", state=state, firings=64,

@@ -1,4 +1,4 @@
-"""Seeded float64 inputs for the 3D tensor state (SPEC section 4), as in ``ngdn.inputs``.
+"""Seeded float64 inputs for the 3D tensor state (CONTRACT section 4), as in ``ngdn.inputs``.
 
 Draws are well conditioned for every mode: ``k1`` is unit-norm; ``q2, k2`` come
 from the second query/key mode helper (``reference.tensor3d.second_query_key``)

@@ -3,7 +3,7 @@
 Every optimized op's backward is hand-written or fla's: its gradients are computed by kernels
 that record no graph. A ``torch.autograd.grad(..., create_graph=True)`` through such an op would
 return a first-order gradient that silently lacks its graph (a gradient penalty's term lost
-without a word). SPEC "Errors" (autograd beyond one backward) asks for correct second-order
+without a word). CONTRACT "Errors" (autograd beyond one backward) asks for correct second-order
 gradients or a clear refusal: these ops refuse.
 
 Mechanism: ``first_order_only(op, *tensors)`` routes the op's differentiable inputs through an

@@ -1,4 +1,4 @@
-"""Input checks of the optimized entry points beyond the references' (SPEC.md, "Errors").
+"""Input checks of the optimized entry points beyond the references' (docs/CONTRACT.md, "Errors").
 
 The shapes, dtypes and devices are checked by the references' validators
 (``reference.validation`` and friends, one validation for both paths); these are
@@ -15,7 +15,7 @@ the checks only the kernels need, run in this order after them:
    chunk (cumulative decays, triangular solves), so one NaN or inf at token t
    poisons the outputs at earlier tokens of its chunk, and ``g = -inf`` (a full
    forget) makes every output NaN (``exp(-G)`` of the cumulative decay overflows).
-   SPEC lets an op raise instead: one fused device reduction (a single host sync)
+   CONTRACT lets an op raise instead: one fused device reduction (a single host sync)
    over the activations; only on failure the first bad (batch, token) is looked up.
    ``g = -inf`` is refused too: clamping it to a finite log-decay whose ``exp``
    underflows to 0 (``g >= -110``) keeps every output finite, but the cancellation

@@ -1,6 +1,6 @@
 """Fenwick level router (scalar decay) on fla-core 0.6.0's ``chunk_log_linear_attn``.
 
-Same contract as ``reference.fenwick.naive_fenwick`` (SPEC.md section 5), output
+Same contract as ``reference.fenwick.naive_fenwick`` (docs/CONTRACT.md section 5), output
 only. Validates its inputs, then adapts them to fla's kernel:
 
 - ``scale``: fla's defaults to 1.0; ours (``K ** -0.5`` unless given) is always passed.
@@ -11,7 +11,7 @@ only. Validates its inputs, then adapts them to fla's kernel:
   sliced away by autograd (``F.pad``'s backward).
 - Levels: fla reads ``level_scales[..., ℓ]`` for every level ``ℓ`` that occurs and
   masks reads at ``ℓ ≥ L`` to zero. We require ``L ≥ 1 + ceil(log2 T)`` (every
-  level that occurs is given, as SPEC says); levels beyond that never occur and
+  level that occurs is given, as CONTRACT says); levels beyond that never occur and
   fla never reads them (their gradient is zero, as in the reference).
 - fla's kernel takes no plain initial state (its ``LogLinearAttentionState`` is a
   chunk-level cache, and its backward refuses it); neither does the reference.

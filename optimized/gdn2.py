@@ -1,7 +1,7 @@
 """GDN-2 level 0 on fla-core 0.6.0's chunk kernels (``fla.ops.gdn2.chunk_gdn2``).
 
-Same contract as ``reference.gdn2.naive_gdn2`` (SPEC.md section 1): validates
-its inputs, then calls fla. fla's chunk size is 64 (SPEC conventions).
+Same contract as ``reference.gdn2.naive_gdn2`` (docs/CONTRACT.md section 1): validates
+its inputs, then calls fla. fla's chunk size is 64 (CONTRACT conventions).
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """3D tensor state (two-key linear attention) on fla-core 0.6.0's chunk kernels.
 
-Same contract as ``reference.tensor3d.naive_tensor3d`` (SPEC.md section 4). The
+Same contract as ``reference.tensor3d.naive_tensor3d`` (docs/CONTRACT.md section 4). The
 3D state ``T [K, E, V]`` is run as a 2D state ``[K·E, V]`` through the exact
 flattening (row-major, index ``i·E + j``):
 
@@ -11,7 +11,7 @@ flattening (row-major, index ``i·E + j``):
 
 - mode ``gla``: ``fla.ops.gla.chunk_gla`` (per-channel log-decay ``g [B, T, H, K·E]``);
 - mode ``delta``: ``fla.ops.kda.chunk_kda`` (the gated delta rule with per-channel
-  decay and a scalar ``beta [B, T, H]``), which is exactly SPEC's delta mode on the
+  decay and a scalar ``beta [B, T, H]``), which is exactly CONTRACT's delta mode on the
   flattened state.
 
 ``scale`` defaults to ``K ** -0.5`` with K the width of ``q1`` and is always passed

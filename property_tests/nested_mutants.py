@@ -168,7 +168,7 @@ def nested_variant(promote_fn=promote, probe_fn=None, read="chunk_start", partia
                    chunk_base=1, decreasing_levels=False, softmax_dim=-1, detach=()):
     """A Nested GDN-2 with one knob per mutation (defaults: the reference).
 
-    read: ``"chunk_start"`` (SPEC), ``"after_firing"`` (chunk c's tokens read M_ℓ after chunk c's
+    read: ``"chunk_start"`` (CONTRACT), ``"after_firing"`` (chunk c's tokens read M_ℓ after chunk c's
     own firing) or ``"one_chunk_late"`` (chunk c reads M_ℓ as it stood when chunk c-1 began, so a
     firing becomes visible one chunk late). partial_fires: a partial last chunk fires too.
     chunk_base: 0 numbers chunks from 0 (fires when (c-1) mod f == 0). decreasing_levels: fires

@@ -1,4 +1,4 @@
-"""Fenwick level router (SPEC section 5): the incremental and quadratic references agree with
+"""Fenwick level router (CONTRACT section 5): the incremental and quadratic references agree with
 each other, with their NumPy twins and with fla's naive oracle; λ ≡ 1 reduces to gated linear
 attention (scalar form) and to GDN-2 (GDN-2 variant); the optimized entry point matches the
 reference in value and in every gradient. Each property has a mutation test showing it fails

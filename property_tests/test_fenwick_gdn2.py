@@ -1,4 +1,4 @@
-"""Chunked Fenwick GDN-2 memory (SPEC section 5, the GDN-2 variant; ``optimized.chunk_fenwick_gdn2``):
+"""Chunked Fenwick GDN-2 memory (CONTRACT section 5, the GDN-2 variant; ``optimized.chunk_fenwick_gdn2``):
 the optimized op equals ``reference.naive_fenwick_gdn2`` in value, final states and every
 gradient (λ included), on ragged sequences spanning several chunk-level carries; with
 ``λ ≡ 1`` it is ``optimized.chunk_gdn2``; splitting a sequence at a multiple of 64 and passing
@@ -236,7 +236,7 @@ def ragged_draw():
 
 @pytest.mark.compiles
 def test_packed_sequences_reach_different_bucket_counts():
-    """SPEC "Variable-length batches": one packed call (one launch set) equals separate calls in
+    """CONTRACT "Variable-length batches": one packed call (one launch set) equals separate calls in
     output, per-sequence final states and every gradient, with sequences of 1, 1, 3 and 5 chunks
     (the longest sets the row's bucket blocks; the shorter ones' stay empty)."""
     info, d = ragged_draw()

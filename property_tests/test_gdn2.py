@@ -1,4 +1,4 @@
-"""GDN-2 level 0 (SPEC section 1): references agree with each other and with fla's
+"""GDN-2 level 0 (CONTRACT section 1): references agree with each other and with fla's
 oracles; the optimized entry point matches the reference in value and gradient.
 Each property has a mutation test showing it fails on a broken implementation."""
 import pytest

@@ -1,7 +1,7 @@
-"""Production Nested GDN-2 (``optimized.chunk_nested_gdn2``, SPEC sections 2 and 3): equals
+"""Production Nested GDN-2 (``optimized.chunk_nested_gdn2``, CONTRACT sections 2 and 3): equals
 the float64 reference in output, final states and every gradient; level 0's per-chunk
 states and injected-gradient backward equal per-token GDN-2; the schedule (firings, probed
-snapshots, read states) equals a direct run of the SPEC loop; two GPU runs agree bit for
+snapshots, read states) equals a direct run of the CONTRACT loop; two GPU runs agree bit for
 bit. Each property has a mutation test showing it fails on a broken variant
 (``nested_optimized_mutants``): a firing one chunk late, the injected state gradient
 dropped, a missing partial-sum block, run-dependent noise.
@@ -43,7 +43,7 @@ Case = checks.OptCase
 CPU_SEQ_LENS = (17, 64, 130, 260)
 CPU_HEAD_DIMS = (16, 32)
 # n up to K only on short sequences (≤ 2 full chunks): with n = K the keys overlap and firings
-# are expansive (SPEC 2, "Hazard": ~3.5× per firing), which amplifies float32 rounding; longer
+# are expansive (CONTRACT 2, "Hazard": ~3.5× per firing), which amplifies float32 rounding; longer
 # sequences draw n up to the bounded ladder (ngdn.nested_inputs.bounded_query_counts).
 SHORT = 130
 # Scheme gate weights: the default scale (gates near their linear regime) or large (decay logits
@@ -82,7 +82,7 @@ def opt_cases(draw, bucket=None, max_L=6, regimes=KERNEL_REGIMES):
                      | per_level(st.integers(1, 4)))                        # anything, e.g. (1, 3)
     gate_scale = draw(st.sampled_from(GATE_SCALES))
     # Large gates saturate β (≈ 1 per pair): with n > K/2 overlapping learned keys the firing is
-    # expansive far beyond float32's reach (SPEC 2, "Hazard"); there n stays bounded.
+    # expansive far beyond float32's reach (CONTRACT 2, "Hazard"); there n stays bounded.
     bounded = T > SHORT or gate_scale != 1.0
     cap = max(bounded_query_counts(L, K, V) + [1]) if bounded else K
     return Case(shape=NestedShape(B=B, T=T, H=H, L=L, K=K, V=V), seed=draw(seeds()),

@@ -1,4 +1,4 @@
-"""Production Nested GDN-2 on packed sequences (``cu_seqlens``, SPEC "Variable-length batches"):
+"""Production Nested GDN-2 on packed sequences (``cu_seqlens``, CONTRACT "Variable-length batches"):
 one packed call equals separate float64 reference calls, sequence by sequence, in output,
 per-sequence final states and every gradient, where the kernels index the sequences themselves
 (``optimized.nested.plan.make_packed_plan``).

@@ -1,4 +1,4 @@
-"""Nested GDN-2 reference (SPEC section 3): PyTorch == NumPy, L = 1 is GDN-2, the router
+"""Nested GDN-2 reference (CONTRACT section 3): PyTorch == NumPy, L = 1 is GDN-2, the router
 is a softmax per token, timing and causality of firings, a partial chunk never fires,
 state passing, pair-order invariance, and gradients (gradcheck). Each property has a
 mutation test showing it fails on a broken implementation (``nested_mutants``)."""
@@ -17,7 +17,7 @@ from reference import naive_nested_gdn2
 
 Case = checks.NestedCase
 SEQ_LENS = (1, 17, 64, 100, 130, 200)          # T < 64, = 64, not a multiple of 64, > 3 chunks
-CHUNK_SIZES = (64, 64, 16, 8)                  # 64 per SPEC; smaller ones fire deep levels cheaply
+CHUNK_SIZES = (64, 64, 16, 8)                  # 64 per CONTRACT; smaller ones fire deep levels cheaply
 
 
 @st.composite

@@ -1,4 +1,4 @@
-"""Promote, one firing (SPEC section 2): schemes and the simultaneous update agree with
+"""Promote, one firing (CONTRACT section 2): schemes and the simultaneous update agree with
 their NumPy twins, are invariant to the order of the pairs, reduce to one GDN-2 step
 with one pair, match the sequential variant's total decay under the ``sum`` reduction,
 are non-expansive in the safe regime, and show the documented hazard. Each property
@@ -117,7 +117,7 @@ def test_equal_keys_scale_their_component_by_one_minus_sum_beta(d):
 
 
 def test_hazard_reproduces_the_spec_numbers():
-    """SPEC: n = 16 equal keys, β ≈ ½, γ = -softplus(0) (near-zero weights) give a factor
+    """CONTRACT: n = 16 equal keys, β ≈ ½, γ = -softplus(0) (near-zero weights) give a factor
     (1 - 8)·½ = -3.5 on that key's component: the firing is expansive."""
     K, V, n = 16, 4, 16
     gen = torch.Generator().manual_seed(0)

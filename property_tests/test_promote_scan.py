@@ -1,4 +1,4 @@
-"""The update stage on its own (``optimized.nested.promote_scan``, SPEC section 2): the Triton scan
+"""The update stage on its own (``optimized.nested.promote_scan``, CONTRACT section 2): the Triton scan
 over firings and its hand-written reverse scan equal ``reference.promote`` applied firing
 by firing (float64 autograd) for every stored state and every gradient, with ragged
 K, V, n (masks), several V blocks (partial sums) and both schemes; permuting the pairs

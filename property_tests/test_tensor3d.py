@@ -1,4 +1,4 @@
-"""3D tensor state (SPEC section 4): the PyTorch and NumPy references agree; the
+"""3D tensor state (CONTRACT section 4): the PyTorch and NumPy references agree; the
 reference satisfies the spec's identities (parallel form, one-hot and ones
 reductions to 2D, flattening to a 2D state); the optimized entry point matches the
 reference in value and every gradient. Each property has a mutation test showing

@@ -1,4 +1,4 @@
-"""Fenwick level router (log-linear memory): SPEC.md section 5, in PyTorch.
+"""Fenwick level router (log-linear memory): docs/CONTRACT.md section 5, in PyTorch.
 
 For tokens ``s ≤ t`` (0-based)::
 
@@ -24,7 +24,7 @@ computing in the inputs' dtype (pass float64 for a reference):
   ``k_t (w_t ⊙ v_t)^T`` into its own level-0 bucket; buckets merge as above;
   ``o_t = scale · Σ_ℓ λ_t[ℓ] (S^(ℓ)_t)^T q_t``. With ``λ ≡ 1`` it is GDN-2.
 
-Choices where SPEC is silent (written down here, as SPEC asks):
+Choices where CONTRACT is silent (written down here, as CONTRACT asks):
 
 - No initial state: a prefix state would also need the position at which the
   sequence continues (the bucket boundaries depend on absolute token indices);
@@ -103,7 +103,7 @@ def longest_sequence(cu_seqlens) -> int:
 
 
 def check_fenwick_inputs(q, k, v, g, level_scales, scale=None, dtypes=FLOAT_DTYPES, cu_seqlens=None):
-    """SPEC section 5 shapes: q, k ``[B, T, H, K]``; v ``[B, T, H, V]``; g ``[B, T, H]``;
+    """CONTRACT section 5 shapes: q, k ``[B, T, H, K]``; v ``[B, T, H, V]``; g ``[B, T, H]``;
     level_scales ``[B, T, H, L]`` (``L`` for the longest sequence with ``cu_seqlens``,
     ``reference.validation.check_cu_seqlens``). Returns ``(B, T, H, K, V, L)``."""
     for name, x in (("q", q), ("k", k), ("v", v)):
@@ -133,7 +133,7 @@ def check_fenwick_inputs(q, k, v, g, level_scales, scale=None, dtypes=FLOAT_DTYP
 
 
 def check_fenwick_gdn2_inputs(q, k, v, g, b, w, level_scales, scale=None, cu_seqlens=None):
-    """SPEC section 1 shapes for ``q, k, v, g, b, w`` plus ``level_scales [B, T, H, L]`` (``L`` for
+    """CONTRACT section 1 shapes for ``q, k, v, g, b, w`` plus ``level_scales [B, T, H, L]`` (``L`` for
     the longest sequence with ``cu_seqlens``). Returns ``(B, T, H, K, V, L)``."""
     B, T, H, K, V = check_gdn2_inputs(q, k, v, g, b, w, scale, cu_seqlens=cu_seqlens)
     L = check_level_scales(level_scales, B, T, H, None if cu_seqlens is None else longest_sequence(cu_seqlens))
@@ -204,7 +204,7 @@ def naive_fenwick_gdn2(q, k, v, g, b, w, level_scales, scale=None, output_final_
     """The GDN-2 variant: every bucket is a GDN-2 state sharing the token transition.
 
     Args:
-        q, k, g, b: ``[B, T, H, K]``; v, w: ``[B, T, H, V]`` (SPEC section 1).
+        q, k, g, b: ``[B, T, H, K]``; v, w: ``[B, T, H, V]`` (CONTRACT section 1).
         level_scales: ``λ [B, T, H, L]``, ``L ≥ 1 + ceil(log2 T)``.
         scale: multiplies every read; default ``K ** -0.5``.
         output_final_state: also return the bucket states after the last token.

@@ -1,11 +1,11 @@
-"""Fenwick level router in NumPy float64: the twin of ``reference.fenwick`` (SPEC.md section 5).
+"""Fenwick level router in NumPy float64: the twin of ``reference.fenwick`` (docs/CONTRACT.md section 5).
 
 Written independently of the PyTorch reference so the two can check each other:
-explicit loops over batch and head; the level is SPEC's ``1 + floor(log2(t XOR s))``
+explicit loops over batch and head; the level is CONTRACT's ``1 + floor(log2(t XOR s))``
 evaluated literally; the recurrent form adds a token by a binary-counter carry
 (level 0 absorbs each occupied level above it until the first empty one, where
 the sum lands) instead of counting trailing one-bits; the GDN-2 transition is
-the SPEC's matrix ``(I - k (b ⊙ k)^T) diag(exp(g))`` applied by a matrix product.
+the CONTRACT's matrix ``(I - k (b ⊙ k)^T) diag(exp(g))`` applied by a matrix product.
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""GDN-2 (level 0), one token at a time: SPEC.md section 1, in PyTorch.
+"""GDN-2 (level 0), one token at a time: docs/CONTRACT.md section 1, in PyTorch.
 
     S_t = (I - k_t (b_t ⊙ k_t)^T) diag(exp(g_t)) S_{t-1} + k_t (w_t ⊙ v_t)^T
     o_t = scale · S_t^T q_t

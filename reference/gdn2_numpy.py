@@ -1,4 +1,4 @@
-"""GDN-2 (level 0) in NumPy float64: the twin of ``reference.gdn2`` (SPEC.md section 1).
+"""GDN-2 (level 0) in NumPy float64: the twin of ``reference.gdn2`` (docs/CONTRACT.md section 1).
 
 Written independently of the PyTorch reference (explicit loops over batch and
 head, matrix products instead of einsum) so the two can check each other.

@@ -1,4 +1,4 @@
-"""Nested GDN-2: SPEC.md section 3, in PyTorch, one token at a time.
+"""Nested GDN-2: docs/CONTRACT.md section 3, in PyTorch, one token at a time.
 
     for chunk c = 1..N:
         for each token t of chunk c, in order:
@@ -18,10 +18,10 @@ at 1 in every call. Final states: level 0 after the last token, level ℓ ≥ 1 
 its last firing. Differentiable in every input, router logit, scheme parameter and
 initial state. Pass float64 for a reference.
 
-Choices where the SPEC is silent: everything is computed in the inputs' dtype;
+Choices where the CONTRACT is silent: everything is computed in the inputs' dtype;
 scheme parameters and initial states of any float dtype are cast to it (gradients
 flow back through the cast), and final states come back in it. ``chunk_size`` is 64
-per SPEC; smaller values exist only so tests can fire levels cheaply.
+per CONTRACT; smaller values exist only so tests can fire levels cheaply.
 """
 from __future__ import annotations
 
@@ -86,7 +86,7 @@ def make_levels(L, H, K, V, scheme="learned", intervals=None, query_counts=None,
       gate_scale 1 median 0.013, max 0.22; 30 median 0.4, 1% over 3; 100 median 1.4, 90% below 5,
       24% over 3.
 
-    Hazard (SPEC section 2): at gate_scale 100 (30), 80 (160) nested draws with T = 200, chunk size 8,
+    Hazard (CONTRACT section 2): at gate_scale 100 (30), 80 (160) nested draws with T = 200, chunk size 8,
     L ≤ 6, the bounded query counts and both schemes stayed finite, every level state below 3.2 (17)
     in magnitude, and the float64 references agreed to 1e-12.
     """
@@ -145,7 +145,7 @@ def make_levels(L, H, K, V, scheme="learned", intervals=None, query_counts=None,
 
 def validate_nested_inputs(q, k, v, g, b, w, r, levels, scale=None, initial_states=None,
                            chunk_size=CHUNK_SIZE, dtypes=FLOAT_DTYPES, check_params_finite=True, cu_seqlens=None):
-    """Every SPEC "Errors" check for Nested GDN-2 (shared with ``optimized.nested``).
+    """Every CONTRACT "Errors" check for Nested GDN-2 (shared with ``optimized.nested``).
 
     q ``[B, T, H, L, K]``; k, g, b ``[B, T, H, K]``; v, w ``[B, T, H, V]``; r ``[B, T, H, L]``;
     ``len(levels) == L - 1``; each level a known scheme with parameters of its shapes
@@ -234,13 +234,13 @@ def naive_nested_gdn2(q, k, v, g, b, w, r, levels, scale=None, initial_states=No
 
     Args:
         q: per-level read queries ``[B, T, H, L, K]`` (``q[..., ℓ, :]`` reads level ℓ).
-        k, g, b: ``[B, T, H, K]``; v, w: ``[B, T, H, V]`` (level 0, SPEC section 1).
+        k, g, b: ``[B, T, H, K]``; v, w: ``[B, T, H, V]`` (level 0, CONTRACT section 1).
         r: router logits ``[B, T, H, L]``.
         levels: ``L - 1`` ``Level`` entries for ℓ = 1..L-1.
         scale: multiplies every read; default ``K ** -0.5``.
         initial_states: ``None`` or ``L`` entries, each ``None`` (zeros) or ``[B, H, K, V]``.
         output_final_state: also return the ``L`` final states.
-        chunk_size: ``C`` (64 per SPEC).
+        chunk_size: ``C`` (64 per CONTRACT).
         cu_seqlens: ``[0, T_1, T_1 + T_2, …, T]`` (int32 or int64, on the inputs' device) for N
             sequences packed in one row (``B = 1``); each is computed as a separate call (its own
             chunk grid and firing schedule from its first token), with initial and final states

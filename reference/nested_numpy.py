@@ -1,4 +1,4 @@
-"""Nested GDN-2 in NumPy float64: the twin of ``reference.nested`` (SPEC.md section 3).
+"""Nested GDN-2 in NumPy float64: the twin of ``reference.nested`` (docs/CONTRACT.md section 3).
 
 Written independently of the PyTorch reference: explicit loops over batch, head,
 chunk and token; the level states are read through a copy taken when the chunk

@@ -1,4 +1,4 @@
-"""Promote, one firing of a level ℓ ≥ 1: SPEC.md section 2, in PyTorch.
+"""Promote, one firing of a level ℓ ≥ 1: docs/CONTRACT.md section 2, in PyTorch.
 
 Every pair comes from one snapshot and acts on the state as it stood before the
 firing: the pairs are written **simultaneously**.
@@ -60,7 +60,7 @@ def promote_sequential(M, κ, ν, β, ω, γ_pairs):
     """REJECTED DESIGN, kept for the tests: the pairs applied one after another as GDN-2
     token steps (``k=κ_i, v=ν_i, b=β_i, w=ω_i, g=γ_i``), each with its own log-decay
     ``γ_pairs [..., n, K]``. Pair i sees the writes of pairs < i, so the result depends
-    on the order of the pairs; this is NOT the promote of SPEC section 2."""
+    on the order of the pairs; this is NOT the promote of CONTRACT section 2."""
     check_promote_inputs(M, κ, ν, β, ω, γ_pairs, γ_name="γ_pairs", γ_pairs=True)
     for i in range(κ.shape[-2]):
         M = gdn2_step(M, κ[..., i, :], ν[..., i, :], γ_pairs[..., i, :], β[..., i, :], ω[..., i, :])

@@ -1,12 +1,12 @@
 """Promotion schemes and promote in NumPy float64: the twin of ``reference.schemes`` and
-``reference.promote`` (SPEC.md section 2).
+``reference.promote`` (docs/CONTRACT.md section 2).
 
 Written independently of the PyTorch reference: one head at a time (``M [K, V]``,
 parameters without the head axis), and the simultaneous update as an explicit sum
 over pairs that all read the same decayed state ``M'``.
 
 The public functions (``SCHEMES_NUMPY``, ``promote_numpy``, ``promote_sequential_numpy``) check
-their inputs, and the schemes their outputs, with the PyTorch reference's checks (SPEC "Errors":
+their inputs, and the schemes their outputs, with the PyTorch reference's checks (CONTRACT "Errors":
 the NumPy twins share them), on a head axis of one; the nested twin, which checks its inputs once
 for the whole call, runs the unchecked forms (``unchecked_twin``, ``_promote``) in its loops.
 """

@@ -1,4 +1,4 @@
-"""Promotion schemes: SPEC.md section 2, in plain PyTorch, behind a registry.
+"""Promotion schemes: docs/CONTRACT.md section 2, in plain PyTorch, behind a registry.
 
 A scheme maps one snapshot ``M_below`` of the level below to ``n`` pairs and one
 decay vector:
@@ -23,11 +23,11 @@ Adding a scheme is one function plus one registration::
 
     register_scheme("mine", my_scheme, my_parameter_shapes)
 
-``register_scheme`` returns the probe wrapped in the input and output checks (SPEC
+``register_scheme`` returns the probe wrapped in the input and output checks (CONTRACT
 "Errors": outputs of the shapes above, errors naming the scheme; a taken name needs
 ``replace=True``), and ``get_scheme(name).probe`` is that checked probe. ``ngdn scheme
 check FILE.py`` runs the property battery on a new scheme (``ngdn/scheme_check.py``).
-Registered here: ``learned`` and ``merge`` (SPEC section 2) and ``bounded_erase``
+Registered here: ``learned`` and ``merge`` (CONTRACT section 2) and ``bounded_erase``
 (``learned``'s addresses with an erase that cannot expand the state; proof in its docstring).
 
 A scheme's query count ``n`` is read from its declared parameter shapes, never from a
@@ -51,7 +51,7 @@ REDUCTIONS = ("mean", "sum")
 
 
 def l2norm(x):
-    """``x / sqrt(sum(x**2) + 1e-6)`` over the last axis (SPEC conventions)."""
+    """``x / sqrt(sum(x**2) + 1e-6)`` over the last axis (CONTRACT conventions)."""
     return x / torch.sqrt((x * x).sum(-1, keepdim=True) + 1e-6)
 
 
@@ -127,7 +127,7 @@ _TRIAL_NS = (1, 2, 5)
 
 
 def resolve_query_axes(name: str, parameter_shapes: Callable) -> tuple:
-    """The ``(parameter, axis)`` pairs whose declared size is ``n`` (SPEC section 2: tools read
+    """The ``(parameter, axis)`` pairs whose declared size is ``n`` (CONTRACT section 2: tools read
     ``n`` from the parameter shapes or the probe's outputs, not from a name). ``parameter_shapes``
     is called at ``H, K, V = 3, 16, 12`` and ``n = 1, 2, 5``; it must return ``{name: shape}``
     with the same names for every ``n``. A shape that changes with ``n`` on an axis whose size
@@ -174,7 +174,7 @@ def register_scheme(name: str, probe: Callable, parameter_shapes: Callable, repl
     ``probe`` or ``parameter_shapes`` that is not callable is refused at once, and so is a
     ``parameter_shapes`` from which the query count ``n`` cannot be read back
     (``resolve_query_axes``). Every call of the returned probe checks its inputs
-    (``check_probe_inputs``) and its outputs against the shapes of SPEC section 2
+    (``check_probe_inputs``) and its outputs against the shapes of CONTRACT section 2
     (``check_probe_outputs``); errors name the scheme.
     """
     if not isinstance(name, str) or not name:
@@ -271,7 +271,7 @@ PROBE_OUTPUTS = ("κ", "ν", "β", "ω", "γ")
 
 
 def check_probe_outputs(scheme: str, M_below, params, outputs):
-    """A probe's outputs (SPEC section 2): five tensors of ``M_below``'s dtype and device,
+    """A probe's outputs (CONTRACT section 2): five tensors of ``M_below``'s dtype and device,
     ``κ [..., H, n, K], ν [..., H, n, V], β [..., H, n, K], ω [..., H, n, V], γ [..., H, K]``
     with ``M_below``'s leading dims; ``n`` is the parameters' query count, or (a scheme
     without a query axis) the pairs ``κ`` holds, with ``1 ≤ n ≤ K``. Errors name the scheme."""
@@ -306,7 +306,7 @@ def check_probe_outputs(scheme: str, M_below, params, outputs):
             raise ValueError(f"{where} output {label} is on {x.device} but M_below is on {M_below.device}")
 
 
-# --- the two schemes of SPEC section 2 ----------------------------------------------
+# --- the two schemes of CONTRACT section 2 ----------------------------------------------
 
 def learned_parameter_shapes(H, K, V, n):
     return {"Q": (H, n, K), "W_K": (H, V, K), "W_beta": (H, V, K), "W_omega": (H, V, V),
@@ -373,7 +373,7 @@ def bounded_erase(M_below, params, reduction="mean"):
 
     What it costs: nothing when the keys of a firing are orthonormal (``r_i = 1``: β_i = b_i,
     the full erase); with n equal keys each β_i is divided by n, so the erase along that key
-    is ``Σ_i b_i / n ≤ 1`` instead of ``learned``'s ``Σ_i β_i`` (up to n; SPEC 2 "Hazard").
+    is ``Σ_i b_i / n ≤ 1`` instead of ``learned``'s ``Σ_i β_i`` (up to n; CONTRACT 2 "Hazard").
     The erase is channel-uniform per pair (a per-channel ``β ⊙ κ`` makes E non-symmetric,
     and ``I − E`` can then have a singular value above 1 even for one pair). ``r_i`` uses
     ``|·|`` and ``max``, which have kinks only where a Gram entry is exactly 0 or r_i = 1.

@@ -1,4 +1,4 @@
-"""3D tensor state (two-key linear attention), one token at a time: SPEC.md section 4, in PyTorch.
+"""3D tensor state (two-key linear attention), one token at a time: docs/CONTRACT.md section 4, in PyTorch.
 
 Each head keeps a state ``T ∈ R^{K×E×V}``. A token writes with two keys,
 ``k1 ∈ R^K`` and a small second key ``k2 ∈ R^E``, and a read weighs each past
@@ -16,7 +16,7 @@ state, ``[B, T, H, E]`` scales tile ``T[:, j, :]`` by ``g[..., j]``, and
 ``[B, T, H, K, E]`` scales ``T[i, j, :]`` by ``g[..., i, j]``; ``g = None`` is no
 decay. ``scale`` defaults to ``K ** -0.5`` with ``K`` the width of ``q1``.
 
-Choices where the spec is silent (written down here, per SPEC's preamble):
+Choices where the spec is silent (written down here, per CONTRACT's preamble):
 
 - ``beta`` is required in mode ``delta`` and must be ``None`` in mode ``gla``
   (a gate that would be silently ignored is an error).
@@ -126,7 +126,7 @@ def gate_kind(g, B, T, H, K, E) -> str:
 
 def check_tensor3d_inputs(q1, k1, q2, k2, v, g=None, beta=None, mode="gla", scale=None,
                           initial_state=None, dtypes=FLOAT_DTYPES, cu_seqlens=None):
-    """SPEC section 4 shapes: ``q1, k1 [B, T, H, K]``, ``q2, k2 [B, T, H, E]``,
+    """CONTRACT section 4 shapes: ``q1, k1 [B, T, H, K]``, ``q2, k2 [B, T, H, E]``,
     ``v [B, T, H, V]``, ``g`` as in ``gate_kind`` or None, ``beta [B, T, H]`` (mode
     ``delta`` only), ``initial_state [B, H, K, E, V]`` (``[N, H, K, E, V]`` with ``cu_seqlens``,
     ``reference.validation.check_cu_seqlens``).
@@ -178,7 +178,7 @@ def check_tensor3d_inputs(q1, k1, q2, k2, v, g=None, beta=None, mode="gla", scal
 # --- the recurrence ---------------------------------------------------------------------------
 
 def broadcast_gate(g, K: int, E: int) -> torch.Tensor | None:
-    """A log-decay of any granularity as ``[..., K, E]``, by meaning (SPEC section 4).
+    """A log-decay of any granularity as ``[..., K, E]``, by meaning (CONTRACT section 4).
 
     ``g [B, T, H]`` -> every ``(i, j)``; ``g [B, T, H, E]`` -> ``g[..., j]`` for tile ``j``
     (the same for every ``i``); ``g [B, T, H, K, E]`` unchanged. ``None`` stays ``None``.

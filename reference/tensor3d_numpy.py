@@ -1,4 +1,4 @@
-"""3D tensor state in NumPy float64: the twin of ``reference.tensor3d`` (SPEC.md section 4).
+"""3D tensor state in NumPy float64: the twin of ``reference.tensor3d`` (docs/CONTRACT.md section 4).
 
 Written independently of the PyTorch reference: explicit loops over batch, head
 and token; the gate is expanded to one factor per ``(i, j)`` with explicit loops;

@@ -1,4 +1,4 @@
-"""Input checks shared by every public function (SPEC.md, "Errors").
+"""Input checks shared by every public function (docs/CONTRACT.md, "Errors").
 
 Every check raises ``ValueError`` (``TypeError`` for a wrong type) naming the
 argument, what was expected and what was given, so nothing fails later inside a
@@ -15,7 +15,7 @@ import torch
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 # Kernels index their tensors with int32 offsets: no tensor a call creates or reads may hold
-# more elements than this (SPEC "Errors", sizes). The references share the limit (one rule).
+# more elements than this (CONTRACT "Errors", sizes). The references share the limit (one rule).
 MAX_ELEMENTS = 2 ** 31 - 1
 
 
@@ -107,7 +107,7 @@ def check_same_dtype(named: Iterable[tuple[str, torch.Tensor | None]]):
 
 
 def check_state_dtype(name: str, state: torch.Tensor, compute_dtype: torch.dtype):
-    """States are float32 (SPEC conventions); float64 is accepted where inputs are float64."""
+    """States are float32 (CONTRACT conventions); float64 is accepted where inputs are float64."""
     allowed = {torch.float32, compute_dtype} if compute_dtype == torch.float64 else {torch.float32}
     if state.dtype not in allowed:
         raise ValueError(f"{name} must have dtype {' or '.join(sorted(str(d) for d in allowed))}, "
@@ -146,7 +146,7 @@ def check_scale(scale, dtype=None):
                          f"(|scale| ≤ {torch.finfo(torch.float32).max:.4g})")
 
 
-CHUNK = 64  # the kernels' chunk: they keep one state per chunk (SPEC conventions)
+CHUNK = 64  # the kernels' chunk: they keep one state per chunk (CONTRACT conventions)
 
 
 def gdn2_sizes(B, T, H, K, V):
@@ -156,7 +156,7 @@ def gdn2_sizes(B, T, H, K, V):
 
 
 def check_gdn2_inputs(q, k, v, g, b, w, scale=None, initial_state=None, dtypes=FLOAT_DTYPES, cu_seqlens=None):
-    """SPEC section 1 shapes: q, k, g, b ``[B, T, H, K]``; v, w ``[B, T, H, V]``;
+    """CONTRACT section 1 shapes: q, k, g, b ``[B, T, H, K]``; v, w ``[B, T, H, V]``;
     ``initial_state`` ``[B, H, K, V]`` (``[N, H, K, V]`` with ``cu_seqlens``, ``check_cu_seqlens``).
     Returns ``(B, T, H, K, V)``."""
     for name, x in (("q", q), ("k", k), ("v", v), ("g", g), ("b", b), ("w", w)):
@@ -189,7 +189,7 @@ def check_gdn2_inputs(q, k, v, g, b, w, scale=None, initial_state=None, dtypes=F
     return B, T, H, K, V
 
 
-# --- packed variable-length batches (SPEC "Variable-length batches") ----------------------------
+# --- packed variable-length batches (CONTRACT "Variable-length batches") ----------------------------
 
 CU_SEQLENS_DTYPES = (torch.int32, torch.int64)
 

@@ -1,4 +1,4 @@
-"""Bad inputs to the Fenwick level router (SPEC section 5, "Errors"): every public function
+"""Bad inputs to the Fenwick level router (CONTRACT section 5, "Errors"): every public function
 raises ValueError/TypeError naming the argument and what was expected, before any compute."""
 import pytest
 import torch

@@ -1,4 +1,4 @@
-"""Bad inputs to ``optimized.chunk_fenwick_gdn2`` (SPEC "Errors"): a ValueError/TypeError naming the
+"""Bad inputs to ``optimized.chunk_fenwick_gdn2`` (CONTRACT "Errors"): a ValueError/TypeError naming the
 argument and what was expected, before any kernel runs."""
 import re
 

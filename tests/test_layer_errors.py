@@ -1,4 +1,4 @@
-"""The layers' input checks (SPEC "Errors"): every refusal is a ``ValueError`` or ``TypeError``
+"""The layers' input checks (CONTRACT "Errors"): every refusal is a ``ValueError`` or ``TypeError``
 naming the argument, before any work; nothing the layers cannot honour is accepted silently
 (fla's model blocks pass ``cu_seqlens`` and other keywords on to their layers)."""
 import pytest

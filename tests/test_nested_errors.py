@@ -1,4 +1,4 @@
-"""Bad input to Nested GDN-2 (SPEC "Errors"), its schemes and promote fails early with a
+"""Bad input to Nested GDN-2 (CONTRACT "Errors"), its schemes and promote fails early with a
 message naming the argument. The nested checks run on the reference and, once it
 exists, on ``optimized.nested.chunk_nested_gdn2`` (same ``validate_nested_inputs``)."""
 import importlib.util

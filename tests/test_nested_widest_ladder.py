@@ -1,4 +1,4 @@
-"""The nested op launches at the SPEC ladder's widest firings on CUDA.
+"""The nested op launches at the CONTRACT ladder's widest firings on CUDA.
 
 The properties draw query counts capped at ``min(K // 2, V)`` (``bounded_query_counts``: long
 sequences stay finite), so no property reaches a level with n close to K, the ladder's top
@@ -23,7 +23,7 @@ NAMES = ("q", "k", "v", "g", "b", "w", "r")
 CUDA = triton_mode.MODE == triton_mode.CUDA
 
 
-# the SPEC ladder; and level 1 with 48 pairs, past level 0's factored injection's pair block (32)
+# the CONTRACT ladder; and level 1 with 48 pairs, past level 0's factored injection's pair block (32)
 # but under K / 2 (firing every chunk, more would grow without bound: ngdn.nested_inputs)
 COUNTS = {"ladder": None, "wide_level1": [48, 32, 64, 112]}
 

@@ -1,5 +1,5 @@
 """The NumPy twins of promote and of the schemes (``reference.promote_numpy``, one head at a time)
-share the PyTorch references' checks (SPEC "Errors": "This holds for the NumPy twins too"): what
+share the PyTorch references' checks (CONTRACT "Errors": "This holds for the NumPy twins too"): what
 ``promote`` and a registered probe refuse, they refuse with the same error, instead of computing
 it or failing inside NumPy."""
 import importlib

@@ -1,6 +1,6 @@
-"""The scheme registry's errors (SPEC "Errors", Registry): a taken name needs ``replace=True``
+"""The scheme registry's errors (CONTRACT "Errors", Registry): a taken name needs ``replace=True``
 (built-ins included), a probe or ``parameter_shapes`` that is not callable is refused at
-once, and a probe's outputs are checked against the shapes of SPEC section 2; every error
+once, and a probe's outputs are checked against the shapes of CONTRACT section 2; every error
 names the scheme."""
 import pytest
 import torch

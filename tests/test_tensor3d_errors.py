@@ -1,5 +1,5 @@
 """Bad input to the 3D tensor state entry points and helpers fails early with a message
-naming the argument (SPEC "Errors")."""
+naming the argument (CONTRACT "Errors")."""
 import pytest
 import torch
 

@@ -1,4 +1,4 @@
-"""Fenwick level router properties (SPEC section 5) as functions of (implementation, draw) -> errors.
+"""Fenwick level router properties (CONTRACT section 5) as functions of (implementation, draw) -> errors.
 
 Each property test runs one of these on the real implementation and asserts
 every error is within tolerance; the mutation tests run the same function on a

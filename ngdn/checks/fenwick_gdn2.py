@@ -1,4 +1,4 @@
-"""Chunked Fenwick GDN-2 memory (SPEC section 5, the GDN-2 variant; ``optimized.chunk_fenwick_gdn2``)
+"""Chunked Fenwick GDN-2 memory (CONTRACT section 5, the GDN-2 variant; ``optimized.chunk_fenwick_gdn2``)
 as functions of (implementation, draw) -> errors.
 
 Each property test runs one of these on the real op and asserts every error is within

@@ -1,4 +1,4 @@
-"""Promote (SPEC section 2) and Nested GDN-2 (SPEC section 3) properties as functions
+"""Promote (CONTRACT section 2) and Nested GDN-2 (CONTRACT section 3) properties as functions
 (implementation, draw) -> errors.
 
 Errors are ``{label: (error, bound)}`` as ``ngdn.tolerances.compare`` returns them, and
@@ -231,7 +231,7 @@ def orthonormal_firing(d: PromoteDraw):
 
 
 def stability(d: PromoteDraw, promote_fn=promote, log=True):
-    """SPEC section 2 "Hazard", the safe regime. For orthonormal keys κ (κ κ^T = I_n),
+    """CONTRACT section 2 "Hazard", the safe regime. For orthonormal keys κ (κ κ^T = I_n),
     channel-uniform erase gates ``β_i ∈ [0, 1]``, any ``ω ∈ [0, 1]``, ``γ ≤ 0``:
 
         ‖M_new − κ^T (ω ⊙ ν)‖_F ≤ ‖M‖_F        (decay-and-erase is non-expansive), hence
@@ -268,7 +268,7 @@ def equal_keys_firing(d: PromoteDraw):
 
 
 def hazard_identity(d: PromoteDraw, promote_fn=promote, log=True):
-    """SPEC section 2 "Hazard": with n equal keys u (channel-uniform β_i, channel-constant γ,
+    """CONTRACT section 2 "Hazard": with n equal keys u (channel-uniform β_i, channel-constant γ,
     ω = 0) a firing multiplies u's component by ``(1 − Σ_i β_i) e^γ`` (exactly: expansive
     once Σβ > 2 for γ ≈ 0) and the rest of the state by ``e^γ``."""
     M, u, κ, ν, β, ω, γ, Σβ = equal_keys_firing(d)

@@ -1,5 +1,5 @@
 """Production Nested GDN-2 (``optimized.nested``) properties as functions (implementation,
-draw) -> errors, against the float64 reference (SPEC sections 2 and 3).
+draw) -> errors, against the float64 reference (CONTRACT sections 2 and 3).
 
 Errors are ``{label: (error, bound)}`` (``ngdn.tolerances.compare``; ``failures`` picks
 those over their bound). Components in ``tolerances.yaml``:
@@ -249,7 +249,7 @@ def optimized_vs_reference(case: OptCase, dtype, op=chunk_nested_gdn2, log=True)
     items.update({label: (tolerance_quantity(label), grads[label], grads_ref[label]) for label in grads_ref})
     if dtype != torch.bfloat16 or o.numel() == 0:     # an empty batch or no heads: nothing to be sensitive
         return check("nested", dtype, items, log)
-    # bf16: level 1 probes fla's bf16-rounded level-0 states (SPEC allows the kernel's own level 0),
+    # bf16: level 1 probes fla's bf16-rounded level-0 states (CONTRACT allows the kernel's own level 0),
     # and some draws amplify that rounding far beyond the typical bound (H200 thorough run
     # 2026-11-30: dparams to 0.31, dk … dw to 0.09, final states to 0.037 on L = 5, f = 1 draws).
     # The bound also gets bf16_sensitivity_factor × e_inj, e_inj how far the float64 reference moves
@@ -354,7 +354,7 @@ def bitwise_reproducible(case: OptCase, dtype, op=chunk_nested_gdn2):
 
 def plan_vs_spec_loop(T: int, intervals: tuple, plan_fn=make_plan):
     """The op's schedule (where each level fires, what it probes, which state each chunk
-    reads) equals a direct run of the SPEC section 3 loop on counters. Returns
+    reads) equals a direct run of the CONTRACT section 3 loop on counters. Returns
     ``{label: (number of mismatching entries, 0)}``."""
     N, L = -(-T // CHUNK), len(intervals) + 1
     count = [0] * L                        # firings so far, per level

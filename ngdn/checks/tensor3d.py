@@ -1,4 +1,4 @@
-"""3D tensor state properties (SPEC section 4) as functions of (implementation, draw) -> errors.
+"""3D tensor state properties (CONTRACT section 4) as functions of (implementation, draw) -> errors.
 
 Each property test runs one of these on the real implementation and asserts every
 error is within tolerance; the mutation tests run the same function on a

@@ -1,4 +1,4 @@
-"""Chunked Fenwick GDN-2 memory (SPEC.md section 5, the GDN-2 variant): ``chunk_fenwick_gdn2``.
+"""Chunked Fenwick GDN-2 memory (docs/CONTRACT.md section 5, the GDN-2 variant): ``chunk_fenwick_gdn2``.
 
 Same contract as ``reference.fenwick.naive_fenwick_gdn2``: every Fenwick bucket is a GDN-2
 state, every token applies the same transition ``A_t = (I − k_t (b_t ⊙ k_t)^T) diag(e^{g_t})``
@@ -9,7 +9,7 @@ Derivation
 ----------
 
 Token s's write reaches token t ≥ s through ``Φ_{t,s} = A_t … A_{s+1}`` (identity for
-s = t) and sits in bucket ``level(t, s)`` (SPEC section 5), so
+s = t) and sits in bucket ``level(t, s)`` (CONTRACT section 5), so
 
     o_t = scale · Σ_{s ≤ t} λ_t[level(t, s)] · q_t^T Φ_{t,s} k_s (w_s ⊙ v_s)^T.        (1)
 

@@ -133,7 +133,7 @@ def check_fenwick_gdn2_kernel_inputs(q, k, v, g, b, w, level_scales, scale, init
 def chunk_fenwick_gdn2(q, k, v, g, b, w, level_scales, scale=None, initial_state=None, output_final_state=False,
                        offset=0, cu_seqlens=None):
     """Chunked Fenwick GDN-2 memory. Same contract as ``reference.fenwick.naive_fenwick_gdn2``
-    (SPEC section 5, the GDN-2 variant), plus state passing.
+    (CONTRACT section 5, the GDN-2 variant), plus state passing.
 
     Args:
         q, k, g, b: ``[B, T, H, K]``; v, w: ``[B, T, H, V]``; one dtype, float32 (or bfloat16 in

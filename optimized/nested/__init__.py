@@ -1,4 +1,4 @@
-"""Production Nested GDN-2 (SPEC sections 2 and 3): ``chunk_nested_gdn2``.
+"""Production Nested GDN-2 (CONTRACT sections 2 and 3): ``chunk_nested_gdn2``.
 
 Layout (fla's op shape): ``plan`` (the schedule), ``probe``, ``reads_torch`` / ``reads_fwd`` /
 ``reads_bwd`` (the upper levels' reads and the router), ``stored_states`` (the rows they read),

@@ -43,7 +43,7 @@ class NestedGDN2Function(torch.autograd.Function):
     @staticmethod
     def backward(ctx, do, *dfinals):
         # the kernels record no graph: a create_graph=True backward (which the engine runs in grad
-        # mode) is refused here, before any work (optimized.autograd; SPEC "Errors")
+        # mode) is refused here, before any work (optimized.autograd; CONTRACT "Errors")
         op_autograd.refuse_second_order("chunk_nested_gdn2")
         return _backward(ctx, do, *dfinals)
 

@@ -1,6 +1,6 @@
 """Nested GDN-2 level 0: fla-core 0.6.0's chunked GDN-2 with per-chunk states in and out.
 
-Forward: fla's ``chunk_gdn2_fwd`` (SPEC section 1, chunk size 64), in two calls: its steps up
+Forward: fla's ``chunk_gdn2_fwd`` (CONTRACT section 1, chunk size 64), in two calls: its steps up
 to the chunk states (``level0_fwd_states``), then its output (``level0_fwd_output``), which
 nothing above level 0 reads before the reads, so the nested op may run it beside the upper
 levels. Besides the output and final state it keeps ``h`` (the state at the start of every

@@ -16,7 +16,7 @@ class Plan:
     ``sources[ℓ]``: what firing m probes: for ℓ = 1 the 0-based chunk whose end-of-chunk
     level-0 state it reads, for ℓ ≥ 2 the index of level ℓ-1's stored state.
     ``read_index[ℓ]``: per 0-based chunk, the index of ℓ's stored state its tokens read.
-    ``read_group[ℓ]``: ``f`` when ``read_index[ℓ][j] == j // f`` for every chunk (the SPEC
+    ``read_group[ℓ]``: ``f`` when ``read_index[ℓ][j] == j // f`` for every chunk (the CONTRACT
     schedule: groups of f chunks read one state), else None.
     """
     T: int
@@ -34,7 +34,7 @@ class Plan:
 
 @functools.lru_cache(maxsize=256)
 def make_plan(T: int, intervals: tuple, delay: int = 0) -> Plan:
-    """The SPEC schedule (``delay = 0``). ``delay`` shifts every firing that many chunks
+    """The CONTRACT schedule (``delay = 0``). ``delay`` shifts every firing that many chunks
     later; it exists only for the mutation tests (a firing one chunk late)."""
     N = -(-T // CHUNK)
     n_full = T // CHUNK

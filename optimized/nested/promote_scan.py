@@ -1,4 +1,4 @@
-"""The update stage of Nested GDN-2 levels ℓ ≥ 1: a Triton scan over firings (SPEC section 2).
+"""The update stage of Nested GDN-2 levels ℓ ≥ 1: a Triton scan over firings (CONTRACT section 2).
 
 One firing ``m`` of a level takes the state ``M_m`` to
 

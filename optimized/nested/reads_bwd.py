@@ -1,4 +1,4 @@
-"""Nested GDN-2's reads and router, backward, in two Triton kernels (SPEC section 3).
+"""Nested GDN-2's reads and router, backward, in two Triton kernels (CONTRACT section 3).
 
 Forward (``reads_fwd``): ``p_t = softmax(r_t)``, ``o_t = p_t,0 o0_t + Σ_{ℓ≥1} p_t,ℓ o_t,ℓ`` with
 ``o_t,ℓ = scale · M_ℓ,j^T q_t^(ℓ)`` and ``M_ℓ,j = states[read_row[ℓ, j]]`` (t in chunk j).

@@ -1,4 +1,4 @@
-"""Nested GDN-2's reads and router, forward, in one Triton kernel (SPEC section 3).
+"""Nested GDN-2's reads and router, forward, in one Triton kernel (CONTRACT section 3).
 
 Token ``t`` of chunk ``j`` (0-based, ``C = 64`` tokens) mixes level 0's output with the
 reads of the upper levels' states as they stood when chunk ``j`` began:

@@ -25,7 +25,7 @@ def read_fwd(states: torch.Tensor, q: torch.Tensor, read_index: Sequence[int], g
              scale: float) -> torch.Tensor:
     """``o[t] = scale · states[read_index[chunk(t)]]^T q[t]``: ``[B, T, H, V]`` float32.
 
-    With the SPEC schedule (``group = f``: chunk j reads state ``⌊j/f⌋``) groups of ``f``
+    With the CONTRACT schedule (``group = f``: chunk j reads state ``⌊j/f⌋``) groups of ``f``
     chunks share a state and one batched matmul per level does every read; any other
     schedule (``group = None``) falls back to one gathered state per chunk.
     """

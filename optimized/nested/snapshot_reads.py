@@ -1,7 +1,7 @@
 """The probe's read of the snapshots, ``ν = Q M``, and its query gradient, straight from the rows
 that hold the snapshots (Triton): no gathered float32 copy of them.
 
-Level ℓ's firing ``m`` probes level ℓ-1's state ``M_m`` (SPEC section 2): for ℓ = 1 level 0's
+Level ℓ's firing ``m`` probes level ℓ-1's state ``M_m`` (CONTRACT section 2): for ℓ = 1 level 0's
 state at the end of a chunk (a row of fla's bf16 or float32 chunk states ``h``, or the float32
 final state), for ℓ ≥ 2 a stored float32 state of level ℓ-1. The probe's query read and its
 parameter gradient are the only parts of the built-in probes that touch the snapshots:

@@ -1,6 +1,6 @@
 """BROKEN ON PURPOSE: reads the snapshot transposed (``M_below^T`` instead of ``M_below``), with a
 query bank sized for it. At K = V it runs and looks plausible; at K ≠ V its outputs cannot
-have the SPEC shapes, so ``contract`` fails."""
+have the CONTRACT shapes, so ``contract`` fails."""
 from reference.schemes import gates, l2norm, learned_parameter_shapes, reduce_log_decay, register_scheme
 
 
