@@ -10,7 +10,7 @@
                           (forwarded to the benchmarks' own command line, bench/cli.py)
     ngdn scheme check FILE.py
                           the promotion-scheme battery on the scheme FILE registers
-                          (ngdn/scheme_check.py; README "Adding a promotion scheme")
+                          (ngdn/scheme_check.py; docs/schemes.md "Adding a promotion scheme")
 """
 from __future__ import annotations
 
@@ -239,8 +239,8 @@ def main(argv=None) -> int:
     scheme_sub = p.add_subparsers(dest="scheme_command", metavar="SUBCOMMAND", title="subcommands")
     p = scheme_sub.add_parser("check", help="run the scheme battery on the scheme FILE registers",
                               formatter_class=_SchemeCheckHelp,
-                              description="The promotion-scheme battery (ngdn/scheme_check.py; README \"Adding a "
-                                          "promotion scheme\"): the scheme FILE registers, checked property by "
+                              description="The promotion-scheme battery (ngdn/scheme_check.py; docs/schemes.md "
+                                          "\"Adding a promotion scheme\"): the scheme FILE registers, checked property by "
                                           "property (its contract, batch and head independence, permutations, "
                                           "gradients, its NumPy twin, causality and firing timing through the "
                                           "float64 nested reference, the optimized op against that reference, "

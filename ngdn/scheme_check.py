@@ -81,7 +81,8 @@ F64 = torch.float64
 DEFAULT_THRESHOLD = 1.001
 DEFAULT_EXAMPLES = 30
 SNAPSHOT_KINDS = ("zero", "tiny", "large", "huge", "near_rank_one", "orthonormal", "random")
-HUGE = 1e7      # a "huge" snapshot's entry scale: the state norms ``learned`` reaches in training (README)
+# a "huge" snapshot's entry scale: the state norms ``learned`` reaches in training (docs/layers.md, the recall run)
+HUGE = 1e7
 
 
 def _checks():
