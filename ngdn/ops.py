@@ -3,18 +3,17 @@
 An entry names everything a generic check needs to run the op and its spec:
 
 - ``op``: the optimized function (``optimized.__all__``), ``reference`` its float64 PyTorch
-  reference, ``numpy_twin`` the NumPy twin;
+  reference;
 - ``sample(draw)``: seeded float64 master inputs (``Sample``) for one ``Draw``: activations (cast to
   the kernel dtype), states and scheme parameters (float32 for the op, float64 for the reference),
   static keyword arguments;
-- ``draws(bucket)``: a Hypothesis strategy of draws (the CPU menu, or one compile bucket's sizes on
-  CUDA, ``ngdn.compile_buckets``), ``covering``: one fixed draw with B ≥ 2, H ≥ 2, more than one
-  chunk and a ragged last chunk;
+- ``covering``: one fixed draw with B ≥ 2, H ≥ 2, more than one chunk and a ragged last chunk
+  (on CUDA a compile bucket's sizes, ``ngdn.compile_buckets``);
 - ``vs_reference(draw, dtype, op, log)`` / ``vs_numpy(draw, log)``: the op's own agreement checks
   (``ngdn.checks.<op>``: values, final states, every gradient);
 - ``tolerance``: the ``tolerances.yaml`` component of ``vs_reference``; ``family`` the compile
   family; ``dtypes`` per device mode;
-- capabilities: ``final_state`` (returns final states), ``state_passing`` (how a sequence may be
+- capabilities: ``state_passing`` (how a sequence may be
   split and continued, or None), ``deterministic`` (two runs agree bit for bit),
   ``second_order`` (``"refused"``: a ``create_graph=True`` backward raises; ``"supported"`` would
   mean checked against the reference's second-order gradients), ``varlen`` (takes ``cu_seqlens``:
@@ -33,7 +32,6 @@ from dataclasses import dataclass, field
 from typing import Callable, NamedTuple
 
 import torch
-from hypothesis import strategies as st
 
 from ngdn.compile_buckets import on_bucket
 from ngdn.fenwick_inputs import FenwickShape, fenwick_gdn2_inputs, fenwick_inputs
@@ -42,9 +40,7 @@ from ngdn.nested_inputs import NestedShape, nested_inputs
 from ngdn.tensor3d_inputs import Tensor3DShape, tensor3d_inputs
 from optimized import (chunk_fenwick, chunk_fenwick_gdn2, chunk_gdn2, chunk_nested_gdn2, chunk_tensor3d,
                        triton_mode)
-from reference import (naive_fenwick, naive_fenwick_gdn2, naive_fenwick_gdn2_numpy, naive_fenwick_numpy,
-                       naive_gdn2, naive_gdn2_numpy, naive_nested_gdn2, naive_nested_gdn2_numpy, naive_tensor3d,
-                       naive_tensor3d_numpy)
+from reference import naive_fenwick, naive_fenwick_gdn2, naive_gdn2, naive_nested_gdn2, naive_tensor3d
 from reference.nested import CHUNK_SIZE
 
 CHUNK = CHUNK_SIZE   # 64: every op's chunk
@@ -88,9 +84,7 @@ class OpInfo:
     name: str
     op: Callable
     reference: Callable
-    numpy_twin: Callable | None
     sample: Callable                    # Draw -> Sample
-    draws: Callable                     # bucket (None under the interpreter) -> strategy of Draw
     covering: Callable                  # () -> Draw
     edge_shape: Callable                # (B, T, H, K, V) -> shape NamedTuple
     vs_reference: Callable              # (draw, dtype, op, log) -> {quantity: (error, bound)}
@@ -99,7 +93,6 @@ class OpInfo:
     family: str
     dtypes: dict = field(default_factory=lambda: {triton_mode.CPU_INTERPRET: (torch.float32,),
                                                   triton_mode.CUDA: (torch.float32, torch.bfloat16)})
-    final_state: bool = True
     state_passing: StatePassing | None = None
     deterministic: bool = True
     second_order: str = "refused"
@@ -179,16 +172,6 @@ def gdn2_sample(d: Draw) -> Sample:
                   {"output_final_state": True})
 
 
-def gdn2_draws(bucket):
-    if bucket is None:
-        shapes = st.builds(GDN2Shape, B=st.integers(1, 2), T=st.sampled_from((1, 17, 64, 100, 130)),
-                           H=st.integers(1, 2), K=st.sampled_from((16, 32, 48)), V=st.sampled_from((16, 32, 80)))
-    else:
-        shapes = st.builds(GDN2Shape, B=st.integers(1, 2), T=st.sampled_from(bucket.seq_lens), H=st.just(bucket.H),
-                           K=st.just(bucket.K), V=st.just(bucket.V))
-    return st.builds(Draw, shapes, st.integers(0, 2**31 - 1))
-
-
 def gdn2_vs_reference(d, dtype, op, log=True):
     from ngdn.checks import gdn2
     return gdn2.optimized_vs_reference(d.shape, d.seed, dtype, optimized=op, log=log, regime=d.regime)
@@ -218,21 +201,6 @@ def nested_sample(d: Draw) -> Sample:
                   {"levels": x["levels"], "initial_states": x["initial_states"]}, {"output_final_state": True})
 
 
-SCHEMES = ("learned", "merge", "bounded_erase")
-
-
-def nested_draws(bucket):
-    if bucket is None:
-        shapes = st.builds(NestedShape, B=st.integers(1, 2), T=st.sampled_from((17, 64, 130)), H=st.integers(1, 2),
-                           L=st.integers(2, 3), K=st.sampled_from((16, 20)), V=st.sampled_from((16, 24)))
-    else:
-        shapes = st.builds(NestedShape, B=st.integers(1, 2), T=st.sampled_from((17, 64, 130, 192)),
-                           H=st.just(bucket.H), L=st.integers(2, 4), K=st.just(bucket.K), V=st.just(bucket.V))
-    opts = st.builds(lambda s, r: options(scheme=s, reduction=r), st.sampled_from(SCHEMES),
-                     st.sampled_from(("mean", "sum")))
-    return st.builds(Draw, shapes, st.integers(0, 2**31 - 1), st.just("typical"), opts)
-
-
 def nested_vs_reference(d, dtype, op, log=True):
     from ngdn.checks import nested_optimized as checks
     case = checks.OptCase(shape=d.shape, seed=d.seed, scheme=d.option("scheme", "learned"),
@@ -254,6 +222,9 @@ def nested_splits(d: Draw) -> list:
     return [s for s in range(period, d.shape.T, period)][:1]
 
 
+SCHEMES = ("learned", "merge", "bounded_erase")     # the built-in schemes
+
+
 # --- 3D tensor state -----------------------------------------------------------------------------
 
 def tensor3d_sample(mode):
@@ -263,19 +234,6 @@ def tensor3d_sample(mode):
         return Sample({n: x[n] for n in ("q1", "k1", "q2", "k2", "v", "g", "beta")},
                       {"initial_state": x["initial_state"]}, {"mode": mode, "output_final_state": True})
     return sample
-
-
-def tensor3d_draws(bucket):
-    if bucket is None:
-        shapes = st.builds(Tensor3DShape, B=st.integers(1, 2), T=st.sampled_from((1, 17, 64, 100)),
-                           H=st.integers(1, 2), K=st.sampled_from((4, 8)), E=st.sampled_from((2, 4)),
-                           V=st.sampled_from((8, 16, 24)))
-    else:
-        shapes = st.builds(Tensor3DShape, B=st.integers(1, 2), T=st.sampled_from(bucket.seq_lens),
-                           H=st.just(bucket.H), K=st.just(bucket.K), E=st.just(bucket.E), V=st.just(bucket.V))
-    opts = st.builds(lambda g, k: options(gate=g, key_mode=k), st.sampled_from(("none", "head", "tile", "channel")),
-                     st.sampled_from(("ones", "sigmoid", "softmax")))
-    return st.builds(Draw, shapes, st.integers(0, 2**31 - 1), st.just("typical"), opts)
 
 
 def tensor3d_vs_reference(mode):
@@ -310,16 +268,6 @@ def fenwick_gdn2_sample(d: Draw) -> Sample:
     return Sample({n: x[n] for n in FENWICK_GDN2_INPUTS}, {}, {"output_final_state": True})
 
 
-def fenwick_draws(bucket, seq_lens=(1, 17, 64, 100, 130)):
-    if bucket is None:
-        shapes = st.builds(FenwickShape, B=st.integers(1, 2), T=st.sampled_from(seq_lens), H=st.integers(1, 2),
-                           K=st.sampled_from((16, 20)), V=st.sampled_from((8, 16)), extra_levels=st.integers(0, 1))
-    else:
-        shapes = st.builds(FenwickShape, B=st.integers(1, 2), T=st.sampled_from(bucket.seq_lens), H=st.just(bucket.H),
-                           K=st.just(bucket.K), V=st.just(bucket.V), extra_levels=st.just(bucket.extra_levels))
-    return st.builds(Draw, shapes, st.integers(0, 2**31 - 1))
-
-
 def fenwick_covering_shape() -> FenwickShape:
     """Two chunks, the last ragged, on the CPU; on CUDA the smallest compile bucket (``c``: one
     chunk, K = 20, V = 12), because fla's log-linear kernels hold every level's state per program
@@ -352,37 +300,34 @@ def _gdn2_shape(B, T, H, K, V):
 
 
 OPS = (
-    OpInfo("gdn2", chunk_gdn2, naive_gdn2, naive_gdn2_numpy, gdn2_sample, gdn2_draws,
+    OpInfo("gdn2", chunk_gdn2, naive_gdn2, gdn2_sample,
            covering=lambda: Draw(on_bucket(GDN2Shape(B=2, T=100, H=2, K=32, V=48)), seed=1),
            edge_shape=_gdn2_shape, vs_reference=gdn2_vs_reference, vs_numpy=gdn2_vs_numpy, tolerance="gdn2",
            family="level0", state_passing=StatePassing("initial_state", anywhere)),
-    OpInfo("nested", chunk_nested_gdn2, naive_nested_gdn2, naive_nested_gdn2_numpy, nested_sample, nested_draws,
+    OpInfo("nested", chunk_nested_gdn2, naive_nested_gdn2, nested_sample,
            covering=lambda: Draw(on_bucket(NestedShape(B=2, T=130, H=2, L=2, K=16, V=24)), seed=1,
                                  options=options(scheme="learned", reduction="mean")),
            edge_shape=lambda B, T, H, K, V: NestedShape(B, T, H, 2, K, V), vs_reference=nested_vs_reference,
            vs_numpy=nested_vs_numpy, tolerance="nested", family="level0",
            state_passing=StatePassing("initial_states", nested_splits), positional=True),
-    OpInfo("tensor3d-gla", chunk_tensor3d, naive_tensor3d, naive_tensor3d_numpy, tensor3d_sample("gla"),
-           tensor3d_draws,
+    OpInfo("tensor3d-gla", chunk_tensor3d, naive_tensor3d, tensor3d_sample("gla"),
            covering=lambda: Draw(on_bucket(Tensor3DShape(B=2, T=100, H=2, K=4, E=4, V=24), "tensor3d"), seed=1,
                                  options=options(gate="channel", key_mode="sigmoid")),
            edge_shape=lambda B, T, H, K, V: Tensor3DShape(B, T, H, K, 2, V),
            vs_reference=tensor3d_vs_reference("gla"), vs_numpy=tensor3d_vs_numpy("gla"), tolerance="tensor3d_gla",
            family="tensor3d", state_passing=StatePassing("initial_state", anywhere)),
-    OpInfo("tensor3d-delta", chunk_tensor3d, naive_tensor3d, naive_tensor3d_numpy, tensor3d_sample("delta"),
-           tensor3d_draws,
+    OpInfo("tensor3d-delta", chunk_tensor3d, naive_tensor3d, tensor3d_sample("delta"),
            covering=lambda: Draw(on_bucket(Tensor3DShape(B=2, T=100, H=2, K=4, E=4, V=24), "tensor3d"), seed=1,
                                  options=options(gate="tile", key_mode="softmax")),
            edge_shape=lambda B, T, H, K, V: Tensor3DShape(B, T, H, K, 2, V),
            vs_reference=tensor3d_vs_reference("delta"), vs_numpy=tensor3d_vs_numpy("delta"),
            tolerance="tensor3d_delta", family="tensor3d", state_passing=StatePassing("initial_state", anywhere)),
-    OpInfo("fenwick", chunk_fenwick, naive_fenwick, naive_fenwick_numpy, fenwick_sample, fenwick_draws,
+    OpInfo("fenwick", chunk_fenwick, naive_fenwick, fenwick_sample,
            covering=lambda: Draw(fenwick_covering_shape(), seed=1),
            edge_shape=lambda B, T, H, K, V: FenwickShape(B, T, H, K, V),
            vs_reference=fenwick_vs_reference, vs_numpy=fenwick_vs_numpy, tolerance="fenwick", family="fenwick",
-           final_state=False, positional=True),
-    OpInfo("fenwick-gdn2", chunk_fenwick_gdn2, naive_fenwick_gdn2, naive_fenwick_gdn2_numpy, fenwick_gdn2_sample,
-           fenwick_draws,
+           positional=True),
+    OpInfo("fenwick-gdn2", chunk_fenwick_gdn2, naive_fenwick_gdn2, fenwick_gdn2_sample,
            covering=lambda: Draw(on_bucket(FenwickShape(B=2, T=130, H=2, K=20, V=24)), seed=1),
            edge_shape=lambda B, T, H, K, V: FenwickShape(B, T, H, K, V),
            vs_reference=fenwick_gdn2_vs_reference, vs_numpy=fenwick_vs_numpy, tolerance="fenwick_gdn2",
