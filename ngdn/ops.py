@@ -20,7 +20,15 @@ An entry names everything a generic check needs to run the op and its spec:
   sequences packed in one row, each computed as a separate call; the per-sequence initial state is
   the ``state_passing`` argument), ``positional`` (a token's result depends on its position in
   its sequence: a firing schedule or a Fenwick counter, so a packed sequence must start its own
-  chunk grid).
+  chunk grid);
+- per-entry choices of the generic tests: ``short_T`` (the self-consistency draw's T: one ragged
+  chunk, or as many tokens as the op needs to reach its schedule), ``packed_cu_dtype`` (the
+  ``cu_seqlens`` dtype of its packed property: both index widths are reached across the table),
+  ``packed_cases`` (further packed rows, ``PackedCase``), ``mutant_modes`` (the device modes in
+  which the broken twins of ``property_tests/test_ops.py`` run on this entry: a twin wraps the op
+  from outside, so a cheap entry or two per mode shows each property's teeth);
+- ``skips``: ``{property: reason}`` for a generic property (or bad-input case) that does not apply
+  to this op, the reason saying why; the generic tests skip with it (``skip_reason``).
 
 The generic checks (``ngdn.checks.generic``) and the generic properties
 (``property_tests/test_ops.py``) iterate this table; ``ngdn check`` runs each entry's
@@ -80,6 +88,18 @@ class StatePassing:
 
 
 @dataclass(frozen=True)
+class PackedCase:
+    """A packed row an entry is checked on beyond ``PACKED_LENGTHS``: ``name`` (a test id and the
+    GPU suite's precompile unit), ``lengths`` of its sequences, ``shape`` fields replaced in the
+    draw (sorted pairs), the ``cu_seqlens`` dtype, and ``why`` the row is there."""
+    name: str
+    lengths: tuple
+    shape: tuple = ()
+    cu_dtype: torch.dtype = torch.int32
+    why: str = ""
+
+
+@dataclass(frozen=True)
 class OpInfo:
     name: str
     op: Callable
@@ -98,6 +118,11 @@ class OpInfo:
     second_order: str = "refused"
     varlen: bool = True
     positional: bool = False
+    short_T: int = 20
+    packed_cu_dtype: torch.dtype = torch.int32
+    packed_cases: tuple = ()
+    mutant_modes: tuple = ()
+    skips: dict = field(default_factory=dict)
 
     def __repr__(self):
         return f"OpInfo({self.name})"
@@ -136,9 +161,19 @@ NESTED_LEVELS_LENGTHS = (1, 130, 65)
 
 
 def packed_cu_dtype(info) -> torch.dtype:
-    """The ``cu_seqlens`` dtype the packed property gives the op: int64 for some, int32 for the
-    others, so both index widths are reached."""
-    return torch.int64 if info.name in ("gdn2", "nested", "fenwick") else torch.int32
+    """The ``cu_seqlens`` dtype the packed property gives the op (the entry's ``packed_cu_dtype``:
+    int64 for some, int32 for the others, so both index widths are reached)."""
+    return info.packed_cu_dtype
+
+
+def packed_case_draw(info, case: PackedCase) -> Draw:
+    """The draw of one of the entry's ``packed_cases`` (``packed_test_draw`` with its shape fields)."""
+    return packed_test_draw(info, case.lengths, **dict(case.shape))
+
+
+def skip_reason(info, prop: str):
+    """Why generic property (or bad-input case) ``prop`` does not apply to the entry, or None."""
+    return info.skips.get(prop)
 
 
 def packed_test_draw(info, lengths=PACKED_LENGTHS, **shape) -> Draw:
@@ -303,19 +338,28 @@ OPS = (
     OpInfo("gdn2", chunk_gdn2, naive_gdn2, gdn2_sample,
            covering=lambda: Draw(on_bucket(GDN2Shape(B=2, T=100, H=2, K=32, V=48)), seed=1),
            edge_shape=_gdn2_shape, vs_reference=gdn2_vs_reference, vs_numpy=gdn2_vs_numpy, tolerance="gdn2",
-           family="level0", state_passing=StatePassing("initial_state", anywhere)),
+           family="level0", state_passing=StatePassing("initial_state", anywhere), packed_cu_dtype=torch.int64,
+           mutant_modes=(triton_mode.CUDA,)),
     OpInfo("nested", chunk_nested_gdn2, naive_nested_gdn2, nested_sample,
            covering=lambda: Draw(on_bucket(NestedShape(B=2, T=130, H=2, L=2, K=16, V=24)), seed=1,
                                  options=options(scheme="learned", reduction="mean")),
            edge_shape=lambda B, T, H, K, V: NestedShape(B, T, H, 2, K, V), vs_reference=nested_vs_reference,
            vs_numpy=nested_vs_numpy, tolerance="nested", family="level0",
-           state_passing=StatePassing("initial_states", nested_splits), positional=True),
+           state_passing=StatePassing("initial_states", nested_splits), positional=True, short_T=70,
+           packed_cu_dtype=torch.int64,
+           packed_cases=(PackedCase("nested-levels", NESTED_LEVELS_LENGTHS, options(L=3),
+                                    why="sequences firing at different levels (L = 3)"),),
+           skips={"reference g = -inf forgets the past": (
+               "g = -inf forgets level 0 only; the upper levels keep their snapshots, and at T = 8 "
+               "(no firing) the router still reads level 1, so outputs after it may depend on "
+               "earlier values")}),
     OpInfo("tensor3d-gla", chunk_tensor3d, naive_tensor3d, tensor3d_sample("gla"),
            covering=lambda: Draw(on_bucket(Tensor3DShape(B=2, T=100, H=2, K=4, E=4, V=24), "tensor3d"), seed=1,
                                  options=options(gate="channel", key_mode="sigmoid")),
            edge_shape=lambda B, T, H, K, V: Tensor3DShape(B, T, H, K, 2, V),
            vs_reference=tensor3d_vs_reference("gla"), vs_numpy=tensor3d_vs_numpy("gla"), tolerance="tensor3d_gla",
-           family="tensor3d", state_passing=StatePassing("initial_state", anywhere)),
+           family="tensor3d", state_passing=StatePassing("initial_state", anywhere),
+           mutant_modes=(triton_mode.CPU_INTERPRET,)),
     OpInfo("tensor3d-delta", chunk_tensor3d, naive_tensor3d, tensor3d_sample("delta"),
            covering=lambda: Draw(on_bucket(Tensor3DShape(B=2, T=100, H=2, K=4, E=4, V=24), "tensor3d"), seed=1,
                                  options=options(gate="tile", key_mode="softmax")),
@@ -326,14 +370,16 @@ OPS = (
            covering=lambda: Draw(fenwick_covering_shape(), seed=1),
            edge_shape=lambda B, T, H, K, V: FenwickShape(B, T, H, K, V),
            vs_reference=fenwick_vs_reference, vs_numpy=fenwick_vs_numpy, tolerance="fenwick", family="fenwick",
-           positional=True),
+           positional=True, packed_cu_dtype=torch.int64, mutant_modes=(triton_mode.CPU_INTERPRET,)),
     OpInfo("fenwick-gdn2", chunk_fenwick_gdn2, naive_fenwick_gdn2, fenwick_gdn2_sample,
            covering=lambda: Draw(on_bucket(FenwickShape(B=2, T=130, H=2, K=20, V=24)), seed=1),
            edge_shape=lambda B, T, H, K, V: FenwickShape(B, T, H, K, V),
            vs_reference=fenwick_gdn2_vs_reference, vs_numpy=fenwick_vs_numpy, tolerance="fenwick_gdn2",
            family="level0",
            state_passing=StatePassing("initial_state", chunk_boundaries, extra=lambda split: {"offset": split}),
-           positional=True),
+           positional=True,
+           skips={"reference initial_state": "naive_fenwick_gdn2 takes no initial state (state passing, "
+                                             "initial_state with offset, is the optimized op's)"}),
 )
 BY_NAME = {info.name: info for info in OPS}
 

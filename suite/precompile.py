@@ -42,7 +42,8 @@ KINDS = ("fenwick_gdn2", "nested", "packed", "delta", "gdn2", "gla", "fenwick")
 FAMILY_OF = {"fenwick_gdn2": LEVEL0, "nested": LEVEL0, "packed": LEVEL0, "gdn2": LEVEL0, "delta": TENSOR3D,
              "gla": TENSOR3D, "fenwick": FENWICK}
 # (bucket, dtype) -> the packed calls there, by name: op name (``property_tests/test_ops.py``'s packed
-# property), ``nested-levels`` (its nested row at L = 3) or ``fenwick-gdn2-ragged``
+# property), an entry's packed case (``OpInfo.packed_cases``: ``nested-levels``, its nested row at
+# L = 3) or ``fenwick-gdn2-ragged``
 # (``property_tests/test_fenwick_gdn2.py``'s)
 PACKED_CALLS = {
     ("b", "float32"): ("gdn2", "nested", "nested-levels", "fenwick", "fenwick-gdn2", "tensor3d-delta",
@@ -196,9 +197,9 @@ def warm_packed(call: str, dtype) -> None:
     if call == "fenwick-gdn2-ragged":
         info, d, lengths = ops.get("fenwick-gdn2"), ops.fenwick_gdn2_ragged_draw(), ops.FENWICK_GDN2_RAGGED_LENGTHS
         cu_dtype = torch.int64
-    elif call == "nested-levels":
-        info, lengths, cu_dtype = ops.get("nested"), ops.NESTED_LEVELS_LENGTHS, torch.int32
-        d = ops.packed_test_draw(info, lengths, L=3)
+    elif call in (cases := {c.name: (info, c) for info in ops.OPS for c in info.packed_cases}):
+        info, case = cases[call]
+        d, lengths, cu_dtype = ops.packed_case_draw(info, case), case.lengths, case.cu_dtype
     else:
         info, lengths = ops.get(call), ops.PACKED_LENGTHS
         d, cu_dtype = ops.packed_test_draw(info, lengths), ops.packed_cu_dtype(info)
