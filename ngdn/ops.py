@@ -10,13 +10,15 @@ An entry names everything a generic check needs to run the op and its spec:
 - ``covering``: one fixed draw with B ≥ 2, H ≥ 2, more than one chunk and a ragged last chunk
   (on CUDA a compile bucket's sizes, ``ngdn.compile_buckets``);
 - ``vs_reference(draw, dtype, op, log)`` / ``vs_numpy(draw, log)``: the op's own agreement checks
-  (``ngdn.checks.<op>``: values, final states, every gradient);
+  (``ngdn.checks.<op>``: values, final states, every gradient); without ``vs_reference`` the
+  generic one (``ngdn.checks.generic.vs_reference``: the op against ``reference`` on the sample's
+  rounded inputs, every output and gradient), without ``vs_numpy`` no NumPy comparison;
 - ``tolerance``: the ``tolerances.yaml`` component of ``vs_reference``; ``family`` the compile
-  family; ``dtypes`` per device mode;
+  family (None: the op compiles no kernels of its own); ``dtypes`` per device mode;
 - capabilities: ``state_passing`` (how a sequence may be
   split and continued, or None), ``deterministic`` (two runs agree bit for bit),
-  ``second_order`` (``"refused"``: a ``create_graph=True`` backward raises; ``"supported"`` would
-  mean checked against the reference's second-order gradients), ``varlen`` (takes ``cu_seqlens``:
+  ``second_order`` (``"refused"``: a ``create_graph=True`` backward raises; ``"supported"``: it
+  returns a gradient with its graph), ``varlen`` (takes ``cu_seqlens``:
   sequences packed in one row, each computed as a separate call; the per-sequence initial state is
   the ``state_passing`` argument), ``positional`` (a token's result depends on its position in
   its sequence: a firing schedule or a Fenwick counter, so a packed sequence must start its own
@@ -37,7 +39,7 @@ An entry names everything a generic check needs to run the op and its spec:
 
 The generic checks (``ngdn.checks.generic``) and the generic properties
 (``property_tests/test_ops.py``) iterate this table; ``ngdn check`` runs each entry's
-``vs_reference``. Adding an op: README, "Adding an op".
+``vs_reference``. Adding an op: docs/ops.md, "Adding an op".
 """
 from __future__ import annotations
 
@@ -126,10 +128,10 @@ class OpInfo:
     sample: Callable                    # Draw -> Sample
     covering: Callable                  # () -> Draw
     edge_shape: Callable                # (B, T, H, K, V) -> shape NamedTuple
-    vs_reference: Callable              # (draw, dtype, op, log) -> {quantity: (error, bound)}
-    vs_numpy: Callable | None           # (draw, log) -> {quantity: (error, bound)}
     tolerance: str
-    family: str
+    family: str | None = None           # the compile family (ngdn.compile_buckets); None: no kernels of its own
+    vs_reference: Callable | None = None    # (draw, dtype, op, log) -> {label: (error, bound)}; None: generic
+    vs_numpy: Callable | None = None        # (draw, log) -> {quantity: (error, bound)}
     dtypes: dict = field(default_factory=lambda: {triton_mode.CPU_INTERPRET: (torch.float32,),
                                                   triton_mode.CUDA: (torch.float32, torch.bfloat16)})
     state_passing: StatePassing | None = None
@@ -206,7 +208,7 @@ def packed_test_draw(info, lengths=PACKED_LENGTHS, **shape) -> Draw:
     from ngdn.testing import on_cuda
 
     d = packed_draw(info, lengths, **shape)
-    if not on_cuda():
+    if not on_cuda() or info.family is None:
         return d
     if info.family == "fenwick":
         return d._replace(shape=on_bucket(d.shape, "fenwick", 2)._replace(H=2))

@@ -63,7 +63,7 @@ def test_every_public_op_is_in_the_table():
 def test_optimized_equals_reference_on_the_covering_draw(info):
     """Values, final states and every gradient (the entry's own check)."""
     skip_unless_applies(info, "vs_reference")
-    assert_passes(info.vs_reference(info.covering(), torch.float32, info.op, True))
+    assert_passes(generic.vs_reference(info, info.covering(), torch.float32, info.op, True))
 
 
 @pytest.mark.parametrize("info", OP_PARAMS)

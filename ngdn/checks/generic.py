@@ -6,6 +6,8 @@ and the largest absolute difference as the error (``inf`` where a value is missi
 exception stands for the property failing). ``op`` defaults to the entry's optimized function; a
 test hands in a broken twin to show the property fails.
 
+- ``vs_reference``: values, final states and every gradient against the float64 reference (the
+  entry's own check, or a generic one made from its ``sample`` and ``reference``);
 - ``bitwise``: two runs, values and every gradient, agree bit for bit;
 - ``state_passing``: the sequence split at each allowed point (a chunk boundary and, where the
   op allows, off one), the first call's final state(s) passed on, equals one reference call:
@@ -193,6 +195,28 @@ def against(info, dtype, actual: dict, expected: dict, log: bool) -> dict:
 
 # --- the generic properties ------------------------------------------------------------------------
 
+def vs_reference(info, draw, dtype, op=None, log=True) -> dict:
+    """Optimized == reference on ``draw``: the entry's own check (``info.vs_reference``) where it has
+    one, else the generic one: ``op`` (default: the entry's) on the draw's sample against the
+    entry's float64 reference on the same rounded inputs, every output, final state and
+    gradient within the entry's tolerance (``info.tolerance``)."""
+    op = info.op if op is None else op
+    if info.vs_reference is not None:
+        return info.vs_reference(draw, dtype, op, log)
+    sample = info.sample(draw)
+    values, grads = run(info, draw, dtype, op, sample=sample)
+    ref_values, ref_grads = run(info, draw, dtype, sample=sample, reference=True)
+    expected = {**ref_values, **ref_grads}
+    actual = {**values, **grads}
+    out = {f"{label} missing": (math.inf, 0.0) for label in sorted(set(expected) - set(actual))}
+    for label in list(actual):
+        if label not in expected or actual[label].shape != expected[label].shape:
+            out[f"{label} shape {tuple(actual[label].shape)}"] = (math.inf, 0.0)
+            del actual[label]
+    out.update(against(info, dtype, actual, expected, log))
+    return out
+
+
 def bitwise(info, draw, dtype, op=None, baseline=None) -> dict:
     """``baseline``: this op's ``run`` on ``draw`` made earlier (one run fewer)."""
     baseline = run(info, draw, dtype, op) if baseline is None else baseline
@@ -346,13 +370,13 @@ def uninitialised_memory(info, draw, dtype, op=None, baseline=None) -> dict:
 
 
 def edge_shape(info, shape, dtype, op=None, log=False) -> dict:
-    """``info.vs_reference`` on ``shape``; an up-front ``ValueError`` that names an argument of the
+    """``vs_reference`` (the entry's or the generic one) on ``shape``; an up-front ``ValueError`` that names an argument of the
     op passes too (SPEC "Errors", edge shapes). Any other exception fails."""
     from ngdn.ops import Draw
 
     op = info.op if op is None else op
     try:
-        return info.vs_reference(Draw(shape, seed=3), dtype, op, log)
+        return vs_reference(info, Draw(shape, seed=3), dtype, op, log)
     except ValueError as e:
         names = set(info.sample(Draw(shape, seed=3)).activations) | {"levels", "initial_state", "initial_states"}
         named = any(re.search(rf"\b{re.escape(n)}\b", str(e)) for n in names)
