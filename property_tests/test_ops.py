@@ -113,9 +113,7 @@ def test_state_passing_equals_one_call(info):
 
 # --- edge shapes -----------------------------------------------------------------------------------
 
-# (B, T, H, K, V): an empty batch, no heads, one token, head dims off 16, the smallest head dims.
-EDGE_SHAPES = {"B=0": (0, 5, 2, 16, 16), "H=0": (2, 5, 0, 16, 16), "T=1": (2, 1, 2, 16, 16),
-               "K,V off 16": (2, 5, 2, 20, 12), "K=V=1": (2, 5, 2, 1, 1)}
+EDGE_SHAPES = generic.EDGE_SIZES     # (B, T, H, K, V) per edge
 
 
 def edge_shape(info, edge: str):

@@ -6,13 +6,14 @@ reference and an "optimized" PyTorch twin that computes it in one shot from cumu
 Both take ``initial_state``, ``output_final_state`` and ``cu_seqlens`` and validate their inputs
 with the project's checks. The test adds ONE entry to the op table at run time (its sample, covering
 draw, edge shapes, tolerance component and error inputs: nothing else is edited), runs every generic
-property of ``ngdn.checks.generic`` and ``ngdn check``'s agreement on it, runs the bad-input cases
+property of ``ngdn.checks.generic`` (``generic.battery``) and ``ngdn check``'s agreement on it, runs the bad-input cases
 (the common ones of ``tests/test_bad_inputs.py`` the toy's checks cover, and its entry's own), and
-shows a broken twin (the passed state dropped) fails the state-passing property. Pure PyTorch at
+shows a broken twin (the passed state dropped) fails the state-passing property and the battery. Pure PyTorch at
 tiny sizes: a few seconds on the CPU.
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import NamedTuple
 
 import pytest
@@ -144,40 +145,12 @@ def toy(monkeypatch, tmp_path):
     return ops.get("toy")
 
 
-EDGES = {"B=0": (0, 5, 2, 16, 16), "H=0": (2, 5, 0, 16, 16), "T=1": (2, 1, 2, 16, 16),
-         "K,V off 16": (2, 5, 2, 20, 12), "K=V=1": (2, 5, 2, 1, 1)}
-
-
-def every_generic_property(info, op=None) -> dict:
-    """Every property of ``ngdn.checks.generic`` on the entry, as the op-table tests run them."""
-    f32 = torch.float32
-    d = info.covering()
-    short = d._replace(shape=d.shape._replace(T=info.short_T))
-    packed = ops.packed_test_draw(info)
-    lengths = ops.PACKED_LENGTHS
-    errors = {f"vs_reference {k}": e for k, e in generic.vs_reference(info, d, f32, op, log=False).items()}
-    baseline = generic.run(info, short, f32, op)
-    for name in ("bitwise", "grad_modes", "layouts", "uninitialised_memory"):
-        got = getattr(generic, name)(info, short, f32, op, baseline=baseline)
-        errors.update({f"{name} {k}": e for k, e in got.items()})
-    errors.update({f"second_order {k}": e for k, e in generic.second_order(info, short, f32, op).items()})
-    for split in info.state_passing.splits(d):
-        got = generic.state_passing(info, d, f32, split, op, log=False)
-        errors.update({f"state_passing at {split} {k}": e for k, e in got.items()})
-    for edge, sizes in EDGES.items():
-        got = generic.edge_shape(info, info.edge_shape(*sizes), f32, op)
-        errors.update({f"edge {edge} {k}": e for k, e in got.items()})
-    got = generic.packed_equals_separate(info, packed, lengths, f32, op, log=False, cu_dtype=info.packed_cu_dtype)
-    errors.update({f"packed {k}": e for k, e in got.items()})
-    got = generic.packed_strided_cu_seqlens(info, packed, lengths, f32, op, cu_dtype=info.packed_cu_dtype)
-    errors.update({f"packed strided {k}": e for k, e in got.items()})
-    return errors
-
-
 def test_a_toy_entry_gets_every_generic_property(toy):
-    errors = every_generic_property(toy)
+    """``generic.battery``: every property of ``ngdn.checks.generic`` as the op-table tests draw them."""
+    errors = generic.battery(toy)
     for prop in ("vs_reference", "bitwise", "grad_modes", "layouts", "uninitialised_memory", "second_order",
-                 "state_passing", "edge B=0", "edge H=0", "edge T=1", "edge K=V=1", "packed ", "packed strided"):
+                 "state_passing", *(f"edge_shape {e}" for e in generic.EDGE_SIZES), "packed_equals_separate",
+                 "packed_strided_cu_seqlens"):
         assert any(k.startswith(prop) for k in errors), f"{prop} did not run: {sorted(errors)}"
     assert_passes(errors)
 
@@ -213,4 +186,11 @@ def test_a_broken_toy_twin_fails_the_state_passing_property(toy):
     bad = failures(generic.state_passing(toy, d, torch.float32, toy.state_passing.splits(d)[0], op=dropped,
                                          log=False))
     assert bad and any(k.startswith("output") for k in bad), bad
-    assert failures(every_generic_property(toy, op=dropped))
+    assert failures(generic.battery(toy, op=dropped))
+
+
+def test_a_skip_in_the_entry_leaves_its_property_out(toy, monkeypatch):
+    """A property the entry's ``skips`` names is not run (the reason says why it does not apply)."""
+    monkeypatch.setitem(ops.BY_NAME, "toy", dataclasses.replace(toy, skips={"layouts": "the toy reads no strides"}))
+    errors = generic.battery(ops.get("toy"))
+    assert errors and not any(k.startswith("layouts") for k in errors)

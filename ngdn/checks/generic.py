@@ -28,6 +28,8 @@ test hands in a broken twin to show the property fails.
   per-sequence initial states) equal N separate float64 reference calls: outputs, per-sequence
   final states, every gradient, within the entry's tolerance (SPEC "Variable-length batches").
 
+``battery`` runs them all on one entry (an op added to the table in a test gets every one).
+
 The bit-for-bit properties (``bitwise``, ``grad_modes``, ``layouts``, ``uninitialised_memory``,
 ``packed_strided_cu_seqlens``) hold on any machine by construction: each compares the op's same
 kernels, launches and block shapes on the same values (a second run; the same forward with autograd
@@ -495,3 +497,54 @@ def packed_strided_cu_seqlens(info, draw, lengths, dtype, op=None, cu_dtype=torc
     except Exception as e:      # a cu_seqlens the contract accepts must compute
         return {f"strided cu_seqlens: {type(e).__name__}: {e}"[:200]: (math.inf, 0.0)}
     return {f"strided cu_seqlens: {k}": e for k, e in same_results(got, plain).items()}
+
+
+# --- every property at once ------------------------------------------------------------------------
+
+# (B, T, H, K, V): an empty batch, no heads, one token, head dims off 16, the smallest head dims.
+EDGE_SIZES = {"B=0": (0, 5, 2, 16, 16), "H=0": (2, 5, 0, 16, 16), "T=1": (2, 1, 2, 16, 16),
+              "K,V off 16": (2, 5, 2, 20, 12), "K=V=1": (2, 5, 2, 1, 1)}
+
+
+def battery(info, dtype=torch.float32, op=None, log=False) -> dict:
+    """Every generic property on the entry, as ``property_tests/test_ops.py`` draws them (the
+    covering draw; the self-consistency draw at the entry's ``short_T``; each allowed split; each
+    edge shape at its plain sizes; the packed rows), skipping the properties the entry's ``skips``
+    name: ``{"<property> <label>": (error, bound)}``. For an op added to the table in a test
+    (``tests/test_op_table_toy.py``); the property tests run the same calls one test each."""
+    from ngdn import ops
+
+    applies = lambda prop: prop not in info.skips                                     # noqa: E731
+    d = info.covering()
+    short = d._replace(shape=d.shape._replace(T=info.short_T))
+    errors = {}
+
+    def add(prop, got):
+        errors.update({f"{prop} {k}": e for k, e in got.items()})
+
+    if applies("vs_reference"):
+        add("vs_reference", vs_reference(info, d, dtype, op, log))
+    baseline = run(info, short, dtype, op)
+    for prop in ("bitwise", "grad_modes", "layouts", "uninitialised_memory"):
+        if applies(prop):
+            add(prop, globals()[prop](info, short, dtype, op, baseline=baseline))
+    if applies("second_order"):
+        add("second_order", second_order(info, short, dtype, op))
+    if info.state_passing is not None and applies("state_passing"):
+        long = d._replace(shape=d.shape._replace(T=max(d.shape.T, 70)))
+        for split in info.state_passing.splits(long):
+            add(f"state_passing at {split}", state_passing(info, long, dtype, split, op, log))
+    if applies("edge_shape"):
+        for edge, sizes in EDGE_SIZES.items():
+            add(f"edge_shape {edge}", edge_shape(info, info.edge_shape(*sizes), dtype, op, log))
+    if info.varlen:
+        rows = [(ops.packed_test_draw(info), ops.PACKED_LENGTHS, info.packed_cu_dtype)]
+        rows += [(ops.packed_case_draw(info, c), c.lengths, c.cu_dtype) for c in info.packed_cases]
+        for i, (draw, lengths, cu_dtype) in enumerate(rows):
+            if applies("packed_equals_separate"):
+                add(f"packed_equals_separate {lengths}",
+                    packed_equals_separate(info, draw, lengths, dtype, op, log, cu_dtype=cu_dtype))
+            if i == 0 and applies("packed_strided_cu_seqlens"):
+                add("packed_strided_cu_seqlens", packed_strided_cu_seqlens(info, draw, lengths, dtype, op, cu_dtype))
+    return errors
+
