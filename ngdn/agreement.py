@@ -18,10 +18,10 @@ def component(info):
     H = 2, more than one chunk, ragged; the family's first compile bucket's sizes on CUDA), one row
     per tolerance quantity (the worst of its items: levels, parameters)."""
     def run(dtype, seed, cuda):
-        from ngdn.checks.generic import quantity
+        from ngdn.checks.generic import quantity, vs_reference
 
         draw = info.covering()._replace(seed=seed)
-        errors = info.vs_reference(draw, dtype, info.op, True)
+        errors = vs_reference(info, draw, dtype, info.op, True)
         worst = {}
         for label, (err, bound) in errors.items():
             q = quantity(label)

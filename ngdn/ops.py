@@ -3,29 +3,43 @@
 An entry names everything a generic check needs to run the op and its spec:
 
 - ``op``: the optimized function (``optimized.__all__``), ``reference`` its float64 PyTorch
-  reference, ``numpy_twin`` the NumPy twin;
+  reference;
 - ``sample(draw)``: seeded float64 master inputs (``Sample``) for one ``Draw``: activations (cast to
   the kernel dtype), states and scheme parameters (float32 for the op, float64 for the reference),
   static keyword arguments;
-- ``draws(bucket)``: a Hypothesis strategy of draws (the CPU menu, or one compile bucket's sizes on
-  CUDA, ``ngdn.compile_buckets``), ``covering``: one fixed draw with B ≥ 2, H ≥ 2, more than one
-  chunk and a ragged last chunk;
+- ``covering``: one fixed draw with B ≥ 2, H ≥ 2, more than one chunk and a ragged last chunk
+  (on CUDA a compile bucket's sizes, ``ngdn.compile_buckets``);
 - ``vs_reference(draw, dtype, op, log)`` / ``vs_numpy(draw, log)``: the op's own agreement checks
-  (``ngdn.checks.<op>``: values, final states, every gradient);
+  (``ngdn.checks.<op>``: values, final states, every gradient); without ``vs_reference`` the
+  generic one (``ngdn.checks.generic.vs_reference``: the op against ``reference`` on the sample's
+  rounded inputs, every output and gradient), without ``vs_numpy`` no NumPy comparison;
 - ``tolerance``: the ``tolerances.yaml`` component of ``vs_reference``; ``family`` the compile
-  family; ``dtypes`` per device mode;
-- capabilities: ``final_state`` (returns final states), ``state_passing`` (how a sequence may be
+  family (None: the op compiles no kernels of its own); ``dtypes`` per device mode;
+- capabilities: ``state_passing`` (how a sequence may be
   split and continued, or None), ``deterministic`` (two runs agree bit for bit),
-  ``second_order`` (``"refused"``: a ``create_graph=True`` backward raises; ``"supported"`` would
-  mean checked against the reference's second-order gradients), ``varlen`` (takes ``cu_seqlens``:
+  ``second_order`` (``"refused"``: a ``create_graph=True`` backward raises; ``"supported"``: it
+  returns a gradient with its graph), ``varlen`` (takes ``cu_seqlens``:
   sequences packed in one row, each computed as a separate call; the per-sequence initial state is
   the ``state_passing`` argument), ``positional`` (a token's result depends on its position in
   its sequence: a firing schedule or a Fenwick counter, so a packed sequence must start its own
-  chunk grid).
+  chunk grid);
+- per-entry choices of the generic tests: ``short_T`` (the self-consistency draw's T: one ragged
+  chunk, or as many tokens as the op needs to reach its schedule), ``packed_cu_dtype`` (the
+  ``cu_seqlens`` dtype of its packed property: both index widths are reached across the table),
+  ``packed_cases`` (further packed rows, ``PackedCase``), ``mutant_modes`` (the device modes in
+  which the broken twins of ``property_tests/test_ops.py`` run on this entry: a twin wraps the op
+  from outside, so a cheap entry or two per mode shows each property's teeth);
+- ``small_call(dtype, device)``: the keyword arguments of one valid small call (B = 2, T = 8,
+  H = 1; float64 on the CPU for the reference), the base of the bad-input cases
+  (``tests/test_bad_inputs.py`` runs its cases common to every op on it); ``error_inputs()``: the
+  entry's own bad inputs (``ErrorInput``: a bad call made from the small call, the error type and
+  message it must raise, optimized op and reference);
+- ``skips``: ``{property: reason}`` for a generic property (or bad-input case) that does not apply
+  to this op, the reason saying why; the generic tests skip with it (``skip_reason``).
 
 The generic checks (``ngdn.checks.generic``) and the generic properties
 (``property_tests/test_ops.py``) iterate this table; ``ngdn check`` runs each entry's
-``vs_reference``. Adding an op: README, "Adding an op".
+``vs_reference``. Adding an op: docs/ops.md, "Adding an op".
 """
 from __future__ import annotations
 
@@ -33,18 +47,15 @@ from dataclasses import dataclass, field
 from typing import Callable, NamedTuple
 
 import torch
-from hypothesis import strategies as st
 
 from ngdn.compile_buckets import on_bucket
 from ngdn.fenwick_inputs import FenwickShape, fenwick_gdn2_inputs, fenwick_inputs
 from ngdn.inputs import GDN2Shape, gdn2_inputs
-from ngdn.nested_inputs import NestedShape, nested_inputs
+from ngdn.nested_inputs import NestedShape, cast_levels, nested_inputs
 from ngdn.tensor3d_inputs import Tensor3DShape, tensor3d_inputs
 from optimized import (chunk_fenwick, chunk_fenwick_gdn2, chunk_gdn2, chunk_nested_gdn2, chunk_tensor3d,
                        triton_mode)
-from reference import (naive_fenwick, naive_fenwick_gdn2, naive_fenwick_gdn2_numpy, naive_fenwick_numpy,
-                       naive_gdn2, naive_gdn2_numpy, naive_nested_gdn2, naive_nested_gdn2_numpy, naive_tensor3d,
-                       naive_tensor3d_numpy)
+from reference import naive_fenwick, naive_fenwick_gdn2, naive_gdn2, naive_nested_gdn2, naive_tensor3d
 from reference.nested import CHUNK_SIZE
 
 CHUNK = CHUNK_SIZE   # 64: every op's chunk
@@ -84,27 +95,57 @@ class StatePassing:
 
 
 @dataclass(frozen=True)
+class ErrorInput:
+    """One bad input of an entry (PyTorch's ErrorInput): ``id`` (the test id), ``bad(args) -> args``
+    turning a valid small call's keyword arguments (``OpInfo.small_call``) into the bad call's,
+    the ``error`` type and ``match``, a regex its message must match, and the ``sides``
+    (``"optimized"``, ``"reference"``) that must raise it. A side in the entry's ``skips`` under
+    ``"<side>: <id>"`` is skipped with its reason."""
+    id: str
+    bad: Callable
+    error: type
+    match: str
+    sides: tuple = ("optimized", "reference")
+
+
+@dataclass(frozen=True)
+class PackedCase:
+    """A packed row an entry is checked on beyond ``PACKED_LENGTHS``: ``name`` (a test id and the
+    GPU suite's precompile unit), ``lengths`` of its sequences, ``shape`` fields replaced in the
+    draw (sorted pairs), the ``cu_seqlens`` dtype, and ``why`` the row is there."""
+    name: str
+    lengths: tuple
+    shape: tuple = ()
+    cu_dtype: torch.dtype = torch.int32
+    why: str = ""
+
+
+@dataclass(frozen=True)
 class OpInfo:
     name: str
     op: Callable
     reference: Callable
-    numpy_twin: Callable | None
     sample: Callable                    # Draw -> Sample
-    draws: Callable                     # bucket (None under the interpreter) -> strategy of Draw
     covering: Callable                  # () -> Draw
     edge_shape: Callable                # (B, T, H, K, V) -> shape NamedTuple
-    vs_reference: Callable              # (draw, dtype, op, log) -> {quantity: (error, bound)}
-    vs_numpy: Callable | None           # (draw, log) -> {quantity: (error, bound)}
     tolerance: str
-    family: str
+    family: str | None = None           # the compile family (ngdn.compile_buckets); None: no kernels of its own
+    vs_reference: Callable | None = None    # (draw, dtype, op, log) -> {label: (error, bound)}; None: generic
+    vs_numpy: Callable | None = None        # (draw, log) -> {quantity: (error, bound)}
     dtypes: dict = field(default_factory=lambda: {triton_mode.CPU_INTERPRET: (torch.float32,),
                                                   triton_mode.CUDA: (torch.float32, torch.bfloat16)})
-    final_state: bool = True
     state_passing: StatePassing | None = None
     deterministic: bool = True
     second_order: str = "refused"
     varlen: bool = True
     positional: bool = False
+    short_T: int = 20
+    packed_cu_dtype: torch.dtype = torch.int32
+    packed_cases: tuple = ()
+    mutant_modes: tuple = ()
+    small_call: Callable | None = None  # (dtype=float32, device=None: the mode's) -> kwargs
+    error_inputs: Callable = lambda: []  # () -> [ErrorInput]
+    skips: dict = field(default_factory=dict)
 
     def __repr__(self):
         return f"OpInfo({self.name})"
@@ -143,9 +184,19 @@ NESTED_LEVELS_LENGTHS = (1, 130, 65)
 
 
 def packed_cu_dtype(info) -> torch.dtype:
-    """The ``cu_seqlens`` dtype the packed property gives the op: int64 for some, int32 for the
-    others, so both index widths are reached."""
-    return torch.int64 if info.name in ("gdn2", "nested", "fenwick") else torch.int32
+    """The ``cu_seqlens`` dtype the packed property gives the op (the entry's ``packed_cu_dtype``:
+    int64 for some, int32 for the others, so both index widths are reached)."""
+    return info.packed_cu_dtype
+
+
+def packed_case_draw(info, case: PackedCase) -> Draw:
+    """The draw of one of the entry's ``packed_cases`` (``packed_test_draw`` with its shape fields)."""
+    return packed_test_draw(info, case.lengths, **dict(case.shape))
+
+
+def skip_reason(info, prop: str):
+    """Why generic property (or bad-input case) ``prop`` does not apply to the entry, or None."""
+    return info.skips.get(prop)
 
 
 def packed_test_draw(info, lengths=PACKED_LENGTHS, **shape) -> Draw:
@@ -157,7 +208,7 @@ def packed_test_draw(info, lengths=PACKED_LENGTHS, **shape) -> Draw:
     from ngdn.testing import on_cuda
 
     d = packed_draw(info, lengths, **shape)
-    if not on_cuda():
+    if not on_cuda() or info.family is None:
         return d
     if info.family == "fenwick":
         return d._replace(shape=on_bucket(d.shape, "fenwick", 2)._replace(H=2))
@@ -171,22 +222,70 @@ def fenwick_gdn2_ragged_draw() -> Draw:
     return d._replace(shape=on_bucket(d.shape)._replace(H=1))
 
 
+# --- bad inputs: helpers of the entries' error_inputs ---------------------------------------------
+
+SMALL = dict(B=2, T=8, H=1)     # the small calls' sizes (K = V = 8; the 3D state K = 4, E = 2)
+
+
+def _device(device):
+    return triton_mode.device() if device is None else device
+
+
+def one_row(args: dict) -> dict:
+    """A valid call's inputs cut to batch row 0 (B = 1), as a packed call takes them."""
+    return {n: (x[:1] if isinstance(x, torch.Tensor) and x.dim() >= 3 else x) for n, x in args.items()}
+
+
+def poisoned(args: dict, name: str, value, b=1, t=5) -> dict:
+    """``args`` with ``args[name][b, t] = value`` (a copy)."""
+    x = args[name].clone()
+    x[b, t] = value
+    return dict(args, **{name: x})
+
+
+def huge(*shape, device="cpu") -> torch.Tensor:
+    """A zero-filled view of any size that allocates one element."""
+    return torch.zeros(1, device=device).expand(*shape)
+
+
+HUGE_T = 2 ** 31
+
+
+def _first_device(args):
+    return next(x.device for x in args.values() if isinstance(x, torch.Tensor))
+
+
+def state_type_error(argument: str) -> ErrorInput:
+    """A list where the initial state(s) belong: a TypeError naming the argument."""
+    def bad(args):
+        value = [[0.0]] if argument == "initial_state" else [[[0.0]]] * (len(args["levels"]) + 1)
+        return dict(args, **{argument: value})
+    return ErrorInput(f"{argument} a list", bad, TypeError, rf"{argument}(\[0\])? must be a torch.Tensor")
+
+
+def packed_state_errors(argument: str, state: tuple, layout: str, per_level: bool = False) -> list:
+    """``cu_seqlens = [0, 3, 8]`` holds two sequences: a per-sequence initial state of leading size 1
+    or 3 (``state``: its other sizes; ``per_level``: one per upper level, two) is refused."""
+    cases = []
+    for N in (1, 3):
+        def bad(args, N=N):
+            args = one_row(args)
+            device = _first_device(args)
+            s = torch.zeros((N, *state), dtype=torch.float32, device=device)
+            return dict(args, **{argument: [s, s] if per_level else s},
+                        cu_seqlens=torch.tensor([0, 3, 8], device=device))
+        cases.append(ErrorInput(f"packed {argument} of {N} for 2 sequences", bad, ValueError,
+                                rf"{argument}(\[0\])? must have shape {layout} with one state per sequence, "
+                                rf"N = 2 \(cu_seqlens holds 3 entries\), got \({N}, "))
+    return cases
+
+
 # --- GDN-2 ---------------------------------------------------------------------------------------
 
 def gdn2_sample(d: Draw) -> Sample:
     x = gdn2_inputs(d.shape, d.seed, regime=d.regime)
     return Sample({n: x[n] for n in ("q", "k", "v", "g", "b", "w")}, {"initial_state": x["initial_state"]},
                   {"output_final_state": True})
-
-
-def gdn2_draws(bucket):
-    if bucket is None:
-        shapes = st.builds(GDN2Shape, B=st.integers(1, 2), T=st.sampled_from((1, 17, 64, 100, 130)),
-                           H=st.integers(1, 2), K=st.sampled_from((16, 32, 48)), V=st.sampled_from((16, 32, 80)))
-    else:
-        shapes = st.builds(GDN2Shape, B=st.integers(1, 2), T=st.sampled_from(bucket.seq_lens), H=st.just(bucket.H),
-                           K=st.just(bucket.K), V=st.just(bucket.V))
-    return st.builds(Draw, shapes, st.integers(0, 2**31 - 1))
 
 
 def gdn2_vs_reference(d, dtype, op, log=True):
@@ -197,6 +296,22 @@ def gdn2_vs_reference(d, dtype, op, log=True):
 def gdn2_vs_numpy(d, log=True):
     from ngdn.checks import gdn2
     return gdn2.torch_vs_numpy(d.shape, d.seed, log=log, regime=d.regime)
+
+
+GDN2_INPUTS = ("q", "k", "v", "g", "b", "w")
+
+
+def gdn2_small_call(dtype=torch.float32, device=None) -> dict:
+    x = gdn2_inputs(GDN2Shape(K=8, V=8, **SMALL), seed=0)
+    return {n: x[n].to(_device(device), dtype) for n in GDN2_INPUTS}
+
+
+def gdn2_error_inputs() -> list:
+    return [state_type_error("initial_state"),
+            *packed_state_errors("initial_state", (1, 8, 8), r"\[N, H, K, V\]"),
+            ErrorInput("g = -inf says what to do", lambda args: poisoned(args, "g", float("-inf")), ValueError,
+                       r"g = -inf, a full forget, is computed by the references only.*clamp g at -100",
+                       sides=("optimized",))]
 
 
 def anywhere(d: Draw) -> list:
@@ -218,19 +333,22 @@ def nested_sample(d: Draw) -> Sample:
                   {"levels": x["levels"], "initial_states": x["initial_states"]}, {"output_final_state": True})
 
 
-SCHEMES = ("learned", "merge", "bounded_erase")
+def nested_small_call(dtype=torch.float32, device=None) -> dict:
+    x = nested_inputs(NestedShape(L=2, K=8, V=8, **SMALL), seed=0)
+    args = {n: x[n].to(_device(device), dtype) for n in ("q", "k", "v", "g", "b", "w", "r")}
+    args["levels"] = cast_levels(x["levels"], torch.float32 if dtype != torch.float64 else dtype, _device(device))
+    return args
 
 
-def nested_draws(bucket):
-    if bucket is None:
-        shapes = st.builds(NestedShape, B=st.integers(1, 2), T=st.sampled_from((17, 64, 130)), H=st.integers(1, 2),
-                           L=st.integers(2, 3), K=st.sampled_from((16, 20)), V=st.sampled_from((16, 24)))
-    else:
-        shapes = st.builds(NestedShape, B=st.integers(1, 2), T=st.sampled_from((17, 64, 130, 192)),
-                           H=st.just(bucket.H), L=st.integers(2, 4), K=st.just(bucket.K), V=st.just(bucket.V))
-    opts = st.builds(lambda s, r: options(scheme=s, reduction=r), st.sampled_from(SCHEMES),
-                     st.sampled_from(("mean", "sum")))
-    return st.builds(Draw, shapes, st.integers(0, 2**31 - 1), st.just("typical"), opts)
+def nested_error_inputs() -> list:
+    def huge_call(args):
+        device = _first_device(args)
+        x = {n: huge(1, HUGE_T, 1, 4, device=device) for n in ("k", "v", "g", "b", "w")}
+        return dict(q=huge(1, HUGE_T, 1, 1, 4, device=device), **x, r=huge(1, HUGE_T, 1, 1, device=device), levels=[])
+    return [state_type_error("initial_states"),
+            *packed_state_errors("initial_states", (1, 8, 8), r"\[N, H, K, V\]", per_level=True),
+            ErrorInput("T = 2**31", huge_call, ValueError, r"q \[B, T, H, L, K\] = \(1, 2147483648, 1, 1, 4\) would hold",
+                       sides=("optimized",))]
 
 
 def nested_vs_reference(d, dtype, op, log=True):
@@ -254,6 +372,9 @@ def nested_splits(d: Draw) -> list:
     return [s for s in range(period, d.shape.T, period)][:1]
 
 
+SCHEMES = ("learned", "merge", "bounded_erase")     # the built-in schemes
+
+
 # --- 3D tensor state -----------------------------------------------------------------------------
 
 def tensor3d_sample(mode):
@@ -265,17 +386,24 @@ def tensor3d_sample(mode):
     return sample
 
 
-def tensor3d_draws(bucket):
-    if bucket is None:
-        shapes = st.builds(Tensor3DShape, B=st.integers(1, 2), T=st.sampled_from((1, 17, 64, 100)),
-                           H=st.integers(1, 2), K=st.sampled_from((4, 8)), E=st.sampled_from((2, 4)),
-                           V=st.sampled_from((8, 16, 24)))
-    else:
-        shapes = st.builds(Tensor3DShape, B=st.integers(1, 2), T=st.sampled_from(bucket.seq_lens),
-                           H=st.just(bucket.H), K=st.just(bucket.K), E=st.just(bucket.E), V=st.just(bucket.V))
-    opts = st.builds(lambda g, k: options(gate=g, key_mode=k), st.sampled_from(("none", "head", "tile", "channel")),
-                     st.sampled_from(("ones", "sigmoid", "softmax")))
-    return st.builds(Draw, shapes, st.integers(0, 2**31 - 1), st.just("typical"), opts)
+def tensor3d_small_call(mode):
+    def call(dtype=torch.float32, device=None) -> dict:
+        x = tensor3d_inputs(Tensor3DShape(K=4, E=2, V=8, **SMALL), 0, mode, "tile")
+        args = {n: x[n].to(_device(device), dtype) for n in ("q1", "k1", "q2", "k2", "v", "g")}
+        args["beta"] = None if x["beta"] is None else x["beta"].to(_device(device), dtype)
+        return dict(args, mode=mode)
+    return call
+
+
+def tensor3d_error_inputs() -> list:
+    def huge_call(args):
+        device = _first_device(args)
+        x = {n: huge(1, HUGE_T, 1, 4, device=device) for n in ("q1", "k1", "q2", "k2", "v")}
+        beta = huge(1, HUGE_T, 1, device=device) if args["beta"] is not None else None
+        return dict(x, beta=beta, mode=args["mode"])
+    return [state_type_error("initial_state"),
+            *packed_state_errors("initial_state", (1, 4, 2, 8), r"\[N, H, K, E, V\]"),
+            ErrorInput("T = 2**31", huge_call, ValueError, r"more than 2\*\*31 - 1", sides=("optimized",))]
 
 
 def tensor3d_vs_reference(mode):
@@ -300,6 +428,40 @@ FENWICK_INPUTS = ("q", "k", "v", "g", "level_scales")
 FENWICK_GDN2_INPUTS = ("q", "k", "v", "g", "b", "w", "level_scales")
 
 
+def fenwick_small_call(dtype=torch.float32, device=None) -> dict:
+    x = fenwick_inputs(FenwickShape(K=8, V=8, **SMALL), seed=0)
+    return {n: x[n].to(_device(device), dtype) for n in FENWICK_INPUTS}
+
+
+def fenwick_gdn2_small_call(dtype=torch.float32, device=None) -> dict:
+    x = fenwick_gdn2_inputs(FenwickShape(K=8, V=8, **SMALL), seed=0)
+    return {n: x[n].to(_device(device), dtype) for n in FENWICK_GDN2_INPUTS}
+
+
+def fenwick_error_inputs() -> list:
+    def huge_call(args):
+        device = _first_device(args)
+        return dict(q=huge(1, HUGE_T, 1, 4, device=device), k=huge(1, HUGE_T, 1, 4, device=device),
+                    v=huge(1, HUGE_T, 1, 4, device=device), g=huge(1, HUGE_T, 1, device=device),
+                    level_scales=huge(1, HUGE_T, 1, 33, device=device))
+    return [ErrorInput("T = 2**31", huge_call, ValueError, r"more than 2\*\*31 - 1", sides=("optimized",))]
+
+
+def fenwick_gdn2_error_inputs() -> list:
+    def with_state(args):
+        args = one_row(args)
+        device = _first_device(args)
+        state = torch.zeros(2, 1, args["level_scales"].shape[-1], 8, 8, device=device)
+        return dict(args, initial_state=state, cu_seqlens=torch.tensor([0, 3, 8], device=device))
+    return [state_type_error("initial_state"),
+            ErrorInput("offset with cu_seqlens",
+                       lambda args: dict(one_row(args), offset=64,
+                                         cu_seqlens=torch.tensor([0, 3, 8], device=_first_device(args))),
+                       ValueError, r"offset must be 0 with cu_seqlens", sides=("optimized",)),
+            ErrorInput("initial_state with cu_seqlens", with_state, ValueError,
+                       r"initial_state is not accepted with cu_seqlens", sides=("optimized",))]
+
+
 def fenwick_sample(d: Draw) -> Sample:
     x = fenwick_inputs(d.shape, d.seed, regime=d.regime)
     return Sample({n: x[n] for n in FENWICK_INPUTS})
@@ -308,16 +470,6 @@ def fenwick_sample(d: Draw) -> Sample:
 def fenwick_gdn2_sample(d: Draw) -> Sample:
     x = fenwick_gdn2_inputs(d.shape, d.seed, regime=d.regime)
     return Sample({n: x[n] for n in FENWICK_GDN2_INPUTS}, {}, {"output_final_state": True})
-
-
-def fenwick_draws(bucket, seq_lens=(1, 17, 64, 100, 130)):
-    if bucket is None:
-        shapes = st.builds(FenwickShape, B=st.integers(1, 2), T=st.sampled_from(seq_lens), H=st.integers(1, 2),
-                           K=st.sampled_from((16, 20)), V=st.sampled_from((8, 16)), extra_levels=st.integers(0, 1))
-    else:
-        shapes = st.builds(FenwickShape, B=st.integers(1, 2), T=st.sampled_from(bucket.seq_lens), H=st.just(bucket.H),
-                           K=st.just(bucket.K), V=st.just(bucket.V), extra_levels=st.just(bucket.extra_levels))
-    return st.builds(Draw, shapes, st.integers(0, 2**31 - 1))
 
 
 def fenwick_covering_shape() -> FenwickShape:
@@ -352,43 +504,54 @@ def _gdn2_shape(B, T, H, K, V):
 
 
 OPS = (
-    OpInfo("gdn2", chunk_gdn2, naive_gdn2, naive_gdn2_numpy, gdn2_sample, gdn2_draws,
+    OpInfo("gdn2", chunk_gdn2, naive_gdn2, gdn2_sample,
            covering=lambda: Draw(on_bucket(GDN2Shape(B=2, T=100, H=2, K=32, V=48)), seed=1),
            edge_shape=_gdn2_shape, vs_reference=gdn2_vs_reference, vs_numpy=gdn2_vs_numpy, tolerance="gdn2",
-           family="level0", state_passing=StatePassing("initial_state", anywhere)),
-    OpInfo("nested", chunk_nested_gdn2, naive_nested_gdn2, naive_nested_gdn2_numpy, nested_sample, nested_draws,
+           family="level0", state_passing=StatePassing("initial_state", anywhere), packed_cu_dtype=torch.int64,
+           mutant_modes=(triton_mode.CUDA,), small_call=gdn2_small_call, error_inputs=gdn2_error_inputs),
+    OpInfo("nested", chunk_nested_gdn2, naive_nested_gdn2, nested_sample,
            covering=lambda: Draw(on_bucket(NestedShape(B=2, T=130, H=2, L=2, K=16, V=24)), seed=1,
                                  options=options(scheme="learned", reduction="mean")),
            edge_shape=lambda B, T, H, K, V: NestedShape(B, T, H, 2, K, V), vs_reference=nested_vs_reference,
            vs_numpy=nested_vs_numpy, tolerance="nested", family="level0",
-           state_passing=StatePassing("initial_states", nested_splits), positional=True),
-    OpInfo("tensor3d-gla", chunk_tensor3d, naive_tensor3d, naive_tensor3d_numpy, tensor3d_sample("gla"),
-           tensor3d_draws,
+           state_passing=StatePassing("initial_states", nested_splits), positional=True, short_T=70,
+           packed_cu_dtype=torch.int64, small_call=nested_small_call, error_inputs=nested_error_inputs,
+           packed_cases=(PackedCase("nested-levels", NESTED_LEVELS_LENGTHS, options(L=3),
+                                    why="sequences firing at different levels (L = 3)"),),
+           skips={"reference g = -inf forgets the past": (
+               "g = -inf forgets level 0 only; the upper levels keep their snapshots, and at T = 8 "
+               "(no firing) the router still reads level 1, so outputs after it may depend on "
+               "earlier values")}),
+    OpInfo("tensor3d-gla", chunk_tensor3d, naive_tensor3d, tensor3d_sample("gla"),
            covering=lambda: Draw(on_bucket(Tensor3DShape(B=2, T=100, H=2, K=4, E=4, V=24), "tensor3d"), seed=1,
                                  options=options(gate="channel", key_mode="sigmoid")),
            edge_shape=lambda B, T, H, K, V: Tensor3DShape(B, T, H, K, 2, V),
            vs_reference=tensor3d_vs_reference("gla"), vs_numpy=tensor3d_vs_numpy("gla"), tolerance="tensor3d_gla",
-           family="tensor3d", state_passing=StatePassing("initial_state", anywhere)),
-    OpInfo("tensor3d-delta", chunk_tensor3d, naive_tensor3d, naive_tensor3d_numpy, tensor3d_sample("delta"),
-           tensor3d_draws,
+           family="tensor3d", state_passing=StatePassing("initial_state", anywhere),
+           mutant_modes=(triton_mode.CPU_INTERPRET,), small_call=tensor3d_small_call("gla"),
+           error_inputs=tensor3d_error_inputs),
+    OpInfo("tensor3d-delta", chunk_tensor3d, naive_tensor3d, tensor3d_sample("delta"),
            covering=lambda: Draw(on_bucket(Tensor3DShape(B=2, T=100, H=2, K=4, E=4, V=24), "tensor3d"), seed=1,
                                  options=options(gate="tile", key_mode="softmax")),
            edge_shape=lambda B, T, H, K, V: Tensor3DShape(B, T, H, K, 2, V),
            vs_reference=tensor3d_vs_reference("delta"), vs_numpy=tensor3d_vs_numpy("delta"),
-           tolerance="tensor3d_delta", family="tensor3d", state_passing=StatePassing("initial_state", anywhere)),
-    OpInfo("fenwick", chunk_fenwick, naive_fenwick, naive_fenwick_numpy, fenwick_sample, fenwick_draws,
+           tolerance="tensor3d_delta", family="tensor3d", state_passing=StatePassing("initial_state", anywhere),
+           small_call=tensor3d_small_call("delta"), error_inputs=tensor3d_error_inputs),
+    OpInfo("fenwick", chunk_fenwick, naive_fenwick, fenwick_sample,
            covering=lambda: Draw(fenwick_covering_shape(), seed=1),
            edge_shape=lambda B, T, H, K, V: FenwickShape(B, T, H, K, V),
            vs_reference=fenwick_vs_reference, vs_numpy=fenwick_vs_numpy, tolerance="fenwick", family="fenwick",
-           final_state=False, positional=True),
-    OpInfo("fenwick-gdn2", chunk_fenwick_gdn2, naive_fenwick_gdn2, naive_fenwick_gdn2_numpy, fenwick_gdn2_sample,
-           fenwick_draws,
+           positional=True, packed_cu_dtype=torch.int64, mutant_modes=(triton_mode.CPU_INTERPRET,),
+           small_call=fenwick_small_call, error_inputs=fenwick_error_inputs),
+    OpInfo("fenwick-gdn2", chunk_fenwick_gdn2, naive_fenwick_gdn2, fenwick_gdn2_sample,
            covering=lambda: Draw(on_bucket(FenwickShape(B=2, T=130, H=2, K=20, V=24)), seed=1),
            edge_shape=lambda B, T, H, K, V: FenwickShape(B, T, H, K, V),
            vs_reference=fenwick_gdn2_vs_reference, vs_numpy=fenwick_vs_numpy, tolerance="fenwick_gdn2",
            family="level0",
            state_passing=StatePassing("initial_state", chunk_boundaries, extra=lambda split: {"offset": split}),
-           positional=True),
+           positional=True, small_call=fenwick_gdn2_small_call, error_inputs=fenwick_gdn2_error_inputs,
+           skips={"reference: initial_state a list": "naive_fenwick_gdn2 takes no initial state (state passing, "
+                                             "initial_state with offset, is the optimized op's)"}),
 )
 BY_NAME = {info.name: info for info in OPS}
 

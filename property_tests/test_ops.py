@@ -19,23 +19,33 @@ from ngdn.ops import OPS, Draw
 from ngdn.compile_buckets import on_bucket
 from ngdn.testing import kernel_dtypes, on_cuda
 from ngdn.tolerances import assert_passes, failures
+from optimized import triton_mode
 
 OP_PARAMS = [pytest.param(info, id=info.name) for info in OPS]
 STATEFUL = [pytest.param(info, id=info.name) for info in OPS if info.state_passing is not None]
 # The broken twins wrap an op from outside (a twin breaks what the op returns or how it is called,
-# not a kernel), and the generic checks treat every entry alike, so each twin is tried on two cheap
-# entries under the interpreter (one with state passing) and on GDN-2's on CUDA (every other
-# entry's twins would compile and hold more kernels per worker: ngdn.ops.fenwick_covering_shape).
-MUTANT_IDS = ("gdn2",) if on_cuda() else ("tensor3d-gla", "fenwick")
-MUTANT_OPS = [p for p in OP_PARAMS if p.id in MUTANT_IDS]
-MUTANT_STATEFUL = [p for p in STATEFUL if p.id in MUTANT_IDS]
+# not a kernel), and the generic checks treat every entry alike, so each twin is tried on the
+# entries whose ``mutant_modes`` hold this mode: two cheap ones under the interpreter (one with state
+# passing) and GDN-2's on CUDA (every other entry's twins would compile and hold more kernels per
+# worker: ngdn.ops.fenwick_covering_shape).
+MODE = triton_mode.configure()
+MUTANT_OPS = [p for p in OP_PARAMS if MODE in p.values[0].mutant_modes]
+MUTANT_STATEFUL = [p for p in STATEFUL if MODE in p.values[0].mutant_modes]
+
+
+def skip_unless_applies(info, prop: str):
+    """``pytest.skip`` with the entry's reason where ``prop`` does not apply to it (``OpInfo.skips``)."""
+    reason = ops.skip_reason(info, prop)
+    if reason is not None:
+        pytest.skip(f"{info.name}: {reason}")
 
 
 def self_consistency_draw(info) -> Draw:
-    """The covering draw, one ragged chunk long (T = 20) except for the nested op, whose levels
-    fire only at a full chunk (T = 70: one firing, then a ragged chunk)."""
+    """The covering draw at the entry's ``short_T``: one ragged chunk long (T = 20) except where the
+    op needs more to reach its schedule (the nested op's levels fire only at a full chunk: T = 70,
+    one firing, then a ragged chunk)."""
     d = info.covering()
-    return d._replace(shape=d.shape._replace(T=70 if info.name == "nested" else 20))
+    return d._replace(shape=d.shape._replace(T=info.short_T))
 
 
 def state_passing_draw(info) -> Draw:
@@ -52,11 +62,15 @@ def test_every_public_op_is_in_the_table():
 @pytest.mark.parametrize("info", OP_PARAMS)
 def test_optimized_equals_reference_on_the_covering_draw(info):
     """Values, final states and every gradient (the entry's own check)."""
-    assert_passes(info.vs_reference(info.covering(), torch.float32, info.op, True))
+    skip_unless_applies(info, "vs_reference")
+    assert_passes(generic.vs_reference(info, info.covering(), torch.float32, info.op, True))
 
 
 @pytest.mark.parametrize("info", OP_PARAMS)
 def test_torch_reference_equals_numpy_twin(info):
+    skip_unless_applies(info, "vs_numpy")
+    if info.vs_numpy is None:
+        pytest.skip(f"{info.name}: no NumPy twin (vs_numpy is None)")
     d = info.covering()
     assert_passes(info.vs_numpy(d._replace(shape=d.shape._replace(T=min(d.shape.T, 40))), True))
 
@@ -74,17 +88,21 @@ def test_self_consistency(info, dtype):
     d = self_consistency_draw(info)
     baseline = generic.run(info, d, dtype)
     errors = {}
-    errors.update({f"grad modes {k}": e for k, e in generic.grad_modes(info, d, dtype, baseline=baseline).items()})
-    errors.update({f"layouts {k}": e for k, e in generic.layouts(info, d, dtype, baseline=baseline).items()})
-    errors.update({f"bitwise, NaN-filled allocations {k}": e
-                   for k, e in generic.uninitialised_memory(info, d, dtype, baseline=baseline).items()})
-    errors.update({f"second order {k}": e for k, e in generic.second_order(info, d, dtype).items()})
+    for prop, label in (("grad_modes", "grad modes"), ("layouts", "layouts"),
+                        ("uninitialised_memory", "bitwise, NaN-filled allocations"),
+                        ("second_order", "second order")):
+        if ops.skip_reason(info, prop) is not None:
+            continue
+        check = getattr(generic, prop)
+        got = check(info, d, dtype) if prop == "second_order" else check(info, d, dtype, baseline=baseline)
+        errors.update({f"{label} {k}": e for k, e in got.items()})
     assert_passes(errors)
 
 
 @pytest.mark.parametrize("info", STATEFUL)
 @pytest.mark.compiles
 def test_state_passing_equals_one_call(info):
+    skip_unless_applies(info, "state_passing")
     d = state_passing_draw(info)
     splits = info.state_passing.splits(d)
     assert splits, f"{info.name}: the draw {d} allows no split"
@@ -95,9 +113,7 @@ def test_state_passing_equals_one_call(info):
 
 # --- edge shapes -----------------------------------------------------------------------------------
 
-# (B, T, H, K, V): an empty batch, no heads, one token, head dims off 16, the smallest head dims.
-EDGE_SHAPES = {"B=0": (0, 5, 2, 16, 16), "H=0": (2, 5, 0, 16, 16), "T=1": (2, 1, 2, 16, 16),
-               "K,V off 16": (2, 5, 2, 20, 12), "K=V=1": (2, 5, 2, 1, 1)}
+EDGE_SHAPES = generic.EDGE_SIZES     # (B, T, H, K, V) per edge
 
 
 def edge_shape(info, edge: str):
@@ -130,6 +146,7 @@ SPECIALIZED_EDGES = ("T=1", "K=V=1")
 def test_edge_shapes(info, dtype, edge):
     """Correct results (values, final states, every gradient) or an up-front ValueError naming
     the argument; never a crash inside a kernel or a compiler error."""
+    skip_unless_applies(info, "edge_shape")
     if (on_cuda() and dtype == torch.float32 and edge in SPECIALIZED_EDGES
             and settings.get_current_profile_name() != "thorough"):
         pytest.skip(f"float32 at {edge} on CUDA compiles every kernel anew: thorough profile only "
@@ -143,7 +160,6 @@ VARLEN = [pytest.param(info, id=info.name) for info in OPS if info.varlen]
 POSITIONAL = [pytest.param(info, id=info.name) for info in OPS if info.varlen and info.positional]
 PACKED_LENGTHS = ops.PACKED_LENGTHS
 packed_draw = ops.packed_test_draw
-NESTED_LEVELS_LENGTHS = ops.NESTED_LEVELS_LENGTHS     # ngdn.ops says what each sequence reaches
 
 
 @pytest.mark.parametrize("info", VARLEN)
@@ -151,6 +167,7 @@ NESTED_LEVELS_LENGTHS = ops.NESTED_LEVELS_LENGTHS     # ngdn.ops says what each 
 def test_packed_equals_separate_calls(info):
     """SPEC "Variable-length batches": one packed call (cu_seqlens, per-sequence initial states)
     equals N separate calls: output, per-sequence final states, every gradient."""
+    skip_unless_applies(info, "packed_equals_separate")
     assert_passes(generic.packed_equals_separate(info, packed_draw(info), PACKED_LENGTHS, torch.float32,
                                                  cu_dtype=ops.packed_cu_dtype(info)))
 
@@ -160,14 +177,21 @@ def test_packed_equals_separate_calls(info):
 def test_packed_call_reads_a_strided_cu_seqlens_by_its_values(info):
     """``cu_seqlens`` as a strided view (the same entries, stride 2) gives the contiguous call's
     output, final states and gradients bit for bit."""
+    skip_unless_applies(info, "packed_strided_cu_seqlens")
     assert_passes(generic.packed_strided_cu_seqlens(info, packed_draw(info), PACKED_LENGTHS, torch.float32,
                                                     cu_dtype=ops.packed_cu_dtype(info)))
 
 
-def test_packed_nested_sequences_fire_at_different_levels():
-    info = ops.get("nested")
-    d = packed_draw(info, NESTED_LEVELS_LENGTHS, L=3)
-    assert_passes(generic.packed_equals_separate(info, d, NESTED_LEVELS_LENGTHS, torch.float32))
+PACKED_CASES = [pytest.param(info, case, id=case.name) for info in OPS if info.varlen for case in info.packed_cases]
+
+
+@pytest.mark.parametrize("info, case", PACKED_CASES)
+def test_packed_entry_cases(info, case):
+    """The entry's further packed rows (``OpInfo.packed_cases``, e.g. nested sequences firing at
+    different levels) equal separate calls."""
+    skip_unless_applies(info, "packed_equals_separate")
+    assert_passes(generic.packed_equals_separate(info, ops.packed_case_draw(info, case), case.lengths, torch.float32,
+                                                 cu_dtype=case.cu_dtype))
 
 
 # --- teeth: each generic property fails on a broken twin of every op --------------------------------
@@ -175,12 +199,14 @@ def test_packed_nested_sequences_fire_at_different_levels():
 @pytest.mark.mutation
 @pytest.mark.parametrize("info", MUTANT_OPS)
 def test_bitwise_catches_a_noisy_twin(info):
+    skip_unless_applies(info, "bitwise")
     assert failures(generic.bitwise(info, self_consistency_draw(info), torch.float32, op=op_mutants.noisy(info.op)))
 
 
 @pytest.mark.mutation
 @pytest.mark.parametrize("info", MUTANT_OPS)
 def test_grad_modes_catch_a_twin_that_differs_without_autograd(info):
+    skip_unless_applies(info, "grad_modes")
     d = self_consistency_draw(info)
     assert failures(generic.grad_modes(info, d, torch.float32, op=op_mutants.grad_mode_dependent(info.op)))
 
@@ -188,14 +214,16 @@ def test_grad_modes_catch_a_twin_that_differs_without_autograd(info):
 @pytest.mark.mutation
 @pytest.mark.parametrize("info", MUTANT_OPS)
 def test_layouts_catch_a_twin_that_ignores_strides(info):
+    skip_unless_applies(info, "layouts")
     d = self_consistency_draw(info)
     bad = failures(generic.layouts(info, d, torch.float32, op=op_mutants.strides_ignored(info.op)))
     assert any(k.startswith("non-contiguous") for k in bad) and any(k.startswith("expanded") for k in bad), bad
 
 
 @pytest.mark.mutation
-@pytest.mark.parametrize("info", [p for p in VARLEN if p.values[0].name == "gdn2"])
+@pytest.mark.parametrize("info", VARLEN[:1])      # one entry: the twin wraps the op from outside
 def test_strided_cu_seqlens_catches_a_twin_that_reads_it_by_pointer(info):
+    skip_unless_applies(info, "packed_strided_cu_seqlens")
     bad = failures(generic.packed_strided_cu_seqlens(info, packed_draw(info), PACKED_LENGTHS, torch.float32,
                                                      op=op_mutants.cu_seqlens_read_by_pointer(info.op)))
     assert bad and all(k.startswith("strided cu_seqlens") for k in bad), bad
@@ -204,6 +232,7 @@ def test_strided_cu_seqlens_catches_a_twin_that_reads_it_by_pointer(info):
 @pytest.mark.mutation
 @pytest.mark.parametrize("info", MUTANT_OPS)
 def test_uninitialised_memory_catches_an_unwritten_token(info):
+    skip_unless_applies(info, "uninitialised_memory")
     d = self_consistency_draw(info)
     assert failures(generic.uninitialised_memory(info, d, torch.float32,
                                                  op=op_mutants.last_token_unwritten(info.op)))
@@ -212,6 +241,7 @@ def test_uninitialised_memory_catches_an_unwritten_token(info):
 @pytest.mark.mutation
 @pytest.mark.parametrize("info", MUTANT_OPS)
 def test_second_order_catches_a_gradient_without_its_graph(info):
+    skip_unless_applies(info, "second_order")
     d = self_consistency_draw(info)
     assert not failures(generic.second_order(info, d, torch.float32))
     with op_mutants.second_order_unguarded():
@@ -221,6 +251,7 @@ def test_second_order_catches_a_gradient_without_its_graph(info):
 @pytest.mark.mutation
 @pytest.mark.parametrize("info", MUTANT_STATEFUL)
 def test_state_passing_catches_a_dropped_state(info):
+    skip_unless_applies(info, "state_passing")
     d = state_passing_draw(info)
     twin = op_mutants.state_dropped(info.state_passing.argument)(info.op)
     assert failures(generic.state_passing(info, d, torch.float32, info.state_passing.splits(d)[0], op=twin,
@@ -230,12 +261,13 @@ def test_state_passing_catches_a_dropped_state(info):
 @pytest.mark.mutation
 @pytest.mark.parametrize("info", MUTANT_OPS)
 def test_edge_shapes_catch_a_crash_without_heads(info):
+    skip_unless_applies(info, "edge_shape")
     shape = edge_shape(info, "H=0")
     assert failures(generic.edge_shape(info, shape, torch.float32, op=op_mutants.crashes_without_heads(info.op)))
 
 
 def test_an_error_that_names_no_argument_fails_the_edge_property():
-    info = ops.get("gdn2")
+    info = OPS[0]
 
     def vague(*args, **kwargs):
         raise ValueError("something went wrong")
@@ -263,6 +295,7 @@ def _packed_teeth(info, mutant):
 @pytest.mark.parametrize("info", VARLEN)
 def test_packed_property_catches_a_state_carried_into_the_next_sequence(info):
     """The twin drops cu_seqlens: the packed row runs as one sequence."""
+    skip_unless_applies(info, "packed_equals_separate")
     assert _packed_teeth(info, op_mutants.cu_seqlens_dropped)
 
 
@@ -272,4 +305,5 @@ def test_packed_property_catches_a_sequence_on_the_packed_chunk_grid(info):
     """The twin runs each sequence on the packed row's chunk grid (its firings or Fenwick counter
     shifted by its start modulo 64). Ops without a schedule (GDN-2, the 3D state) compute the
     same on either grid, so only positional entries are checked."""
+    skip_unless_applies(info, "packed_equals_separate")
     assert _packed_teeth(info, op_mutants.packed_chunk_grid)

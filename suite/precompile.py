@@ -41,14 +41,29 @@ DTYPES = ("float32", "bfloat16")
 KINDS = ("fenwick_gdn2", "nested", "packed", "delta", "gdn2", "gla", "fenwick")
 FAMILY_OF = {"fenwick_gdn2": LEVEL0, "nested": LEVEL0, "packed": LEVEL0, "gdn2": LEVEL0, "delta": TENSOR3D,
              "gla": TENSOR3D, "fenwick": FENWICK}
-# (bucket, dtype) -> the packed calls there, by name: op name (``property_tests/test_ops.py``'s packed
-# property), ``nested-levels`` (its nested row at L = 3) or ``fenwick-gdn2-ragged``
+# (bucket, dtype) -> the packed calls there, by name: ``TABLE`` stands for the op table's
+# (``property_tests/test_ops.py``'s packed property of each entry that takes ``cu_seqlens``, by the
+# entry's name, and each entry's further packed rows, ``OpInfo.packed_cases``, by the case's name,
+# e.g. ``nested-levels``: its nested row at L = 3), ``fenwick-gdn2-ragged``
 # (``property_tests/test_fenwick_gdn2.py``'s)
+TABLE = "table"
 PACKED_CALLS = {
-    ("b", "float32"): ("gdn2", "nested", "nested-levels", "fenwick", "fenwick-gdn2", "tensor3d-delta",
-                       "tensor3d-gla"),
+    ("b", "float32"): (TABLE,),
     ("a", "float32"): ("fenwick-gdn2-ragged",),
 }
+
+
+def table_packed_calls() -> tuple:
+    """The op table's packed calls by name (``PACKED_CALLS``' ``TABLE``); the table is read only
+    here, so importing this module loads no op."""
+    from ngdn import ops
+
+    return tuple(n for info in ops.OPS if info.varlen for n in (info.name, *(c.name for c in info.packed_cases)))
+
+
+def packed_calls(bucket: str, dtype: str) -> tuple:
+    return tuple(n for call in PACKED_CALLS.get((bucket, dtype), ())
+                 for n in (table_packed_calls() if call == TABLE else (call,)))
 
 
 def fenwick_gdn2_lengths(bucket: str, dtype: str) -> tuple:
@@ -65,7 +80,7 @@ def parts(kind: str, bucket: str, dtype: str) -> tuple:
     if kind == "fenwick_gdn2":
         return tuple(f"T{T}" for T in fenwick_gdn2_lengths(bucket, dtype))
     if kind == "packed":
-        return PACKED_CALLS.get((bucket, dtype), ())
+        return packed_calls(bucket, dtype)
     return ()
 
 
@@ -187,7 +202,7 @@ def warm(unit: str, require_cuda: bool = True) -> None:
 
 
 def warm_packed(call: str, dtype) -> None:
-    """One packed property's call (``PACKED_CALLS``), as the test makes it."""
+    """One packed property's call (``packed_calls``), as the test makes it."""
     import torch
 
     from ngdn import ops
@@ -196,9 +211,9 @@ def warm_packed(call: str, dtype) -> None:
     if call == "fenwick-gdn2-ragged":
         info, d, lengths = ops.get("fenwick-gdn2"), ops.fenwick_gdn2_ragged_draw(), ops.FENWICK_GDN2_RAGGED_LENGTHS
         cu_dtype = torch.int64
-    elif call == "nested-levels":
-        info, lengths, cu_dtype = ops.get("nested"), ops.NESTED_LEVELS_LENGTHS, torch.int32
-        d = ops.packed_test_draw(info, lengths, L=3)
+    elif call in (cases := {c.name: (info, c) for info in ops.OPS for c in info.packed_cases}):
+        info, case = cases[call]
+        d, lengths, cu_dtype = ops.packed_case_draw(info, case), case.lengths, case.cu_dtype
     else:
         info, lengths = ops.get(call), ops.PACKED_LENGTHS
         d, cu_dtype = ops.packed_test_draw(info, lengths), ops.packed_cu_dtype(info)

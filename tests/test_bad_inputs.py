@@ -1,9 +1,11 @@
-"""Bad inputs across every public entry point (the table in docs/bad-inputs.md; every op of
-``ngdn.ops`` has an entry here, checked by ``test_every_table_op_has_a_bad_input_entry``):
-bfloat16 under the interpreter, float16 and mixed dtypes (one rule, one message), non-finite
-activations (the optimized ops raise; the references stay causal), sizes past int32 offsets,
-the NumPy twins' checks, ``make_levels`` arguments and ``chunk_fenwick``'s return value.
-Every check fails before a kernel runs, so these tests are cheap."""
+"""Bad inputs across every public entry point (the table in docs/bad-inputs.md), iterating the op
+table (``ngdn.ops.OPS``): the cases common to every op run on each entry's valid small call
+(``OpInfo.small_call``); each entry's own bad inputs (``OpInfo.error_inputs``: initial states of the
+wrong type or count, sizes past int32 offsets, op-specific refusals) run in
+``test_entry_error_inputs``. Common cases: bfloat16 under the interpreter, float16 and mixed dtypes
+(one rule, one message), non-finite activations (the optimized ops raise; the references stay
+causal), sizes past int32 offsets, the NumPy twins' checks, ``make_levels`` arguments and
+``chunk_fenwick``'s return value. Every check fails before a kernel runs, so these tests are cheap."""
 import re
 
 import numpy as np
@@ -11,12 +13,8 @@ import pytest
 import torch
 
 from ngdn import ops
-from ngdn.fenwick_inputs import FenwickShape, fenwick_gdn2_inputs, fenwick_inputs
-from ngdn.inputs import GDN2Shape, gdn2_inputs
-from ngdn.nested_inputs import NestedShape, cast_levels, nested_inputs
-from ngdn.tensor3d_inputs import Tensor3DShape, tensor3d_inputs
-from optimized import chunk_fenwick, chunk_fenwick_gdn2, chunk_gdn2, chunk_nested_gdn2, chunk_tensor3d, triton_mode
-from reference import (make_levels, naive_fenwick, naive_fenwick_gdn2, naive_fenwick_gdn2_numpy, naive_fenwick_numpy, naive_gdn2,
+from optimized import chunk_fenwick, chunk_gdn2, triton_mode
+from reference import (make_levels, naive_fenwick, naive_fenwick_gdn2_numpy, naive_fenwick_numpy, naive_gdn2,
                        naive_gdn2_numpy, naive_nested_gdn2, naive_nested_gdn2_numpy, naive_tensor3d,
                        naive_tensor3d_numpy, quadratic_fenwick, quadratic_fenwick_numpy)
 
@@ -24,58 +22,46 @@ DEV = triton_mode.device()
 CPU = triton_mode.MODE != triton_mode.CUDA
 
 
-# --- one valid call per entry point ------------------------------------------------------------
+# --- one valid call per entry: the op table's small calls ---------------------------------------
 
-def gdn2_call(dtype=torch.float32, device=DEV):
-    x = gdn2_inputs(GDN2Shape(B=2, T=8, H=1, K=8, V=8), seed=0)
-    return {n: x[n].to(device, dtype) for n in ("q", "k", "v", "g", "b", "w")}
+def first_activation(info) -> str:
+    return next(iter(info.small_call()))
 
 
-def nested_call(dtype=torch.float32, device=DEV):
-    x = nested_inputs(NestedShape(B=2, T=8, H=1, L=2, K=8, V=8), seed=0)
-    args = {n: x[n].to(device, dtype) for n in ("q", "k", "v", "g", "b", "w", "r")}
-    args["levels"] = cast_levels(x["levels"], torch.float32 if dtype != torch.float64 else dtype, device)
-    return args
+OP_PARAMS = [pytest.param(info.op, info.reference, info.small_call, first_activation(info), id=info.name)
+             for info in ops.OPS]
+gdn2_call, nested_call, fenwick_call = (ops.get(n).small_call for n in ("gdn2", "nested", "fenwick"))
 
 
 def tensor3d_call(mode, dtype=torch.float32, device=DEV):
-    x = tensor3d_inputs(Tensor3DShape(B=2, T=8, H=1, K=4, E=2, V=8), 0, mode, "tile")
-    args = {n: x[n].to(device, dtype) for n in ("q1", "k1", "q2", "k2", "v", "g")}
-    args["beta"] = None if x["beta"] is None else x["beta"].to(device, dtype)
-    return dict(args, mode=mode)
+    return ops.get(f"tensor3d-{mode}").small_call(dtype, device)
 
 
-def fenwick_call(dtype=torch.float32, device=DEV):
-    x = fenwick_inputs(FenwickShape(B=2, T=8, H=1, K=8, V=8), seed=0)
-    return {n: x[n].to(device, dtype) for n in ("q", "k", "v", "g", "level_scales")}
+def test_every_table_op_has_a_small_call():
+    """The bad-input cases start from each entry's valid small call (``OpInfo.small_call``)."""
+    assert all(callable(info.small_call) for info in ops.OPS)
 
 
-def fenwick_gdn2_call(dtype=torch.float32, device=DEV):
-    x = fenwick_gdn2_inputs(FenwickShape(B=2, T=8, H=1, K=8, V=8), seed=0)
-    return {n: x[n].to(device, dtype) for n in ("q", "k", "v", "g", "b", "w", "level_scales")}
+# --- each entry's own error inputs (``OpInfo.error_inputs``) ------------------------------------
+
+ERROR_INPUTS = [pytest.param(info, case, side, id=f"{info.name}-{case.id}-{side}")
+                for info in ops.OPS for case in info.error_inputs() for side in case.sides]
 
 
-# (id, optimized op, reference op, inputs(dtype, device), first activation's name)
-OPS = [
-    ("gdn2", chunk_gdn2, naive_gdn2, gdn2_call, "q"),
-    ("nested", chunk_nested_gdn2, naive_nested_gdn2, nested_call, "q"),
-    ("tensor3d-gla", chunk_tensor3d, naive_tensor3d, lambda *a, **k: tensor3d_call("gla", *a, **k), "q1"),
-    ("tensor3d-delta", chunk_tensor3d, naive_tensor3d, lambda *a, **k: tensor3d_call("delta", *a, **k), "q1"),
-    ("fenwick", chunk_fenwick, naive_fenwick, fenwick_call, "q"),
-    ("fenwick-gdn2", chunk_fenwick_gdn2, naive_fenwick_gdn2, fenwick_gdn2_call, "q"),
-]
-OP_PARAMS = [pytest.param(*op[1:], id=op[0]) for op in OPS]
-
-
-def test_every_table_op_has_a_bad_input_entry():
-    assert sorted(op[0] for op in OPS) == sorted(info.name for info in ops.OPS)
+@pytest.mark.parametrize("info, case, side", ERROR_INPUTS)
+def test_entry_error_inputs(info, case, side):
+    """The entry's bad calls raise its error and message before any kernel runs, optimized op and
+    reference (float64 on the CPU)."""
+    reason = ops.skip_reason(info, f"{side}: {case.id}")
+    if reason is not None:
+        pytest.skip(reason)
+    op = info.op if side == "optimized" else info.reference
+    args = info.small_call() if side == "optimized" else info.small_call(torch.float64, "cpu")
+    with pytest.raises(case.error, match=case.match):
+        op(**case.bad(args))
 
 
 # --- types: a list where a tensor belongs, a non-finite scale -------------------------------------
-
-STATE_ARGUMENT = {"gdn2": "initial_state", "nested": "initial_states", "tensor3d-gla": "initial_state",
-                  "tensor3d-delta": "initial_state", "fenwick-gdn2": "initial_state"}
-
 
 @pytest.mark.parametrize("opt, ref, call, first", OP_PARAMS)
 @pytest.mark.parametrize("side", ["optimized", "reference"])
@@ -86,20 +72,6 @@ def test_a_list_where_a_tensor_belongs_is_a_type_error(opt, ref, call, first, si
     args = call() if side == "optimized" else call(torch.float64, "cpu")
     args["v"] = [[0.0]]
     with pytest.raises(TypeError, match=r"\bv must be a torch.Tensor"):
-        op(**args)
-
-
-@pytest.mark.parametrize("op_id", sorted(STATE_ARGUMENT))
-@pytest.mark.parametrize("side", ["optimized", "reference"])
-def test_a_list_as_initial_state_is_a_type_error(op_id, side):
-    _, opt, ref, call, _ = next(op for op in OPS if op[0] == op_id)
-    if op_id == "fenwick-gdn2" and side == "reference":
-        pytest.skip("naive_fenwick_gdn2 takes no initial state (state passing is the optimized op's)")
-    op = opt if side == "optimized" else ref
-    args = call() if side == "optimized" else call(torch.float64, "cpu")
-    name = STATE_ARGUMENT[op_id]
-    args[name] = [[0.0]] if name == "initial_state" else [[[0.0]]] * (len(args["levels"]) + 1)
-    with pytest.raises(TypeError, match=rf"{name}(\[0\])? must be a torch.Tensor"):
         op(**args)
 
 
@@ -159,11 +131,7 @@ def test_mixed_dtypes_one_message(opt, ref, call, first):
 # --- non-finite activations ---------------------------------------------------------------------
 
 def poisoned(call, name, value, b=1, t=5):
-    args = call()
-    x = args[name].clone()
-    x[b, t] = value
-    args[name] = x
-    return args
+    return ops.poisoned(call(), name, value, b, t)
 
 
 @pytest.mark.parametrize("opt, ref, call, first", OP_PARAMS)
@@ -172,17 +140,10 @@ def poisoned(call, name, value, b=1, t=5):
 def test_optimized_refuses_non_finite_activations(opt, ref, call, first, name, value):
     """fla's chunk kernels spread a NaN/inf to earlier tokens of its chunk (and turn
     g = -inf into NaN everywhere); the optimized ops raise instead, naming tensor, batch and token."""
-    if name == "k" and first == "q1":
-        name = "k1"
+    name = next(n for n in call() if n.startswith(name))       # the 3D state's k1
     with pytest.raises(ValueError, match=rf"{name} holds a non-finite value \({value}\) at batch 1, token 5: "
                                          r"the optimized ops refuse non-finite activations"):
         opt(**poisoned(call, name, value))
-
-
-def test_optimized_g_minus_inf_error_says_what_to_do():
-    with pytest.raises(ValueError, match=r"g = -inf, a full forget, is computed by the references only.*"
-                                         r"clamp g at -100"):
-        chunk_gdn2(**poisoned(gdn2_call, "g", float("-inf")))
 
 
 @pytest.mark.parametrize("opt, ref, call, first", OP_PARAMS)
@@ -202,7 +163,7 @@ def test_optimized_refuses_a_finite_g_below_the_floor_and_computes_one_above(opt
 @pytest.mark.parametrize("value", [float("nan"), float("inf")])
 def test_reference_non_finite_never_reaches_earlier_tokens(opt, ref, call, first, value):
     """SPEC "Errors": a NaN/inf at token t leaves every earlier output unchanged (the references)."""
-    name = "k1" if first == "q1" else "k"
+    name = next(n for n in call() if n.startswith("k"))       # the 3D state's k1
     clean = ref(**call(torch.float64, "cpu"))[0]
     o = ref(**poisoned(lambda: call(torch.float64, "cpu"), name, value, t=5))[0]
     # exact: the references go token by token, so the outputs before t are the same operations
@@ -218,8 +179,10 @@ def test_reference_g_minus_inf_is_a_full_forget(opt, ref, call, first):
     args = poisoned(lambda: call(torch.float64, "cpu"), "g", float("-inf"), b=slice(None), t=t)
     o = ref(**args)[0]
     assert torch.isfinite(o).all()
-    if ref is naive_nested_gdn2:
-        return                 # T = 8 < 64: no level fires, yet the router reads level 1 (its initial zeros)
+    reason = next(ops.skip_reason(info, "reference g = -inf forgets the past") for info in ops.OPS
+                  if info.small_call is call)
+    if reason is not None:
+        pytest.skip(reason)
     args["v"] = args["v"].clone()
     args["v"][:, :t] += 1.0
     assert torch.allclose(ref(**args)[0][:, t:], o[:, t:], rtol=0, atol=1e-12)
@@ -228,11 +191,10 @@ def test_reference_g_minus_inf_is_a_full_forget(opt, ref, call, first):
 # --- sizes past int32 offsets -------------------------------------------------------------------
 
 def huge(*shape, device=DEV):
-    """A zero-filled view of any size that allocates one element."""
-    return torch.zeros(1, device=device).expand(*shape)
+    return ops.huge(*shape, device=device)
 
 
-HUGE_T = 2 ** 31
+HUGE_T = ops.HUGE_T
 
 
 def huge_gdn2(device=DEV):
@@ -257,16 +219,6 @@ def test_huge_per_chunk_states_refused():
     with pytest.raises(ValueError, match=r"the per-chunk states \[B, ceil\(T/64\), H, K, V\] = "
                                          r"\(1, 65536, 1, 256, 256\) would hold 4294967296 elements"):
         chunk_gdn2(**args)
-
-
-def test_huge_sizes_refused_by_every_op():
-    x = huge_gdn2()
-    with pytest.raises(ValueError, match="more than 2\\*\\*31 - 1"):
-        chunk_fenwick(x["q"], x["k"], x["v"], huge(1, HUGE_T, 1), huge(1, HUGE_T, 1, 33))
-    with pytest.raises(ValueError, match="more than 2\\*\\*31 - 1"):
-        chunk_tensor3d(x["q"], x["k"], x["q"], x["k"], x["v"])
-    with pytest.raises(ValueError, match=r"q \[B, T, H, L, K\] = \(1, 2147483648, 1, 1, 4\) would hold"):
-        chunk_nested_gdn2(huge(1, HUGE_T, 1, 1, 4), x["k"], x["v"], x["g"], x["b"], x["w"], huge(1, HUGE_T, 1, 1), [])
 
 
 # --- NumPy twins: the torch references' checks ---------------------------------------------------
@@ -363,9 +315,7 @@ def test_numpy_twin_huge_sizes():
 
 # --- packed batches: cu_seqlens ------------------------------------------------------------------
 
-def one_row(args):
-    """A valid call's inputs cut to batch row 0 (B = 1, T = 8), as a packed call takes them."""
-    return {n: (x[:1] if isinstance(x, torch.Tensor) and x.dim() >= 3 else x) for n, x in args.items()}
+one_row = ops.one_row
 
 
 def both_sides(call):
@@ -410,40 +360,6 @@ def test_cu_seqlens_needs_one_row_and_a_tensor(opt, ref, call, first):
             op(**args, cu_seqlens=cu)
         with pytest.raises(TypeError, match=r"cu_seqlens must be a torch.Tensor of int32 or int64 or None, got list"):
             op(**one_row(args), cu_seqlens=[0, 3, 8])
-
-
-def packed_state(op_id, N, dtype=torch.float32, device=DEV):
-    """A per-sequence initial state of the small calls above (H = 1) with leading size ``N``."""
-    shape = {"gdn2": (N, 1, 8, 8), "nested": (N, 1, 8, 8), "tensor3d-gla": (N, 1, 4, 2, 8),
-             "tensor3d-delta": (N, 1, 4, 2, 8)}[op_id]
-    state = torch.zeros(shape, dtype=dtype, device=device)
-    return [state, state] if op_id == "nested" else state
-
-
-@pytest.mark.parametrize("op_id", sorted(n for n in STATE_ARGUMENT if n != "fenwick-gdn2"))
-@pytest.mark.parametrize("N", [1, 3])
-def test_packed_initial_state_needs_one_state_per_sequence(op_id, N):
-    """cu_seqlens = [0, 3, 8] holds two sequences: an initial state of leading size 1 or 3 is refused."""
-    _, opt, ref, call, first = next(op for op in OPS if op[0] == op_id)
-    name = STATE_ARGUMENT[op_id]
-    for (side, args), op in zip(both_sides(call), (opt, ref)):
-        args = one_row(args)
-        device = args[first].device
-        args[name] = packed_state(op_id, N, device=device)
-        layout = r"\[N, H, K, E, V\]" if op_id.startswith("tensor3d") else r"\[N, H, K, V\]"
-        with pytest.raises(ValueError, match=rf"{name}(\[0\])? must have shape {layout} with one state per "
-                                             rf"sequence, N = 2 \(cu_seqlens holds 3 entries\), got \({N}, "):
-            op(**args, cu_seqlens=torch.tensor([0, 3, 8], device=device))
-
-
-def test_fenwick_gdn2_refuses_offset_and_initial_state_with_cu_seqlens():
-    args = one_row(fenwick_gdn2_call())
-    cu = torch.tensor([0, 3, 8], device=DEV)
-    with pytest.raises(ValueError, match=r"offset must be 0 with cu_seqlens"):
-        chunk_fenwick_gdn2(**args, offset=64, cu_seqlens=cu)
-    state = torch.zeros(2, 1, args["level_scales"].shape[-1], 8, 8, device=DEV)
-    with pytest.raises(ValueError, match=r"initial_state is not accepted with cu_seqlens"):
-        chunk_fenwick_gdn2(**args, initial_state=state, cu_seqlens=cu)
 
 
 @pytest.mark.parametrize("twin, ref, call", TWINS)

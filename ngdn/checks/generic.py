@@ -6,6 +6,8 @@ and the largest absolute difference as the error (``inf`` where a value is missi
 exception stands for the property failing). ``op`` defaults to the entry's optimized function; a
 test hands in a broken twin to show the property fails.
 
+- ``vs_reference``: values, final states and every gradient against the float64 reference (the
+  entry's own check, or a generic one made from its ``sample`` and ``reference``);
 - ``bitwise``: two runs, values and every gradient, agree bit for bit;
 - ``state_passing``: the sequence split at each allowed point (a chunk boundary and, where the
   op allows, off one), the first call's final state(s) passed on, equals one reference call:
@@ -25,6 +27,8 @@ test hands in a broken twin to show the property fails.
 - ``packed_equals_separate``: N sequences of ragged lengths packed in one row (``cu_seqlens``,
   per-sequence initial states) equal N separate float64 reference calls: outputs, per-sequence
   final states, every gradient, within the entry's tolerance (SPEC "Variable-length batches").
+
+``battery`` runs them all on one entry (an op added to the table in a test gets every one).
 
 The bit-for-bit properties (``bitwise``, ``grad_modes``, ``layouts``, ``uninitialised_memory``,
 ``packed_strided_cu_seqlens``) hold on any machine by construction: each compares the op's same
@@ -193,6 +197,28 @@ def against(info, dtype, actual: dict, expected: dict, log: bool) -> dict:
 
 # --- the generic properties ------------------------------------------------------------------------
 
+def vs_reference(info, draw, dtype, op=None, log=True) -> dict:
+    """Optimized == reference on ``draw``: the entry's own check (``info.vs_reference``) where it has
+    one, else the generic one: ``op`` (default: the entry's) on the draw's sample against the
+    entry's float64 reference on the same rounded inputs, every output, final state and
+    gradient within the entry's tolerance (``info.tolerance``)."""
+    op = info.op if op is None else op
+    if info.vs_reference is not None:
+        return info.vs_reference(draw, dtype, op, log)
+    sample = info.sample(draw)
+    values, grads = run(info, draw, dtype, op, sample=sample)
+    ref_values, ref_grads = run(info, draw, dtype, sample=sample, reference=True)
+    expected = {**ref_values, **ref_grads}
+    actual = {**values, **grads}
+    out = {f"{label} missing": (math.inf, 0.0) for label in sorted(set(expected) - set(actual))}
+    for label in list(actual):
+        if label not in expected or actual[label].shape != expected[label].shape:
+            out[f"{label} shape {tuple(actual[label].shape)}"] = (math.inf, 0.0)
+            del actual[label]
+    out.update(against(info, dtype, actual, expected, log))
+    return out
+
+
 def bitwise(info, draw, dtype, op=None, baseline=None) -> dict:
     """``baseline``: this op's ``run`` on ``draw`` made earlier (one run fewer)."""
     baseline = run(info, draw, dtype, op) if baseline is None else baseline
@@ -346,13 +372,13 @@ def uninitialised_memory(info, draw, dtype, op=None, baseline=None) -> dict:
 
 
 def edge_shape(info, shape, dtype, op=None, log=False) -> dict:
-    """``info.vs_reference`` on ``shape``; an up-front ``ValueError`` that names an argument of the
+    """``vs_reference`` (the entry's or the generic one) on ``shape``; an up-front ``ValueError`` that names an argument of the
     op passes too (SPEC "Errors", edge shapes). Any other exception fails."""
     from ngdn.ops import Draw
 
     op = info.op if op is None else op
     try:
-        return info.vs_reference(Draw(shape, seed=3), dtype, op, log)
+        return vs_reference(info, Draw(shape, seed=3), dtype, op, log)
     except ValueError as e:
         names = set(info.sample(Draw(shape, seed=3)).activations) | {"levels", "initial_state", "initial_states"}
         named = any(re.search(rf"\b{re.escape(n)}\b", str(e)) for n in names)
@@ -471,3 +497,54 @@ def packed_strided_cu_seqlens(info, draw, lengths, dtype, op=None, cu_dtype=torc
     except Exception as e:      # a cu_seqlens the contract accepts must compute
         return {f"strided cu_seqlens: {type(e).__name__}: {e}"[:200]: (math.inf, 0.0)}
     return {f"strided cu_seqlens: {k}": e for k, e in same_results(got, plain).items()}
+
+
+# --- every property at once ------------------------------------------------------------------------
+
+# (B, T, H, K, V): an empty batch, no heads, one token, head dims off 16, the smallest head dims.
+EDGE_SIZES = {"B=0": (0, 5, 2, 16, 16), "H=0": (2, 5, 0, 16, 16), "T=1": (2, 1, 2, 16, 16),
+              "K,V off 16": (2, 5, 2, 20, 12), "K=V=1": (2, 5, 2, 1, 1)}
+
+
+def battery(info, dtype=torch.float32, op=None, log=False) -> dict:
+    """Every generic property on the entry, as ``property_tests/test_ops.py`` draws them (the
+    covering draw; the self-consistency draw at the entry's ``short_T``; each allowed split; each
+    edge shape at its plain sizes; the packed rows), skipping the properties the entry's ``skips``
+    name: ``{"<property> <label>": (error, bound)}``. For an op added to the table in a test
+    (``tests/test_op_table_toy.py``); the property tests run the same calls one test each."""
+    from ngdn import ops
+
+    applies = lambda prop: prop not in info.skips                                     # noqa: E731
+    d = info.covering()
+    short = d._replace(shape=d.shape._replace(T=info.short_T))
+    errors = {}
+
+    def add(prop, got):
+        errors.update({f"{prop} {k}": e for k, e in got.items()})
+
+    if applies("vs_reference"):
+        add("vs_reference", vs_reference(info, d, dtype, op, log))
+    baseline = run(info, short, dtype, op)
+    for prop in ("bitwise", "grad_modes", "layouts", "uninitialised_memory"):
+        if applies(prop):
+            add(prop, globals()[prop](info, short, dtype, op, baseline=baseline))
+    if applies("second_order"):
+        add("second_order", second_order(info, short, dtype, op))
+    if info.state_passing is not None and applies("state_passing"):
+        long = d._replace(shape=d.shape._replace(T=max(d.shape.T, 70)))
+        for split in info.state_passing.splits(long):
+            add(f"state_passing at {split}", state_passing(info, long, dtype, split, op, log))
+    if applies("edge_shape"):
+        for edge, sizes in EDGE_SIZES.items():
+            add(f"edge_shape {edge}", edge_shape(info, info.edge_shape(*sizes), dtype, op, log))
+    if info.varlen:
+        rows = [(ops.packed_test_draw(info), ops.PACKED_LENGTHS, info.packed_cu_dtype)]
+        rows += [(ops.packed_case_draw(info, c), c.lengths, c.cu_dtype) for c in info.packed_cases]
+        for i, (draw, lengths, cu_dtype) in enumerate(rows):
+            if applies("packed_equals_separate"):
+                add(f"packed_equals_separate {lengths}",
+                    packed_equals_separate(info, draw, lengths, dtype, op, log, cu_dtype=cu_dtype))
+            if i == 0 and applies("packed_strided_cu_seqlens"):
+                add("packed_strided_cu_seqlens", packed_strided_cu_seqlens(info, draw, lengths, dtype, op, cu_dtype))
+    return errors
+
