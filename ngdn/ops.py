@@ -367,7 +367,7 @@ def nested_vs_numpy(d, log=True):
 
 
 def nested_splits(d: Draw) -> list:
-    """SPEC §3: a split at a multiple of ``64 · lcm(f)`` (default intervals ``2^(ℓ-1)``) is one call."""
+    """CONTRACT §3: a split at a multiple of ``64 · lcm(f)`` (default intervals ``2^(ℓ-1)``) is one call."""
     period = CHUNK * 2 ** max(0, d.shape.L - 2)
     return [s for s in range(period, d.shape.T, period)][:1]
 

@@ -165,7 +165,7 @@ packed_draw = ops.packed_test_draw
 @pytest.mark.parametrize("info", VARLEN)
 @pytest.mark.compiles
 def test_packed_equals_separate_calls(info):
-    """SPEC "Variable-length batches": one packed call (cu_seqlens, per-sequence initial states)
+    """CONTRACT "Variable-length batches": one packed call (cu_seqlens, per-sequence initial states)
     equals N separate calls: output, per-sequence final states, every gradient."""
     skip_unless_applies(info, "packed_equals_separate")
     assert_passes(generic.packed_equals_separate(info, packed_draw(info), PACKED_LENGTHS, torch.float32,

@@ -66,7 +66,7 @@ def test_entry_error_inputs(info, case, side):
 @pytest.mark.parametrize("opt, ref, call, first", OP_PARAMS)
 @pytest.mark.parametrize("side", ["optimized", "reference"])
 def test_a_list_where_a_tensor_belongs_is_a_type_error(opt, ref, call, first, side):
-    """SPEC "Errors": a wrong type is a TypeError naming the argument (a list once reached
+    """CONTRACT "Errors": a wrong type is a TypeError naming the argument (a list once reached
     ``.device`` and failed with an AttributeError)."""
     op = opt if side == "optimized" else ref
     args = call() if side == "optimized" else call(torch.float64, "cpu")
@@ -162,7 +162,7 @@ def test_optimized_refuses_a_finite_g_below_the_floor_and_computes_one_above(opt
 @pytest.mark.parametrize("opt, ref, call, first", OP_PARAMS)
 @pytest.mark.parametrize("value", [float("nan"), float("inf")])
 def test_reference_non_finite_never_reaches_earlier_tokens(opt, ref, call, first, value):
-    """SPEC "Errors": a NaN/inf at token t leaves every earlier output unchanged (the references)."""
+    """CONTRACT "Errors": a NaN/inf at token t leaves every earlier output unchanged (the references)."""
     name = next(n for n in call() if n.startswith("k"))       # the 3D state's k1
     clean = ref(**call(torch.float64, "cpu"))[0]
     o = ref(**poisoned(lambda: call(torch.float64, "cpu"), name, value, t=5))[0]
@@ -173,7 +173,7 @@ def test_reference_non_finite_never_reaches_earlier_tokens(opt, ref, call, first
 
 @pytest.mark.parametrize("opt, ref, call, first", OP_PARAMS)
 def test_reference_g_minus_inf_is_a_full_forget(opt, ref, call, first):
-    """SPEC "Errors": g = -inf is finite in the references and forgets every earlier write: outputs from
+    """CONTRACT "Errors": g = -inf is finite in the references and forgets every earlier write: outputs from
     that token on do not depend on the values before it (nested: level 0's; the upper levels keep theirs)."""
     t = 5
     args = poisoned(lambda: call(torch.float64, "cpu"), "g", float("-inf"), b=slice(None), t=t)
@@ -241,7 +241,7 @@ TWINS = [
 
 @pytest.mark.parametrize("twin, ref, call", TWINS)
 def test_every_reference_and_twin_computes_g_minus_inf(twin, ref, call):
-    """SPEC "Errors": "The references compute it, finite", the quadratic form and the NumPy twins
+    """CONTRACT "Errors": "The references compute it, finite", the quadratic form and the NumPy twins
     too (a log-decay taken as a difference of cumulative sums is -inf - (-inf) = NaN after it);
     each twin agrees with its reference there."""
     args = poisoned(call, "g", float("-inf"), b=slice(None), t=5)
@@ -342,7 +342,7 @@ BAD_CU_SEQLENS = [
 @pytest.mark.parametrize("opt, ref, call, first", OP_PARAMS)
 @pytest.mark.parametrize("case", range(len(BAD_CU_SEQLENS)))
 def test_bad_cu_seqlens_refused(opt, ref, call, first, case):
-    """SPEC "Variable-length batches": a wrong dtype, device or rank, too few entries, not from 0
+    """CONTRACT "Variable-length batches": a wrong dtype, device or rank, too few entries, not from 0
     to T, a zero-length (or negative) sequence: a ValueError naming cu_seqlens, optimized and reference."""
     make, message = BAD_CU_SEQLENS[case]
     for (side, args), op in zip(both_sides(call), (opt, ref)):

@@ -26,7 +26,7 @@ test hands in a broken twin to show the property fails.
   reference's results within tolerance, or an up-front ``ValueError`` naming an argument;
 - ``packed_equals_separate``: N sequences of ragged lengths packed in one row (``cu_seqlens``,
   per-sequence initial states) equal N separate float64 reference calls: outputs, per-sequence
-  final states, every gradient, within the entry's tolerance (SPEC "Variable-length batches").
+  final states, every gradient, within the entry's tolerance (CONTRACT "Variable-length batches").
 
 ``battery`` runs them all on one entry (an op added to the table in a test gets every one).
 
@@ -373,7 +373,7 @@ def uninitialised_memory(info, draw, dtype, op=None, baseline=None) -> dict:
 
 def edge_shape(info, shape, dtype, op=None, log=False) -> dict:
     """``vs_reference`` (the entry's or the generic one) on ``shape``; an up-front ``ValueError`` that names an argument of the
-    op passes too (SPEC "Errors", edge shapes). Any other exception fails."""
+    op passes too (CONTRACT "Errors", edge shapes). Any other exception fails."""
     from ngdn.ops import Draw
 
     op = info.op if op is None else op
