@@ -14,13 +14,14 @@ kernels' blocks were chosen the same way earlier: ``optimized/warps.py``, ``read
     python scripts/kernel_resources.py scan       # those whose name contains "scan"
     python scripts/kernel_resources.py --arch 80 scan    # compiled for an A100 (sm_80) instead
     python scripts/kernel_resources.py --kv 256 state_grad   # the scans, reads, state gradient at K = V = 256
-    python scripts/kernel_resources.py --table docs/kernel-shared-memory.md   # the shared memory of every
-        # kernel's launch forms on sm_80, sm_89 and sm_90 and what the launchers do where a form does not
-        # fit (scripts/kernel_shared_memory.py; the table tests/test_kernel_shared_memory_table.py keeps)
     python scripts/kernel_resources.py --sass "promote_scan_fwd prefetch"   # the row of that exact name:
         # its machine code's global loads and stores, waits, dots, exponentials, spills and loops in
         # program order (runs of one kind as one line), to see where a loop's loads are issued
         # relative to the arithmetic that needs them
+
+The shared memory of every kernel's launch forms on sm_80, sm_89 and sm_90, and what the launchers do
+where a form does not fit: ``scripts/kernel_shared_memory.py`` (the table ``docs/kernel-shared-memory.md``),
+which reads each kernel's signature from here.
 
 The compiler is this machine's Triton (the H200 image runs 3.6; register allocation can differ
 between versions by a few registers, spills seldom appear or vanish between them)."""
@@ -372,10 +373,6 @@ def sass_order(sass: str) -> list[str]:
 def main(argv=None) -> int:
     global ARCH, KV
     argv = list(argv if argv is not None else sys.argv[1:])
-    if argv[:1] == ["--table"]:
-        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-        import kernel_shared_memory
-        return kernel_shared_memory.main(argv)
     while argv[:1] in (["--arch"], ["--kv"]):
         if argv[0] == "--arch":
             ARCH = int(argv[1])

@@ -19,7 +19,6 @@ fingerprints without compiling and names the rows to regenerate.
 
     python scripts/kernel_shared_memory.py --table docs/kernel-shared-memory.md   # regenerate (and the .json)
     python scripts/kernel_shared_memory.py --table docs/kernel-shared-memory.md --again   # every row compiled
-    python scripts/kernel_resources.py --table docs/kernel-shared-memory.md       # the same as the first
     python scripts/kernel_shared_memory.py --sample                               # compile the test's sample rows
 
 Regenerating compiles only the rows whose fingerprints changed (the others keep the JSON's bytes
