@@ -120,7 +120,7 @@ def test_tf32_probe_reaches_cublas_and_stays_close():
     tf32, _ = probe_fwd("learned", snaps, params, precision="tf32")
     errors = [relative_error(a, b) for a, b in zip(tf32, ieee)]
     assert max(errors) > 0, "TF32 and IEEE probes agree bit for bit: the precision is not used"
-    assert max(errors) < 1e-2, errors
+    assert max(errors) <= tolerance("probe_tf32_vs_ieee", "outputs", "tf32", mode="any"), errors
 
 
 @pytest.fixture
