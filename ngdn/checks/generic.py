@@ -208,8 +208,13 @@ def vs_reference(info, draw, dtype, op=None, log=True) -> dict:
     sample = info.sample(draw)
     values, grads = run(info, draw, dtype, op, sample=sample)
     ref_values, ref_grads = run(info, draw, dtype, sample=sample, reference=True)
-    expected = {**ref_values, **ref_grads}
-    actual = {**values, **grads}
+    return labelled_against(info, dtype, {**values, **grads}, {**ref_values, **ref_grads}, log)
+
+
+def labelled_against(info, dtype, actual: dict, expected: dict, log: bool) -> dict:
+    """``against`` over the labels both sides hold; a label the op lacks, or returns in another
+    shape (or one the reference lacks), is a failure of its own (an infinite error)."""
+    actual = dict(actual)
     out = {f"{label} missing": (math.inf, 0.0) for label in sorted(set(expected) - set(actual))}
     for label in list(actual):
         if label not in expected or actual[label].shape != expected[label].shape:
@@ -465,14 +470,7 @@ def packed_equals_separate(info, draw, lengths, dtype, op=None, log=True, cu_dty
     loss_of(expected, draw.seed).backward()
     expected = {k: v.detach() for k, v in expected.items()}
     expected.update(gradients(ref_leaves))
-    missing = set(expected) - set(actual)
-    out = {f"{label} missing": (math.inf, 0.0) for label in sorted(missing)}
-    for label in list(actual):
-        if label not in expected or actual[label].shape != expected[label].shape:
-            out[f"{label} shape {tuple(actual[label].shape)}"] = (math.inf, 0.0)
-            del actual[label]
-    out.update(against(info, dtype, actual, expected, log))
-    return out
+    return labelled_against(info, dtype, actual, expected, log)
 
 
 def packed_strided_cu_seqlens(info, draw, lengths, dtype, op=None, cu_dtype=torch.int32) -> dict:
